@@ -1,0 +1,1 @@
+"""h3's command line: thin Typer commands over `h3core` (flags -> config -> one call -> render)."""

@@ -1,0 +1,36 @@
+"""One output object per command: rich tables for people, JSON for programs.
+
+Only the process that runs the CLI prints; distributed workers report back to it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+from pydantic import BaseModel
+from rich.console import Console
+
+
+class Output:
+    def __init__(self, json_mode: bool = False):
+        self.json_mode = json_mode
+        self.console = Console(highlight=False)
+        self.err = Console(stderr=True, highlight=False)
+
+    def result(self, value: BaseModel | dict | list, render: Callable[[Console], Any] | None = None) -> None:
+        """Print `value` as JSON in --json mode, else call `render` with the console."""
+        if self.json_mode:
+            data = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+            sys.stdout.write(json.dumps(data, indent=2) + "\n")
+            sys.stdout.flush()
+        elif render is not None:
+            render(self.console)
+
+    def info(self, message: str) -> None:
+        """A progress or status line: stderr in --json mode so that stdout stays parseable."""
+        (self.err if self.json_mode else self.console).print(message)
+
+    def warn(self, message: str) -> None:
+        self.err.print(f"[yellow]warning:[/] {message}")

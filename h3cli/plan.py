@@ -1,0 +1,81 @@
+"""`h3 plan`: print the partition contract for a rank count."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from h3cli import options
+from h3cli.output import Output
+from h3core.config import preset as get_preset
+from h3core.launch import resolve_world_size
+from h3core.plan import Mode, ParallelPlan, SpanModel
+
+
+def _fmt(span: SpanModel) -> str:
+    return f"{span.start}:{span.stop}"
+
+
+def _render(plan: ParallelPlan, console: Console) -> None:
+    seg_text = ", ".join(f"{s.kind} {s.stop - s.start}" for s in plan.segments)
+    table = Table(
+        title=f"{plan.preset} · {plan.mode.value} · {plan.world_size} rank(s) · {plan.num_tokens} tokens ({seg_text})",
+        title_justify="left",
+    )
+    for col in ("rank", "heads", "tokens", "local segments"):
+        table.add_column(col)
+    for r in plan.ranks:
+        table.add_row(
+            str(r.rank),
+            f"{r.heads.stop - r.heads.start}  [{_fmt(r.heads)}]",
+            f"{r.tokens.stop - r.tokens.start}  [{_fmt(r.tokens)}]",
+            "  ".join(f"{s.kind}[{s.start}:{s.stop}]" for s in r.segments),
+        )
+    console.print(table)
+    if plan.mode is not Mode.TENSOR:
+        return
+    shards = Table(
+        title="NVFP4 shards per block (rows of column-parallel weights; input columns as elements · packed bytes · scale columns)",
+        title_justify="left",
+    )
+    for col in ("rank", "QKV rows q | k | v", "attn-out columns", "FC1 rows gate | value", "FC2 columns"):
+        shards.add_column(col)
+    cols = lambda c: f"{_fmt(c.elements)} · {_fmt(c.packed_bytes)} · {_fmt(c.scale_columns)}"
+    for r in plan.ranks:
+        t = r.tensor
+        shards.add_row(
+            str(r.rank),
+            " | ".join(_fmt(s) for s in t.qkv_rows),
+            cols(t.attn_out_columns),
+            " | ".join(_fmt(s) for s in t.fc1_rows),
+            cols(t.fc2_columns),
+        )
+    console.print(shards)
+
+
+def plan(
+    count: Annotated[Optional[int], typer.Argument(help="Number of ranks (GPUs). Default: H3_WORLD_SIZE, else every visible GPU, else 1.", show_default=False)] = None,
+    mode: Annotated[Mode, typer.Option("--mode", help="Distributed mode.")] = Mode.ULYSSES,
+    preset: options.Preset = "h3",
+    width: options.Width = None,
+    height: options.Height = None,
+    frames: options.Frames = None,
+    text_tokens: Annotated[Optional[int], typer.Option("--text-tokens", help="Prompt length in tokens (default: the preset's).")] = None,
+    json: options.Json = False,
+) -> None:
+    """Print, per rank, the heads, token interval, clipped segments and (tensor mode) NVFP4 slices."""
+    cfg = get_preset(preset)
+    segments = cfg.segments(
+        width or cfg.width, height or cfg.height, frames or cfg.frames,
+        cfg.text_tokens if text_tokens is None else text_tokens,
+    )
+    world = resolve_world_size(count)
+    result = ParallelPlan.build(cfg, world, mode, segments)
+    Output(json).result(result, lambda console: _render(result, console))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan)

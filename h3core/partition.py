@@ -1,0 +1,185 @@
+"""The partition contract (DESIGN.md §3): how heads, tokens, segments and NVFP4 columns split.
+
+Everything that decides "which rank owns what" asks this module; nothing else does the
+arithmetic. Pure Python, no torch, so it is cheap to import and to test.
+
+Rule for every split: `q, r = divmod(n, world)`; rank `i` owns `q + 1` items if `i < r`, else
+`q`; ranges are contiguous and in rank order. A split that would leave a rank empty is an
+error, raised before any process exists. Nothing is ever padded to make shapes divide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from h3core.errors import PartitionError
+from h3core.nvfp4 import layout
+
+
+@dataclass(frozen=True)
+class Span:
+    """A half-open range `[start, stop)` of items (heads, tokens, rows, columns)."""
+
+    start: int
+    stop: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.stop:
+            raise ValueError(f"invalid span [{self.start}, {self.stop})")
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def scaled(self, factor: int) -> "Span":
+        """The same range in units `factor` times smaller (heads -> elements of width factor)."""
+        return Span(self.start * factor, self.stop * factor)
+
+    def shifted(self, offset: int) -> "Span":
+        return Span(self.start + offset, self.stop + offset)
+
+    def as_list(self) -> list[int]:
+        return [self.start, self.stop]
+
+
+def balanced_sizes(n: int, world: int, what: str = "items") -> list[int]:
+    """Sizes of the balanced split of `n` items over `world` ranks (first `n % world` get one more)."""
+    if world < 1:
+        raise PartitionError(f"world size must be at least 1, got {world}")
+    if n < world:
+        raise PartitionError(
+            f"cannot split {n} {what} over {world} ranks: some rank would own none; "
+            f"use at most {n} ranks"
+        )
+    q, r = divmod(n, world)
+    return [q + 1 if rank < r else q for rank in range(world)]
+
+
+def balanced_spans(n: int, world: int, what: str = "items") -> list[Span]:
+    """Contiguous spans, in rank order, of the balanced split of `n` items over `world` ranks."""
+    spans, start = [], 0
+    for size in balanced_sizes(n, world, what):
+        spans.append(Span(start, start + size))
+        start += size
+    return spans
+
+
+def head_spans(num_heads: int, world: int) -> list[Span]:
+    """Attention heads owned by each rank (56 over 6 ranks: 10, 10, 9, 9, 9, 9)."""
+    return balanced_spans(num_heads, world, "attention heads")
+
+
+def token_spans(num_tokens: int, world: int) -> list[Span]:
+    """Rows of the packed sequence owned by each rank."""
+    return balanced_spans(num_tokens, world, "tokens of the packed sequence")
+
+
+# --- segments ----------------------------------------------------------------------------------
+
+
+class SegmentKind(str, Enum):
+    TEXT = "text"
+    VIDEO = "video"
+    AUDIO = "audio"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """`kind` tokens at rows `[start, stop)` of a packed sequence."""
+
+    kind: SegmentKind
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def span(self) -> Span:
+        return Span(self.start, self.stop)
+
+
+def pack_segments(lengths: list[tuple[SegmentKind, int]]) -> list[Segment]:
+    """Lay segments back to back in the given order, with no padding; empty ones are dropped."""
+    segments, start = [], 0
+    for kind, length in lengths:
+        if length < 0:
+            raise ValueError(f"negative segment length {length} for {kind.value}")
+        if length:
+            segments.append(Segment(kind, start, start + length))
+            start += length
+    return segments
+
+
+def clip_segments(segments: list[Segment], interval: Span) -> list[Segment]:
+    """Segments restricted to `interval` and rebased by `-interval.start`.
+
+    A segment that misses the interval disappears; one that straddles it is cut at its edges.
+    The result describes the rows a rank holds, in that rank's local coordinates.
+    """
+    clipped = []
+    for seg in segments:
+        start, stop = max(seg.start, interval.start), min(seg.stop, interval.stop)
+        if start < stop:
+            clipped.append(Segment(seg.kind, start - interval.start, stop - interval.start))
+    return clipped
+
+
+# --- NVFP4 column blocks -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ColumnSlice:
+    """A rank's block-aligned slice of the input (K) axis of an NVFP4 weight."""
+
+    elements: Span
+    """Dense input columns `[start, stop)`; both ends are multiples of the block size."""
+
+    @property
+    def packed_bytes(self) -> Span:
+        """Columns of the packed `uint8` weight (two codes per byte)."""
+        return Span(layout.packed_bytes(self.elements.start), layout.packed_bytes(self.elements.stop))
+
+    @property
+    def scale_columns(self) -> Span:
+        """Columns of the fp8 `weight_scale` (one per block)."""
+        return Span(layout.scale_columns(self.elements.start), layout.scale_columns(self.elements.stop))
+
+    @property
+    def blocks(self) -> int:
+        return len(self.scale_columns)
+
+
+def column_slice(elements: Span) -> ColumnSlice:
+    """Wrap an element span as a column slice, checking that both ends are block aligned."""
+    layout.check_column_cut(elements.start, "column slice start")
+    layout.check_column_cut(elements.stop, "column slice end")
+    return ColumnSlice(elements)
+
+
+def nvfp4_column_slices(width: int, world: int) -> list[ColumnSlice]:
+    """Split `width` input columns over `world` ranks in whole NVFP4 blocks (quotient/remainder on blocks)."""
+    blocks = layout.check_width(width)
+    spans = balanced_spans(blocks, world, f"NVFP4 blocks of {layout.BLOCK_ELEMENTS} columns (width {width})")
+    return [ColumnSlice(span.scaled(layout.BLOCK_ELEMENTS)) for span in spans]
+
+
+def head_column_slices(num_heads: int, head_dim: int, world: int) -> list[ColumnSlice]:
+    """Input columns of the attention output projection owned by each rank: its heads x head_dim.
+
+    These follow head ownership (the attention output a rank holds is its heads only), so they
+    are block aligned only when `head_dim` is a multiple of the block size; checked here.
+    """
+    return [column_slice(span.scaled(head_dim)) for span in head_spans(num_heads, world)]
+
+
+def fused_qkv_rows(heads: Span, num_heads: int, head_dim: int) -> list[Span]:
+    """Rows of a fused `[q | k | v]` weight (`3 * num_heads * head_dim` rows) for `heads`, per third."""
+    hidden = num_heads * head_dim
+    local = heads.scaled(head_dim)
+    return [local.shifted(third * hidden) for third in range(3)]
+
+
+def gate_value_rows(columns: ColumnSlice, mlp_width: int) -> list[Span]:
+    """Rows of a fused `[gate | value]` FC1 weight (`2 * mlp_width` rows) matching FC2 `columns`."""
+    return [columns.elements, columns.elements.shifted(mlp_width)]
