@@ -39,9 +39,10 @@ def _root(
 
 
 def _register() -> None:
-    from h3cli import plan
+    from h3cli import bench_transport, plan
 
     plan.register(app)
+    bench_transport.register(app)
 
 
 _register()

@@ -1,6 +1,37 @@
-"""Device policy: which device and dtype a rank computes on, and what the machine has."""
+"""Device policy: which device and dtype a rank computes on, and what the machine has.
+
+Everything that depends on "CPU or CUDA" is decided here and nowhere else:
+
+- device: `auto` picks CUDA when this torch build sees a GPU, else the CPU; asking for `cuda`
+  without one is a `BackendUnavailable` error (exit 2), never a silent fallback.
+- dtype: bf16 on CUDA, fp32 on the CPU, unless the user asks for fp32, bf16 or fp16.
+- ranks: rank `r` of a CUDA run computes on `cuda:{local_rank}`; a CUDA run cannot have more ranks
+  than visible GPUs (ConfigError); a CPU run can have any number (Gloo ranks share the cores).
+- timing: `Stopwatch` uses CUDA events on CUDA and `perf_counter` on the CPU, and returns only
+  after the device has finished the timed work.
+- memory: `peak_memory_bytes` is `torch.cuda.max_memory_allocated` on CUDA (tensor bytes the
+  caching allocator handed out, the seed's figure), and on the CPU the peak resident set size of
+  the whole process (Linux `VmHWM`), which also counts Python, torch's code and allocator slack.
+  `reset_peak_memory` resets both (the CPU one through `/proc/self/clear_refs`).
+- NCCL: `nccl_environment` sets fail-fast defaults so that a dead rank does not hang the others.
+
+torch is imported lazily so that commands which only plan (`h3 plan`) start fast.
+"""
 
 from __future__ import annotations
+
+import os
+import resource
+import time
+from typing import TYPE_CHECKING
+
+from h3core.errors import BackendUnavailable, ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("fp32", "bf16", "fp16")
 
 
 def visible_gpu_count() -> int:
@@ -8,3 +39,174 @@ def visible_gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_device(name: str) -> str:
+    """'auto' | 'cpu' | 'cuda' -> 'cpu' | 'cuda' (the device type every rank of a run uses)."""
+    choice = name.strip().lower()
+    if choice not in DEVICES:
+        raise ConfigError(f"unknown device {name!r}; choose one of: {', '.join(DEVICES)}")
+    if choice == "cpu":
+        return "cpu"
+    gpus = visible_gpu_count()
+    if choice == "auto":
+        return "cuda" if gpus else "cpu"
+    if not gpus:
+        raise BackendUnavailable(f"--device cuda asked for, but {_why_no_cuda()}; use --device cpu or auto")
+    return "cuda"
+
+
+def _why_no_cuda() -> str:
+    import torch
+
+    if torch.version.cuda is None:
+        return f"this torch build ({torch.__version__}) has no CUDA support"
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None:
+        return f"torch {torch.__version__} sees no CUDA device (CUDA_VISIBLE_DEVICES={hidden!r})"
+    return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device or driver"
+
+
+def compute_dtype(device_type: str, override: str | None = None) -> "torch.dtype":
+    """The dtype a run computes in: `override` when given, else bf16 on CUDA and fp32 on the CPU."""
+    import torch
+
+    by_name = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if override is None:
+        return torch.bfloat16 if device_type == "cuda" else torch.float32
+    key = override.strip().lower()
+    if key not in by_name:
+        raise ConfigError(f"unknown dtype {override!r}; choose one of: {', '.join(DTYPES)}")
+    return by_name[key]
+
+
+def dtype_name(dtype: "torch.dtype") -> str:
+    """torch.bfloat16 -> 'bf16' (the spelling flags and reports use)."""
+    return str(dtype).removeprefix("torch.").replace("bfloat", "bf").replace("float", "fp")
+
+
+def check_world_size_fits(world_size: int, device_type: str) -> None:
+    """A CUDA run needs one visible GPU per rank; a CPU run takes any count of Gloo ranks."""
+    if world_size < 1:
+        raise ConfigError(f"world size must be at least 1, got {world_size}")
+    if device_type != "cuda":
+        return
+    gpus = visible_gpu_count()
+    if world_size > gpus:
+        raise ConfigError(
+            f"{world_size} ranks asked for but only {gpus} GPU(s) are visible; "
+            f"use a count of at most {gpus}, or --device cpu for Gloo ranks"
+        )
+
+
+def rank_device(device_type: str, local_rank: int) -> "torch.device":
+    """The device rank `local_rank` of this machine computes on: `cuda:{local_rank}` or the CPU."""
+    import torch
+
+    return torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
+
+
+def cpu_threads_per_rank(ranks_on_machine: int) -> int:
+    """Intra-op threads per rank so that the ranks of one machine do not oversubscribe its cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, ranks_on_machine))
+
+
+def nccl_environment(timeout_s: float) -> dict[str, str]:
+    """Fail-fast NCCL settings (set before the process group exists; the user's own values win).
+
+    Async error handling tears a rank down when a collective fails or times out instead of
+    letting it wait forever on a peer that is gone.
+    """
+    return {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_BLOCKING_WAIT": "0",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(max(60, int(timeout_s))),
+    }
+
+
+def synchronize(device: "torch.device | str") -> None:
+    """Wait until `device` has finished all queued work (a no-op on the CPU)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Stopwatch:
+    """Times a region on a device; `seconds` is valid after the `with` block.
+
+    CUDA: events recorded on the current stream around the region, then synchronised, so the
+    figure is device time of the queued work. CPU: `perf_counter` around the region.
+    """
+
+    def __init__(self, device: "torch.device | str"):
+        import torch
+
+        self.device = torch.device(device)
+        self.seconds = float("nan")
+        self._start: float | torch.cuda.Event = 0.0
+        self._end: torch.cuda.Event | None = None
+
+    def __enter__(self) -> "Stopwatch":
+        import torch
+
+        if self.device.type == "cuda":
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._end is not None:
+            self._end.record()
+            self._end.synchronize()
+            self.seconds = self._start.elapsed_time(self._end) / 1000.0
+        else:
+            self.seconds = time.perf_counter() - self._start
+
+
+def reset_peak_memory(device: "torch.device | str") -> None:
+    """Start a new peak-memory window (see the module docstring for what each device measures)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # 5: reset the peak resident set size (VmHWM) to the current one
+    except OSError:
+        pass  # no procfs: the peak then covers the whole life of the process
+
+
+def peak_memory_bytes(device: "torch.device | str") -> int:
+    """Peak bytes since the last reset: CUDA allocator peak, or the process's peak resident set."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return _peak_rss_bytes()
+
+
+def peak_memory_kind(device_type: str) -> str:
+    """What `peak_memory_bytes` measured, for reports."""
+    if device_type == "cuda":
+        return "torch.cuda.max_memory_allocated"
+    return "process peak resident set size (VmHWM)"
+
+
+def _peak_rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kB

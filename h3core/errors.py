@@ -41,6 +41,10 @@ class RankFailure(H3Error):
     def __init__(self, rank: int, message: str):
         super().__init__(f"rank {rank} failed: {message}")
         self.rank = rank
+        self.message = message
+
+    def __reduce__(self):  # picklable across processes despite the two-argument constructor
+        return (type(self), (self.rank, self.message))
 
 
 class CheckFailed(H3Error):

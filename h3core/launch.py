@@ -1,16 +1,696 @@
-"""Launching ranks: how many, and (later in this module) spawning or joining them."""
+"""Launching ranks: how many, spawning or joining them, running tasks on them, and faults.
+
+`World(n, device)` is the one way h3 runs code on several ranks:
+
+- `n == 1`: no process and no process group; `run` calls the task in this process with
+  `group=None`, which every collective treats as the identity. This path costs nothing.
+- under `torchrun` (RANK, WORLD_SIZE and LOCAL_RANK set): nothing is spawned; this process joins
+  the existing group (env:// rendezvous) and runs the task itself. Results are gathered to rank 0;
+  see `World.run`. A failing rank raises here; torchrun's agent then stops the others.
+- otherwise: `n` worker processes are spawned once (spawn context), rendezvous through a TCP store
+  that this process hosts on a free port, and form a Gloo (CPU) or NCCL (CUDA, rank `r` on
+  `cuda:r`) group with a timeout. Each `run` sends them one task; they stay up for the next.
+
+Faults: when a rank raises or its process dies (also SIGKILL or `os._exit`), `run` stops every
+worker within seconds (SIGTERM, then SIGKILL), reaps them, and raises the failing rank's error:
+the rank's own `H3Error` subclass (so a `ConfigError` still exits 2), else `RankFailure(rank,
+"<ExcType>: message")`, with the rank's traceback chained as the cause (shown with H3_DEBUG=1).
+A faulted World is closed. Leaving the `with` block always reaps every worker, also on
+KeyboardInterrupt; workers ignore SIGINT so that only this process handles Ctrl-C, and a worker
+whose parent disappears exits by itself.
+
+Workers never write to the terminal: their stdout and stderr go to /dev/null unless H3_DEBUG=1.
+Rank 0 reports progress through `RankContext.report`, which reaches `World.on_progress` here.
+"""
 
 from __future__ import annotations
 
-from h3core.device import visible_gpu_count
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+from h3core.device import (
+    check_world_size_fits,
+    cpu_threads_per_rank,
+    nccl_environment,
+    rank_device,
+    resolve_device,
+    visible_gpu_count,
+)
 from h3core.environment import world_size_from_env
+from h3core.errors import ConfigError, H3Error, RankFailure
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+    from multiprocessing.process import BaseProcess
+
+R = TypeVar("R")
+
+FAULT_ENV = "H3_INJECT_FAULT"
+DEBUG_ENV = "H3_DEBUG"
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+_FAULT_GRACE_S = 0.3  # after a first failure, how long to listen for its root cause (a dead rank)
+_TERMINATE_GRACE_S = 3.0  # SIGTERM -> SIGKILL
+_STOP_GRACE_S = 10.0  # a clean stop: time for workers to leave their process group
 
 
 def resolve_world_size(count: int | None) -> int:
-    """The rank count of a run: the explicit count, else H3_WORLD_SIZE, else every visible GPU, else 1."""
+    """The rank count of a run: the explicit count, else torchrun's WORLD_SIZE when launched by it,
+    else H3_WORLD_SIZE, else every visible GPU, else 1."""
     if count is not None:
         return count
+    if under_torchrun():
+        return int(os.environ["WORLD_SIZE"])
     from_env = world_size_from_env()
     if from_env is not None:
         return from_env
     return visible_gpu_count() or 1
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or any launcher following its environment contract) started us."""
+    return all(os.environ.get(name) for name in _TORCHRUN_VARS)
+
+
+# --- what a task sees --------------------------------------------------------------------------------
+
+
+@dataclass
+class RankContext:
+    """One rank's view of a run, passed as the first argument of every task."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: "torch.device"
+    group: "dist.ProcessGroup | None"  # None at world size 1 (collectives are then the identity)
+    backend: str  # "gloo" | "nccl" | "none"
+    progress: Callable[[Any], None] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the rank that reports progress and whose view the caller renders."""
+        return self.rank == 0
+
+    def report(self, message: Any) -> None:
+        """Send a (picklable, small) progress message to `World.on_progress`; rank 0 only, others no-op."""
+        if self.rank == 0 and self.progress is not None:
+            self.progress(message)
+
+    def first_ranks(self, size: int) -> "RankContext | None":
+        """This rank's context in a group of ranks `0..size-1` (None on the others).
+
+        Lets one World run checks at several counts (2, 4, 6 ranks inside an 8-rank World).
+        Creating a group is collective: every rank of `self.group` must call this, with the same
+        sizes in the same order. Groups are created once per size and cached.
+        """
+        if size == self.world_size:
+            return self
+        if not 1 <= size <= self.world_size:
+            raise ValueError(f"cannot take {size} ranks of a world of {self.world_size}")
+        group = _first_ranks_group(self.group, size)
+        if self.rank >= size:
+            return None
+        return replace(self, world_size=size, group=group if size > 1 else None, backend=self.backend if size > 1 else "none")
+
+
+_SUBGROUPS: dict[tuple[int, int], Any] = {}
+
+
+def _first_ranks_group(parent: "dist.ProcessGroup | None", size: int) -> "dist.ProcessGroup | None":
+    import torch.distributed as dist
+
+    key = (id(parent), size)
+    if key not in _SUBGROUPS:
+        _SUBGROUPS[key] = dist.new_group(ranks=list(range(size))) if size > 1 else None
+    return _SUBGROUPS[key]
+
+
+# --- fault injection (tests) ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One entry of H3_INJECT_FAULT: `POINT[:INDEX]@RANK[:ACTION]`, e.g. `step:2@1` or `step:2@1:kill`.
+
+    INDEX and RANK may be `*` (any). ACTION: `raise` (RuntimeError, default), `config`
+    (ConfigError), `kill` (the rank SIGKILLs itself) or `exit` (`os._exit(3)`).
+    """
+
+    point: str
+    index: int | None
+    rank: int | None
+    action: str = "raise"
+
+    def matches(self, point: str, rank: int, index: int | None) -> bool:
+        return (
+            self.point == point
+            and (self.rank is None or self.rank == rank)
+            and (self.index is None or self.index == index)
+        )
+
+
+FAULT_ACTIONS = ("raise", "config", "kill", "exit")
+
+
+def parse_fault_specs(text: str) -> list[FaultSpec]:
+    """'step:2@1,step:0@3:kill' -> FaultSpecs; a malformed entry is a ConfigError naming the variable."""
+    specs = []
+    for entry in (part.strip() for part in text.split(",")):
+        if entry:
+            specs.append(_parse_fault(entry, text))
+    return specs
+
+
+def _parse_fault(entry: str, text: str) -> FaultSpec:
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"{FAULT_ENV}={text!r}: {why}; use POINT[:INDEX]@RANK[:ACTION], e.g. step:2@1 or step:2@1:kill")
+
+    where, at, who = entry.partition("@")
+    if not at or not where or not who:
+        raise bad(f"{entry!r} has no @RANK")
+    point, _, index = where.partition(":")
+    rank, _, action = who.partition(":")
+    action = action or "raise"
+    if action not in FAULT_ACTIONS:
+        raise bad(f"unknown action {action!r} (choose {', '.join(FAULT_ACTIONS)})")
+    try:
+        return FaultSpec(point, _wildcard_int(index), _wildcard_int(rank), action)
+    except ValueError:
+        raise bad(f"{entry!r} has a non-numeric index or rank") from None
+
+
+def _wildcard_int(text: str) -> int | None:
+    return None if text in ("", "*") else int(text)
+
+
+_fault_cache: tuple[str, list[FaultSpec]] = ("", [])
+
+
+def maybe_inject_fault(point: str, rank: int, index: int | None = None) -> None:
+    """Test hook: fail here when H3_INJECT_FAULT names this point, index and rank (no-op when unset)."""
+    global _fault_cache
+    text = os.environ.get(FAULT_ENV, "")
+    if not text:
+        return
+    if _fault_cache[0] != text:
+        _fault_cache = (text, parse_fault_specs(text))
+    for spec in _fault_cache[1]:
+        if spec.matches(point, rank, index):
+            _trigger(spec, point, rank, index, text)
+
+
+def _trigger(spec: FaultSpec, point: str, rank: int, index: int | None, text: str) -> None:
+    where = f"{point} {index}" if index is not None else point
+    if spec.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if spec.action == "exit":
+        os._exit(3)
+    message = f"injected fault at {where} on rank {rank} ({FAULT_ENV}={text})"
+    if spec.action == "config":
+        raise ConfigError(message)
+    raise RuntimeError(message)
+
+
+# --- errors crossing the process boundary ------------------------------------------------------------
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker, chained as the cause of what `run` raises."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"\n\nTraceback in the rank (most recent call last):\n{self.text}"
+
+
+@dataclass
+class _RankError:
+    """An exception a rank raised, in a form that always survives the pipe."""
+
+    rank: int
+    type_name: str
+    message: str
+    traceback: str
+    pickled: bytes | None  # the exception itself, when it pickles and is an H3Error
+
+    @classmethod
+    def of(cls, rank: int, exc: BaseException) -> "_RankError":
+        pickled = None
+        if isinstance(exc, H3Error):
+            try:
+                pickled = pickle.dumps(exc)
+                pickle.loads(pickled)
+            except Exception:
+                pickled = None
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(rank, type(exc).__name__, str(exc), text, pickled)
+
+    def to_exception(self, world_size: int) -> H3Error:
+        """The H3Error the rank raised (message prefixed with its rank), else a RankFailure."""
+        err: H3Error | None = None
+        if self.pickled is not None:
+            try:
+                err = pickle.loads(self.pickled)
+            except Exception:
+                err = None
+        if err is None:
+            err = RankFailure(self.rank, f"{self.type_name}: {self.message}")
+        elif world_size > 1 and not isinstance(err, RankFailure) and len(err.args) == 1 and isinstance(err.args[0], str):
+            err.args = (f"rank {self.rank}: {err.args[0]}",)
+        err.__cause__ = RemoteTraceback(self.traceback)
+        return err
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "process stopped responding"
+    if exitcode < 0:
+        try:
+            return f"process killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"process killed by signal {-exitcode}"
+    return f"process exited with code {exitcode}"
+
+
+def _to_cpu(value: Any) -> Any:
+    """Tensors (also inside lists, tuples and dicts) moved to the CPU, ready to cross the pipe."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {key: _to_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_to_cpu(item) for item in value)
+    return value
+
+
+# --- the worker side -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _WorkerSpec:
+    rank: int
+    world_size: int
+    device_type: str
+    store_port: int
+    timeout_s: float
+    parent_pid: int
+    debug: bool
+
+
+def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
+    """Entry point of a spawned rank: join the group, then run tasks until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if not spec.debug:
+        _silence_output()
+    threading.Thread(target=_exit_when_orphaned, args=(spec.parent_pid,), daemon=True).start()
+    try:
+        ctx = _join_spawned_group(spec, conn)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
+        conn.send(("error", _RankError.of(spec.rank, exc)))
+        _wait_for_stop(conn)
+        return
+    conn.send(("ready", os.getpid()))
+    _serve(ctx, conn)
+    _leave_group()
+
+
+def _silence_output() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _join_spawned_group(spec: _WorkerSpec, conn: Connection) -> RankContext:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(cpu_threads_per_rank(spec.world_size))
+    device = rank_device(spec.device_type, spec.rank)
+    timeout = timedelta(seconds=spec.timeout_s)
+    store = dist.TCPStore("127.0.0.1", spec.store_port, None, False, timeout=timeout)
+    backend = _init_group(spec.device_type, device, store, spec.rank, spec.world_size, timeout)
+    progress = (lambda message: conn.send(("progress", pickle.dumps(message)))) if spec.rank == 0 else None
+    return RankContext(spec.rank, spec.world_size, spec.rank, device, dist.group.WORLD, backend, progress)
+
+
+def _init_group(device_type: str, device: "torch.device", store: Any, rank: int, world_size: int, timeout: timedelta) -> str:
+    """Gloo on the CPU; NCCL on CUDA bound to this rank's GPU, with fail-fast error handling.
+
+    `store`: the rendezvous store of spawned workers, or None for torchrun's env:// rendezvous.
+    """
+    import torch
+    import torch.distributed as dist
+
+    rendezvous: dict[str, Any] = {"store": store} if store is not None else {"init_method": "env://"}
+    if device_type == "cuda":
+        for name, value in nccl_environment(timeout.total_seconds()).items():
+            os.environ.setdefault(name, value)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=timeout, device_id=device, **rendezvous)
+        return "nccl"
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout, **rendezvous)
+    return "gloo"
+
+
+def _serve(ctx: RankContext, conn: Connection) -> None:
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        if message[0] != "run":
+            return
+        try:
+            fn, args, kwargs = pickle.loads(message[1])
+            payload = pickle.dumps(_to_cpu(fn(ctx, *args, **kwargs)))
+        except BaseException as exc:  # noqa: BLE001 - also SystemExit: the parent decides
+            conn.send(("error", _RankError.of(ctx.rank, exc)))
+            _wait_for_stop(conn)  # peers may be blocked on us; the parent stops everyone
+            return
+        conn.send(("ok", payload))
+
+
+def _wait_for_stop(conn: Connection) -> None:
+    try:
+        while conn.recv()[0] != "stop":
+            pass
+    except (EOFError, OSError):
+        pass
+
+
+def _leave_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# --- the parent side -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Worker:
+    rank: int
+    process: "BaseProcess"
+    conn: Connection
+
+
+class World:
+    """`world_size` ranks that run many tasks; see the module docstring. Use as a context manager."""
+
+    def __init__(
+        self,
+        world_size: int,
+        device: str = "cpu",
+        timeout_s: float = 600.0,
+        on_progress: Callable[[Any], None] | None = None,
+    ):
+        """Start the ranks. `device`: 'cpu', 'cuda' or 'auto'; `timeout_s`: start-up and collective
+        timeout; `on_progress`: called here with every message rank 0 sends via `ctx.report`."""
+        if world_size < 1:
+            raise ConfigError(f"world size must be at least 1, got {world_size}")
+        self.world_size = world_size
+        self.device_type = resolve_device(device)
+        self.timeout_s = timeout_s
+        self.on_progress = on_progress
+        self.backend = "none"
+        self._workers: list[_Worker] = []
+        self._local: RankContext | None = None
+        self._joined_torchrun = False
+        self._store: Any = None
+        self._busy = False  # a task is in flight: workers would not read a clean "stop"
+        self._closed = False
+        if under_torchrun():
+            self._join_torchrun()
+        else:
+            check_world_size_fits(world_size, self.device_type)
+            if world_size == 1:
+                self._local = RankContext(0, 1, 0, rank_device(self.device_type, 0), None, "none", self._progress)
+            else:
+                self._spawn()
+
+    # -- public ----------------------------------------------------------------------------------------
+
+    @property
+    def is_main(self) -> bool:
+        """True in the process that should render results and write reports (rank 0 / the parent)."""
+        return self._local is None or self._local.rank == 0
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the spawned workers (empty when nothing was spawned)."""
+        return [w.process.pid for w in self._workers if w.process.pid is not None]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def run(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> list[R]:
+        """`fn(ctx, *args, **kwargs)` on every rank; each rank's result, in rank order, tensors on the CPU.
+
+        `fn` must be a module-level function and `args`/`kwargs` picklable (they are sent to the
+        workers; at world size 1 they are passed as they are). Under torchrun, rank 0 receives
+        every rank's result and every other rank a list holding only its own (None elsewhere).
+        """
+        if self._closed:
+            raise RuntimeError("this World is closed (after a fault or close()); start a new World")
+        if self._local is not None:
+            return self._run_here(fn, args, kwargs)
+        return self._run_spawned(fn, args, kwargs)
+
+    def close(self) -> None:
+        """Stop and reap every worker: a clean stop when they are idle, else signals. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._workers:
+            _stop_workers(self._workers, clean=not self._busy)
+        if self._joined_torchrun:
+            _leave_group()
+        self._store = None
+
+    def __enter__(self) -> "World":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
+
+    # -- world size 1 and torchrun: the task runs in this process -------------------------------------------
+
+    def _progress(self, message: Any) -> None:
+        if self.on_progress is not None:
+            self.on_progress(message)
+
+    def _run_here(self, fn: Callable[..., R], args: tuple, kwargs: dict) -> list[R]:
+        ctx = self._local
+        assert ctx is not None
+        try:
+            result = _to_cpu(fn(ctx, *args, **kwargs))
+        except H3Error:
+            raise
+        except Exception as exc:
+            raise RankFailure(ctx.rank, f"{type(exc).__name__}: {exc}") from exc
+        if not self._joined_torchrun or ctx.world_size == 1:
+            return [result]
+        return _gather_to_main(ctx, result)
+
+    def _join_torchrun(self) -> None:
+        import torch.distributed as dist
+
+        env_world = int(os.environ["WORLD_SIZE"])
+        if env_world != self.world_size:
+            raise ConfigError(
+                f"torchrun started {env_world} processes but {self.world_size} ranks were asked for; "
+                f"pass {env_world} or leave the count out"
+            )
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+        if self.device_type == "cuda" and local_rank >= visible_gpu_count():
+            raise ConfigError(f"LOCAL_RANK {local_rank} has no GPU: only {visible_gpu_count()} are visible on this machine")
+        device = rank_device(self.device_type, local_rank)
+        if dist.is_initialized():
+            self.backend = str(dist.get_backend())
+        else:
+            self.backend = _init_group(self.device_type, device, None, rank, env_world, timedelta(seconds=self.timeout_s))
+            self._joined_torchrun = True
+        progress = self._progress if rank == 0 else None
+        self._local = RankContext(rank, env_world, local_rank, device, dist.group.WORLD, self.backend, progress)
+
+    # -- spawned workers ----------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        import multiprocessing
+
+        import torch.distributed as dist
+
+        # This process hosts the rendezvous store on a free port: no port to pick, none to collide.
+        timeout = timedelta(seconds=self.timeout_s)
+        self._store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timeout, wait_for_workers=False)
+        context = multiprocessing.get_context("spawn")
+        debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+        self._busy = True
+        try:
+            for rank in range(self.world_size):
+                spec = _WorkerSpec(rank, self.world_size, self.device_type, self._store.port, self.timeout_s, os.getpid(), debug)
+                parent_end, child_end = context.Pipe(duplex=True)
+                process = context.Process(target=_worker_main, args=(spec, child_end), name=f"h3-rank{rank}", daemon=True)
+                process.start()
+                child_end.close()
+                self._workers.append(_Worker(rank, process, parent_end))
+            self.backend = "nccl" if self.device_type == "cuda" else "gloo"
+            self._collect("ready", deadline=time.monotonic() + self.timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        self._busy = False
+
+    def _run_spawned(self, fn: Callable[..., R], args: tuple, kwargs: dict) -> list[R]:
+        try:
+            payload = pickle.dumps((fn, args, kwargs))
+        except Exception as err:
+            raise TypeError(
+                f"World.run needs a module-level function and picklable arguments; {fn!r} cannot be sent ({err})"
+            ) from err
+        self._busy = True
+        try:
+            for worker in self._workers:
+                worker.conn.send(("run", payload))
+            answers = self._collect("ok", deadline=None)
+        except BaseException:
+            self.close()
+            raise
+        self._busy = False
+        return [pickle.loads(answers[w.rank]) for w in self._workers]
+
+    def _collect(self, tag: str, deadline: float | None) -> dict[int, Any]:
+        """Wait until every worker answered `tag`, forwarding progress; a fault raises."""
+        answers: dict[int, Any] = {}
+        by_conn = {w.conn: w for w in self._workers}
+        sentinels = {w.process.sentinel for w in self._workers}
+        while len(answers) < len(self._workers):
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait([w.conn for w in self._workers if w.rank not in answers] + list(sentinels), timeout)
+            if not ready:
+                self.close()
+                raise H3Error(
+                    f"the {self.world_size} ranks did not start within {self.timeout_s:.0f}s; "
+                    f"rerun with {DEBUG_ENV}=1 to see their output"
+                )
+            for handle in ready:
+                if handle in by_conn:
+                    self._receive(by_conn[handle], tag, answers)
+            if any(handle in sentinels for handle in ready):
+                self._fault(None)  # a worker died, even one that had answered: the World is unusable
+        return answers
+
+    def _receive(self, worker: _Worker, tag: str, answers: dict[int, Any]) -> None:
+        try:
+            kind, body = worker.conn.recv()
+        except (EOFError, OSError):
+            return  # it died; its sentinel reports that
+        if kind == "progress":
+            self._progress(pickle.loads(body))
+        elif kind == "error":
+            self._fault(body)
+        elif kind == tag:
+            answers[worker.rank] = body
+
+    def _fault(self, first_error: _RankError | None) -> None:
+        """Find the root cause, stop every worker, raise it.
+
+        A rank that died beats the errors its peers raised after it ('connection closed'), so
+        after the first sign of trouble we listen a moment longer; among errors the first wins.
+        """
+        errors = [first_error] if first_error is not None else []
+        grace_end = time.monotonic() + _FAULT_GRACE_S
+        while time.monotonic() < grace_end and not any(w.process.exitcode is not None for w in self._workers):
+            errors.extend(_drain_errors(self._workers))
+            time.sleep(0.02)
+        dead = [w for w in self._workers if w.process.exitcode is not None]
+        exitcodes = {w.rank: w.process.exitcode for w in dead}
+        self.close()
+        if dead:
+            rank = min(exitcodes)
+            raise RankFailure(rank, _describe_exit(exitcodes[rank]))
+        assert errors, "a fault with neither a dead worker nor an error"
+        raise errors[0].to_exception(self.world_size)
+
+
+def _drain_errors(workers: list[_Worker]) -> list[_RankError]:
+    errors = []
+    for worker in workers:
+        try:
+            while worker.conn.poll():
+                kind, body = worker.conn.recv()
+                if kind == "error":
+                    errors.append(body)
+        except (EOFError, OSError):
+            continue
+    return errors
+
+
+def _gather_to_main(ctx: RankContext, result: Any) -> list:
+    """torchrun: every result to rank 0; the other ranks keep only their own."""
+    import torch.distributed as dist
+
+    gathered: list | None = [None] * ctx.world_size if ctx.rank == 0 else None
+    dist.gather_object(result, gathered, dst=0, group=ctx.group)
+    if gathered is not None:
+        return gathered
+    mine: list = [None] * ctx.world_size
+    mine[ctx.rank] = result
+    return mine
+
+
+def _stop_workers(workers: list[_Worker], clean: bool) -> None:
+    """Idle workers are asked to leave their group and exit; the rest get SIGTERM, then SIGKILL."""
+    if clean:
+        for worker in workers:
+            try:
+                worker.conn.send(("stop", None))
+            except OSError:
+                pass
+        deadline = time.monotonic() + _STOP_GRACE_S
+        for worker in workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+    for worker in workers:
+        if worker.process.is_alive():
+            worker.process.terminate()
+    deadline = time.monotonic() + _TERMINATE_GRACE_S
+    for worker in workers:
+        worker.process.join(max(0.0, deadline - time.monotonic()))
+    for worker in workers:
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join()
+        worker.conn.close()
+
+
+def launch(fn: Callable[..., R], world_size: int, device: str, *args: Any, **kwargs: Any) -> list[R]:
+    """One task on a fresh World of `world_size` ranks: `World(...).run(fn, *args, **kwargs)`."""
+    with World(world_size, device) as world:
+        return world.run(fn, *args, **kwargs)

@@ -1,0 +1,105 @@
+"""`h3 bench-transport`: the Ulysses all-to-all and distributed attention, no weights loaded."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from h3cli import options
+from h3cli.output import Output
+
+
+def _render(report: Any, path: Path | None, console: Console) -> None:
+    from h3core.bench_transport import bytes_label
+
+    cfg = report.config
+    table = Table(
+        title=(
+            f"bench-transport · {cfg.world_size} rank(s) · {report.backend} on {cfg.device} · {cfg.dtype} · "
+            f"{cfg.tokens} tokens ({'/'.join(map(str, report.tokens_per_rank))}) · "
+            f"{cfg.heads}x{cfg.head_dim} heads ({'/'.join(map(str, report.heads_per_rank))}) · "
+            f"median of {cfg.iters} after {cfg.warmup} warm-up"
+        ),
+        title_justify="left",
+    )
+    for column in ("phase", "median ms (slowest rank)", "sent per rank", "GB/s"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
+    for name, phase in report.phases.items():
+        label = f"attention ({cfg.attention})" if name == "attention" else name.replace("_", " ")
+        gbps = f"{phase.gb_per_s:.2f}" if phase.gb_per_s is not None else "-"
+        table.add_row(label, f"{phase.median_s * 1e3:.3f}", bytes_label(max(phase.bytes_sent_per_rank)), gbps)
+    console.print(table)
+    console.print(f"identity seq->head->seq: {'exact' if report.identity_exact else '[red]NOT EXACT[/]'}")
+    if report.ratio is None:
+        console.print("ratio: n/a at one rank (nothing moves)")
+    else:
+        verdict = "[green]within[/]" if report.ratio <= report.target_ratio else "[yellow]above[/]"
+        console.print(
+            f"ratio (seq->head + head->seq) / plain all_to_all_single: {report.ratio:.3f} "
+            f"({report.transport_s * 1e3:.3f} / {report.baseline_s * 1e3:.3f} ms), {verdict} target {report.target_ratio}"
+        )
+    if path is not None:
+        console.print(f"report: {path}")
+
+
+@contextmanager
+def _progress(total_label: str) -> Iterator[Callable[[Any], None]]:
+    """A transient bar on stderr fed by rank 0's ('iter', done, total) messages."""
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn(total_label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=True, disable=not console.is_terminal,
+    ) as bar:
+        task = bar.add_task(total_label, total=None)
+
+        def update(message: Any) -> None:
+            if isinstance(message, tuple) and message[0] == "iter":
+                bar.update(task, completed=message[1], total=message[2])
+
+        yield update
+
+
+def bench_transport(
+    count: Annotated[Optional[int], typer.Argument(help="Ranks. Default: H3_WORLD_SIZE, else every visible GPU, else 1.", show_default=False)] = None,
+    attention: Annotated[str, typer.Argument(help="Attention backend: sdpa, math, sage2 or flash.")] = "sdpa",
+    tokens: Annotated[Optional[int], typer.Option("--tokens", help="Packed sequence length (default: H3 at the video size).")] = None,
+    width: options.Width = None,
+    height: options.Height = None,
+    frames: options.Frames = None,
+    heads: Annotated[int, typer.Option("--heads", help="Attention heads.")] = 56,
+    head_dim: Annotated[int, typer.Option("--head-dim", help="Width of one head.")] = 128,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU).")] = None,
+    iters: Annotated[int, typer.Option("--iters", help="Timed iterations (the median is reported).")] = 20,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed iterations first.")] = 3,
+    skip_attention: Annotated[bool, typer.Option("--skip-attention", help="Time the transport only (attention at H3 sizes takes minutes on a CPU).")] = False,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    output: Annotated[Optional[Path], typer.Option("--output", help="Report file (*.json) or folder. Default: H3_DISTRIBUTED_BENCHMARK, else none.", show_default=False)] = None,
+    json: options.Json = False,
+) -> None:
+    """Time Ulysses seq->head, attention and head->seq on random q|k|v against a plain all-to-all."""
+    from h3core.atomic_write import write_json
+    from h3core.bench_transport import TransportBenchConfig, report_path, run_transport_benchmark
+    from h3core.launch import resolve_world_size
+
+    cfg = TransportBenchConfig.build(
+        world_size=resolve_world_size(count), attention=attention, tokens=tokens, width=width, height=height,
+        frames=frames, heads=heads, head_dim=head_dim, device=device, dtype=dtype, iters=iters, warmup=warmup,
+        time_attention=not skip_attention,
+    )
+    out = Output(json)
+    with _progress(f"bench-transport {cfg.world_size}x") as on_progress:
+        report = run_transport_benchmark(cfg, on_progress)
+    path = report_path(output, cfg)
+    if path is not None:
+        write_json(path, report)
+    out.result(report, lambda console: _render(report, path, console))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench-transport")(bench_transport)

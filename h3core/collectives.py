@@ -1,0 +1,326 @@
+"""The collectives both distributed modes are built from: small typed functions over ragged spans.
+
+Every function takes the spans of `h3core.partition` (`token_spans`, `head_spans`, or any
+balanced row split); index `i` of a spans list belongs to rank `i` of `group`. `group=None` or a
+1-rank group is the identity path: the input comes back untouched, no process group needed.
+
+- `seq_to_head` / `head_to_seq`: the Ulysses all-to-all. One `all_to_all_single` each way with
+  per-peer split sizes, so ragged tokens and ragged heads need no padding. Data is copied once
+  per direction: `seq_to_head` packs each peer's heads into one contiguous block before sending
+  (the receive buffer already *is* the `[S, *mid, H_loc, Dh]` result); `head_to_seq` sends its
+  token rows as they lie and unpacks the received head blocks into `[S_loc, *mid, H, Dh]`.
+- `gather_rows`: ragged all-gather. Gloo and NCCL gather equal sizes only, so every rank pads its
+  rows to the longest share; the padding is cut off before the result is returned.
+- `reduce_scatter_rows`: ragged reduce-scatter of row partials. An `all_to_all_single` hands every
+  rank the partials of its own rows from all ranks (the same bytes a ring reduce-scatter moves),
+  then they are summed locally in rank order: `((p_0 + p_1) + p_2) + ... + p_{W-1}`, in float32
+  for 16-bit inputs and cast back once. The result is therefore the same on every run, on Gloo
+  and NCCL alike, and independent of the transport's own reduction order.
+
+Each call allocates exactly one new tensor, its result. Transient buffers (the packed send side
+of `seq_to_head`, the receive side of `head_to_seq` and `reduce_scatter_rows`, the padded rows of
+`gather_rows`) come from a scratch buffer on the CPU that is kept and reused across calls: fresh
+CPU memory of that size costs more in page faults than the copy itself. On CUDA the caching
+allocator already recycles memory, so they are plain allocations there. One thread per process
+calls collectives (as process groups require anyway); `release_scratch()` frees the buffer.
+
+`CommStats` counts, per collective kind, the calls and the bytes this rank sent to and received
+from *other* ranks (its own share stays local and is not counted; gather padding is counted,
+since it travels).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, Field
+
+from h3core.partition import Span
+
+SEQ_TO_HEAD = "seq_to_head"
+HEAD_TO_SEQ = "head_to_seq"
+GATHER_ROWS = "gather_rows"
+REDUCE_SCATTER_ROWS = "reduce_scatter_rows"
+
+
+class CollectiveCounts(BaseModel):
+    """What one kind of collective moved on one rank (or summed over ranks)."""
+
+    calls: int = Field(0, description="Times the collective ran.")
+    bytes_sent: int = Field(0, description="Bytes sent to other ranks (the rank's own share excluded).")
+    bytes_received: int = Field(0, description="Bytes received from other ranks.")
+
+
+class CommStats(BaseModel):
+    """Calls and bytes per collective kind ('seq_to_head', 'gather_rows', ...); mergeable."""
+
+    kinds: dict[str, CollectiveCounts] = Field(default_factory=dict, description="Counts by collective kind.")
+
+    def record(self, kind: str, bytes_sent: int, bytes_received: int) -> None:
+        counts = self.kinds.setdefault(kind, CollectiveCounts())
+        counts.calls += 1
+        counts.bytes_sent += bytes_sent
+        counts.bytes_received += bytes_received
+
+    def merged(self, other: "CommStats") -> "CommStats":
+        """A new `CommStats` holding the sums of both (e.g. over steps, or over ranks)."""
+        out = self.model_copy(deep=True)
+        for kind, counts in other.kinds.items():
+            mine = out.kinds.setdefault(kind, CollectiveCounts())
+            mine.calls += counts.calls
+            mine.bytes_sent += counts.bytes_sent
+            mine.bytes_received += counts.bytes_received
+        return out
+
+    @classmethod
+    def total(cls, stats: Iterable["CommStats"]) -> "CommStats":
+        """The sum of several ranks' (or steps') stats."""
+        out = cls()
+        for one in stats:
+            out = out.merged(one)
+        return out
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(c.bytes_sent for c in self.kinds.values())
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(c.bytes_received for c in self.kinds.values())
+
+
+# --- group and span bookkeeping ----------------------------------------------------------------
+
+
+def group_rank_and_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    """This process's rank in `group` and the group's size; `(0, 1)` for `None`."""
+    if group is None:
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _check_spans(spans: Sequence[Span], size: int, what: str) -> int:
+    """Spans must cover `[0, n)` contiguously, one per rank; returns `n`."""
+    if len(spans) != size:
+        raise ValueError(f"{len(spans)} {what} spans for a group of {size} ranks")
+    start = 0
+    for span in spans:
+        if span.start != start or len(span) == 0:
+            raise ValueError(f"{what} spans {[s.as_list() for s in spans]} are not contiguous, non-empty and in rank order")
+        start = span.stop
+    return start
+
+
+def _record(stats: CommStats | None, kind: str, sent: Sequence[int], received: Sequence[int], rank: int, itemsize: int) -> None:
+    """Count element splits (per peer) as bytes to and from other ranks."""
+    if stats is not None:
+        others_sent = sum(sent) - sent[rank]
+        others_received = sum(received) - received[rank]
+        stats.record(kind, others_sent * itemsize, others_received * itemsize)
+
+
+def _all_to_all(recv: torch.Tensor, send: torch.Tensor, recv_sizes: list[int], send_sizes: list[int], group: dist.ProcessGroup) -> None:
+    """`all_to_all_single` on flat buffers; equal splits take the library's even-split path."""
+    even = len(set(send_sizes)) == 1 and len(set(recv_sizes)) == 1
+    dist.all_to_all_single(recv, send, None if even else recv_sizes, None if even else send_sizes, group=group)
+
+
+_scratch_bytes: torch.Tensor | None = None  # CPU: grown on demand, reused by every collective
+
+
+def _scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """A transient 1-D buffer of `numel` elements of `like`'s dtype, valid until the next collective."""
+    global _scratch_bytes
+    if like.device.type != "cpu":
+        return like.new_empty(numel)
+    nbytes = numel * like.element_size()
+    if _scratch_bytes is None or _scratch_bytes.numel() < nbytes:
+        _scratch_bytes = None  # free the old one before allocating the larger one
+        _scratch_bytes = torch.empty(nbytes, dtype=torch.uint8)
+    return _scratch_bytes[:nbytes].view(like.dtype)
+
+
+def release_scratch() -> None:
+    """Free the CPU scratch buffer (it is allocated again by the next collective that needs it)."""
+    global _scratch_bytes
+    _scratch_bytes = None
+
+
+def _uniform_runs(spans: Sequence[Span]) -> list[tuple[int, int, int, int]]:
+    """Consecutive spans of equal width, as `(first_index, count, width, start)`.
+
+    A balanced split has at most two runs (the `q + 1` ranks, then the `q` ranks), so a pack
+    or unpack over all ranks takes at most two strided copies.
+    """
+    runs: list[tuple[int, int, int, int]] = []
+    for index, span in enumerate(spans):
+        if runs and runs[-1][2] == len(span):
+            first, count, width, start = runs[-1]
+            runs[-1] = (first, count + 1, width, start)
+        else:
+            runs.append((index, 1, len(span), span.start))
+    return runs
+
+
+# --- Ulysses all-to-all --------------------------------------------------------------------------
+
+
+def seq_to_head(
+    x: torch.Tensor,
+    tokens: Sequence[Span],
+    heads: Sequence[Span],
+    group: dist.ProcessGroup | None = None,
+    stats: CommStats | None = None,
+) -> torch.Tensor:
+    """Sequence-sharded -> head-sharded. x: [S_loc, *mid, H, Dh] -> [S, *mid, H_loc, Dh].
+
+    Dim 0 of `x` is this rank's token rows `tokens[rank]`, dim -2 every head; the result holds
+    every token (in packed order) for this rank's heads `heads[rank]`. `mid` may be empty or e.g.
+    `3` for a fused q|k|v, which then travels in one all-to-all.
+    """
+    rank, size = group_rank_and_size(group)
+    if size == 1:
+        return x
+    num_tokens = _check_spans(tokens, size, "token")
+    num_heads = _check_spans(heads, size, "head")
+    local_tokens, mid, head_dim = x.shape[0], tuple(x.shape[1:-2]), x.shape[-1]
+    if local_tokens != len(tokens[rank]) or x.shape[-2] != num_heads:
+        raise ValueError(f"seq_to_head: x {tuple(x.shape)} does not match {len(tokens[rank])} local tokens x {num_heads} heads")
+    inner = math.prod(mid)
+    # x4: [S_loc, inner, H, Dh]; send: per peer j one block [S_loc, inner, H_j, Dh], in rank order.
+    x4 = x.reshape(local_tokens, inner, num_heads, head_dim)
+    send = _scratch(x4.numel(), x)
+    for first, count, width, start in _uniform_runs(heads):
+        begin = _offset(heads, first, local_tokens * inner * head_dim)
+        dst = send[begin : begin + count * local_tokens * inner * width * head_dim]
+        src = x4[:, :, start : start + count * width].unflatten(2, (count, width))  # [S_loc, inner, count, w, Dh]
+        dst.view(count, local_tokens, inner, width, head_dim).copy_(src.permute(2, 0, 1, 3, 4))
+    local_heads = len(heads[rank])
+    send_sizes = [local_tokens * inner * len(h) * head_dim for h in heads]
+    recv_sizes = [len(t) * inner * local_heads * head_dim for t in tokens]
+    recv = x.new_empty(sum(recv_sizes))
+    _all_to_all(recv, send, recv_sizes, send_sizes, group)
+    _record(stats, SEQ_TO_HEAD, send_sizes, recv_sizes, rank, x.element_size())
+    # Peer j's block is [S_j, inner, H_loc, Dh]; in rank order they already form [S, inner, H_loc, Dh].
+    return recv.view(num_tokens, *mid, local_heads, head_dim)
+
+
+def _offset(spans: Sequence[Span], index: int, per_item: int) -> int:
+    """Elements before block `index` of a buffer whose block `j` holds `len(spans[j]) * per_item`."""
+    return spans[index].start * per_item
+
+
+def head_to_seq(
+    x: torch.Tensor,
+    tokens: Sequence[Span],
+    heads: Sequence[Span],
+    group: dist.ProcessGroup | None = None,
+    stats: CommStats | None = None,
+) -> torch.Tensor:
+    """Head-sharded -> sequence-sharded, the inverse of `seq_to_head`. x: [S, *mid, H_loc, Dh] -> [S_loc, *mid, H, Dh]."""
+    rank, size = group_rank_and_size(group)
+    if size == 1:
+        return x
+    num_tokens = _check_spans(tokens, size, "token")
+    num_heads = _check_spans(heads, size, "head")
+    mid, local_heads, head_dim = tuple(x.shape[1:-2]), x.shape[-2], x.shape[-1]
+    if x.shape[0] != num_tokens or local_heads != len(heads[rank]):
+        raise ValueError(f"head_to_seq: x {tuple(x.shape)} does not match {num_tokens} tokens x {len(heads[rank])} local heads")
+    inner = math.prod(mid)
+    local_tokens = len(tokens[rank])
+    # Token rows of peer j are contiguous in x, so x itself (made contiguous) is the send buffer.
+    send = x.contiguous().view(-1)
+    send_sizes = [len(t) * inner * local_heads * head_dim for t in tokens]
+    recv_sizes = [local_tokens * inner * len(h) * head_dim for h in heads]
+    recv = _scratch(sum(recv_sizes), x)
+    _all_to_all(recv, send, recv_sizes, send_sizes, group)
+    _record(stats, HEAD_TO_SEQ, send_sizes, recv_sizes, rank, x.element_size())
+    # Peer j's block is [S_loc, inner, H_j, Dh]; place it at heads[j] of out: [S_loc, inner, H, Dh].
+    out = x.new_empty(local_tokens, inner, num_heads, head_dim)
+    for first, count, width, start in _uniform_runs(heads):
+        begin = _offset(heads, first, local_tokens * inner * head_dim)
+        src = recv[begin : begin + count * local_tokens * inner * width * head_dim].view(count, local_tokens, inner, width, head_dim)
+        out[:, :, start : start + count * width].unflatten(2, (count, width)).copy_(src.permute(1, 2, 0, 3, 4))
+    return out.view(local_tokens, *mid, num_heads, head_dim)
+
+
+# --- ragged rows -----------------------------------------------------------------------------------
+
+
+def gather_rows(
+    x: torch.Tensor,
+    rows: Sequence[Span],
+    group: dist.ProcessGroup | None = None,
+    stats: CommStats | None = None,
+) -> torch.Tensor:
+    """Ragged all-gather along dim 0. x: [n_loc, *F] (rows `rows[rank]`) -> [n, *F] on every rank."""
+    rank, size = group_rank_and_size(group)
+    if size == 1:
+        return x
+    num_rows = _check_spans(rows, size, "row")
+    if x.shape[0] != len(rows[rank]):
+        raise ValueError(f"gather_rows: x has {x.shape[0]} rows, rank {rank} owns {len(rows[rank])}")
+    features = tuple(x.shape[1:])
+    longest = max(len(s) for s in rows)
+    even = all(len(s) == longest for s in rows)
+    # padded: [longest, *F]; rows past len(rows[rank]) are the temporary padding (zeros).
+    padded = x.contiguous()
+    if not even and x.shape[0] < longest:
+        padded = torch.cat([padded, x.new_zeros(longest - x.shape[0], *features)])
+    # gathered: [W * longest, *F] (the concatenated form Gloo and NCCL both accept). Evenly
+    # split, it is the result; otherwise a transient from which the padding is cut.
+    numel = size * longest * math.prod(features)
+    gathered = (x.new_empty(numel) if even else _scratch(numel, x)).view(size * longest, *features)
+    _all_gather(gathered, padded, group)
+    row_bytes = math.prod(features) * x.element_size()
+    if stats is not None:
+        stats.record(GATHER_ROWS, (size - 1) * longest * row_bytes, (size - 1) * longest * row_bytes)
+    if even:
+        return gathered.view(num_rows, *features)
+    by_rank = gathered.view(size, longest, *features)
+    return torch.cat([by_rank[j, : len(s)] for j, s in enumerate(rows)])
+
+
+def _all_gather(out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup) -> None:
+    # torch >= 2.13 names it all_gather_single; older releases (RunPod's 2.9) all_gather_into_tensor.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, x, group=group)
+
+
+def reduce_scatter_rows(
+    x: torch.Tensor,
+    rows: Sequence[Span],
+    group: dist.ProcessGroup | None = None,
+    stats: CommStats | None = None,
+) -> torch.Tensor:
+    """Ragged reduce-scatter along dim 0. x: [n, *F] partial on every rank -> [n_loc, *F]: the sum
+    over ranks of rows `rows[rank]`, added in rank order (see the module docstring)."""
+    rank, size = group_rank_and_size(group)
+    if size == 1:
+        return x
+    num_rows = _check_spans(rows, size, "row")
+    if x.shape[0] != num_rows:
+        raise ValueError(f"reduce_scatter_rows: x has {x.shape[0]} rows, the spans cover {num_rows}")
+    features = tuple(x.shape[1:])
+    row_numel = math.prod(features)
+    local_rows = len(rows[rank])
+    # Peer j gets our partial of its rows rows[j] (contiguous in x: no copy); we get theirs of ours.
+    send = x.contiguous().view(-1)
+    send_sizes = [len(s) * row_numel for s in rows]
+    recv_sizes = [local_rows * row_numel] * size
+    recv = _scratch(size * local_rows * row_numel, x)
+    _all_to_all(recv, send, recv_sizes, send_sizes, group)
+    _record(stats, REDUCE_SCATTER_ROWS, send_sizes, recv_sizes, rank, x.element_size())
+    return _sum_in_rank_order(recv.view(size, local_rows, *features))
+
+
+def _sum_in_rank_order(partials: torch.Tensor) -> torch.Tensor:
+    """partials: [W, n_loc, *F] -> ((p_0 + p_1) + p_2) + ...; 16-bit floats accumulate in float32."""
+    low_precision = partials.dtype in (torch.float16, torch.bfloat16)
+    total = partials[0].float() if low_precision else partials[0].clone()
+    for partial in partials[1:]:
+        total += partial
+    return total.to(partials.dtype) if low_precision else total
