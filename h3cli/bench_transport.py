@@ -95,6 +95,8 @@ def bench_transport(
     out = Output(json)
     with _progress(f"bench-transport {cfg.world_size}x") as on_progress:
         report = run_transport_benchmark(cfg, on_progress)
+    if report is None:
+        return  # a torchrun rank other than 0: rank 0 reports
     path = report_path(output, cfg)
     if path is not None:
         write_json(path, report)

@@ -57,7 +57,7 @@ class TransportBenchConfig(BaseModel):
     iters: int = Field(20, ge=1, description="Timed iterations per phase.")
     warmup: int = Field(3, ge=0, description="Untimed iterations before them.")
     time_attention: bool = Field(True, description="Run and time the attention phase (off: transport only).")
-    seed: int = Field(0, description="Seed of the random q|k|v (rank r uses seed + r).")
+    seed: int = Field(default=0, description="Seed of the random q|k|v (rank r uses seed + r).")
 
     @classmethod
     def build(
@@ -117,7 +117,7 @@ class TransportReport(BaseModel):
     backend: str = Field(description="Process-group backend: gloo, nccl, or none at one rank.")
     tokens_per_rank: list[int]
     heads_per_rank: list[int]
-    qkv_fused: bool = Field(True, description="q|k|v travel in one all-to-all ([S_loc, 3, H, Dh]).")
+    qkv_fused: bool = Field(default=True, description="q|k|v travel in one all-to-all ([S_loc, 3, H, Dh]).")
     identity_exact: bool = Field(description="head_to_seq(seq_to_head(x)) == x bit for bit on every rank.")
     phases: dict[str, PhaseTiming]
     transport_s: float = Field(description="seq_to_head + head_to_seq (each the slowest rank's median).")
@@ -125,7 +125,7 @@ class TransportReport(BaseModel):
     ratio: float | None = Field(description="transport_s / baseline_s (None at one rank: nothing moves).")
     target_ratio: float = TARGET_RATIO
     timing: str = Field(
-        "barrier before each timed region; device-synchronised; per-rank median over timed iterations; max over ranks",
+        default="barrier before each timed region; device-synchronised; per-rank median over timed iterations; max over ranks",
         description="How the figures were taken.",
     )
     versions: dict[str, str]
@@ -227,14 +227,19 @@ def _timed(ctx: Any, samples: list[float], keep: bool, work: Callable[[], Any]) 
 # --- the parent side --------------------------------------------------------------------------------
 
 
-def run_transport_benchmark(cfg: TransportBenchConfig, on_progress: Callable[[Any], None] | None = None) -> TransportReport:
-    """Start `cfg.world_size` ranks, benchmark, and summarise (see the module docstring)."""
+def run_transport_benchmark(
+    cfg: TransportBenchConfig, on_progress: Callable[[Any], None] | None = None
+) -> TransportReport | None:
+    """Start `cfg.world_size` ranks, benchmark, and summarise (see the module docstring).
+
+    Under torchrun every rank calls this; rank 0 gets the report, the other ranks None.
+    """
     from h3core.launch import World
 
     with World(cfg.world_size, cfg.device, on_progress=on_progress) as world:
         per_rank = world.run(_bench_rank, cfg)
-        backend = world.backend
-    return _summarise(cfg, backend, per_rank)
+        backend, is_main = world.backend, world.is_main
+    return _summarise(cfg, backend, per_rank) if is_main else None
 
 
 def _summarise(cfg: TransportBenchConfig, backend: str, per_rank: list[dict[str, Any]]) -> TransportReport:

@@ -49,9 +49,9 @@ REDUCE_SCATTER_ROWS = "reduce_scatter_rows"
 class CollectiveCounts(BaseModel):
     """What one kind of collective moved on one rank (or summed over ranks)."""
 
-    calls: int = Field(0, description="Times the collective ran.")
-    bytes_sent: int = Field(0, description="Bytes sent to other ranks (the rank's own share excluded).")
-    bytes_received: int = Field(0, description="Bytes received from other ranks.")
+    calls: int = Field(default=0, description="Times the collective ran.")
+    bytes_sent: int = Field(default=0, description="Bytes sent to other ranks (the rank's own share excluded).")
+    bytes_received: int = Field(default=0, description="Bytes received from other ranks.")
 
 
 class CommStats(BaseModel):
@@ -122,7 +122,7 @@ def _record(stats: CommStats | None, kind: str, sent: Sequence[int], received: S
         stats.record(kind, others_sent * itemsize, others_received * itemsize)
 
 
-def _all_to_all(recv: torch.Tensor, send: torch.Tensor, recv_sizes: list[int], send_sizes: list[int], group: dist.ProcessGroup) -> None:
+def _all_to_all(recv: torch.Tensor, send: torch.Tensor, recv_sizes: list[int], send_sizes: list[int], group: dist.ProcessGroup | None) -> None:
     """`all_to_all_single` on flat buffers; equal splits take the library's even-split path."""
     even = len(set(send_sizes)) == 1 and len(set(recv_sizes)) == 1
     dist.all_to_all_single(recv, send, None if even else recv_sizes, None if even else send_sizes, group=group)
@@ -284,7 +284,7 @@ def gather_rows(
     return torch.cat([by_rank[j, : len(s)] for j, s in enumerate(rows)])
 
 
-def _all_gather(out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup) -> None:
+def _all_gather(out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup | None) -> None:
     # torch >= 2.13 names it all_gather_single; older releases (RunPod's 2.9) all_gather_into_tensor.
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(out, x, group=group)

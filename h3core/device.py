@@ -146,27 +146,27 @@ class Stopwatch:
 
         self.device = torch.device(device)
         self.seconds = float("nan")
-        self._start: float | torch.cuda.Event = 0.0
-        self._end: torch.cuda.Event | None = None
+        self._started = 0.0
+        self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
     def __enter__(self) -> "Stopwatch":
         import torch
 
         if self.device.type == "cuda":
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._end = torch.cuda.Event(enable_timing=True)
-            self._start.record()
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events[0].record()
         else:
-            self._start = time.perf_counter()
+            self._started = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._end is not None:
-            self._end.record()
-            self._end.synchronize()
-            self.seconds = self._start.elapsed_time(self._end) / 1000.0
+        if self._events is not None:
+            start, end = self._events
+            end.record()
+            end.synchronize()
+            self.seconds = start.elapsed_time(end) / 1000.0
         else:
-            self.seconds = time.perf_counter() - self._start
+            self.seconds = time.perf_counter() - self._started
 
 
 def reset_peak_memory(device: "torch.device | str") -> None:

@@ -326,6 +326,10 @@ def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
     conn.send(("ready", os.getpid()))
     _serve(ctx, conn)
     _leave_group()
+    # Nothing left to finalise; skipping interpreter teardown (torch's is slow) makes close() quick.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _silence_output() -> None:
@@ -498,7 +502,10 @@ class World:
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
-            self.close()
+            try:
+                self.close()
+            except Exception:
+                pass  # interpreter shutdown; multiprocessing's exit hook still ends daemonic workers
 
     # -- world size 1 and torchrun: the task runs in this process -------------------------------------------
 
@@ -578,7 +585,10 @@ class World:
         self._busy = True
         try:
             for worker in self._workers:
-                worker.conn.send(("run", payload))
+                try:
+                    worker.conn.send(("run", payload))
+                except OSError:
+                    self._fault(None, suspect=worker.rank)  # it died since the last task
             answers = self._collect("ok", deadline=None)
         except BaseException:
             self.close()
@@ -619,11 +629,12 @@ class World:
         elif kind == tag:
             answers[worker.rank] = body
 
-    def _fault(self, first_error: _RankError | None) -> None:
+    def _fault(self, first_error: _RankError | None, suspect: int | None = None) -> None:
         """Find the root cause, stop every worker, raise it.
 
         A rank that died beats the errors its peers raised after it ('connection closed'), so
         after the first sign of trouble we listen a moment longer; among errors the first wins.
+        `suspect`: the rank whose pipe broke, blamed when nothing more precise turns up.
         """
         errors = [first_error] if first_error is not None else []
         grace_end = time.monotonic() + _FAULT_GRACE_S
@@ -636,8 +647,9 @@ class World:
         if dead:
             rank = min(exitcodes)
             raise RankFailure(rank, _describe_exit(exitcodes[rank]))
-        assert errors, "a fault with neither a dead worker nor an error"
-        raise errors[0].to_exception(self.world_size)
+        if errors:
+            raise errors[0].to_exception(self.world_size)
+        raise RankFailure(suspect if suspect is not None else -1, "lost contact with the process")
 
 
 def _drain_errors(workers: list[_Worker]) -> list[_RankError]:

@@ -1,0 +1,137 @@
+"""`h3 bench-transport` end to end (small shapes) and its failure modes."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import uuid
+
+import pytest
+from typer.testing import CliRunner
+
+from h3cli.main import app
+from h3core.errors import BackendUnavailable
+
+runner = CliRunner()
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SMALL = ["--tokens", "515", "--heads", "8", "--head-dim", "16", "--iters", "3", "--warmup", "1"]
+
+
+def _h3(*args, env=None, timeout=180):
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "h3cli.main", *args], capture_output=True, text=True, env=full_env, timeout=timeout
+    )
+
+
+def _processes_with(token):
+    """Processes whose environment holds `token` (psutil-free survivor check, Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = pathlib.Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if token.encode() in environ:
+                found.append(int(entry))
+    return found
+
+
+def test_two_ranks_json_report_and_file(tmp_path):
+    proc = _h3("bench-transport", "2", *SMALL, "--json", "--output", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["backend"] == "gloo" and report["config"]["world_size"] == 2
+    assert report["tokens_per_rank"] == [258, 257] and report["heads_per_rank"] == [4, 4]
+    assert report["identity_exact"] is True and report["qkv_fused"] is True
+    assert set(report["phases"]) == {"seq_to_head", "attention", "head_to_seq", "baseline_qkv", "baseline_out"}
+    assert isinstance(report["ratio"], float) and report["ratio"] > 0
+    # rank 0 sends rank 1 its 4 heads of q|k|v for 258 tokens, fp32
+    assert report["phases"]["seq_to_head"]["bytes_sent_per_rank"][0] == 258 * 3 * 4 * 16 * 4
+    written = json.loads((tmp_path / "bench-transport-2x-sdpa.json").read_text())
+    assert written == report
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_one_rank_runs_in_process_with_no_ratio(tmp_path, monkeypatch):
+    target = tmp_path / "seed.json"
+    result = runner.invoke(
+        app, ["bench-transport", "1", "math", "--tokens", "64", "--heads", "4", "--head-dim", "16", "--iters", "2", "--warmup", "0", "--json"],
+        env={"H3_DISTRIBUTED_BENCHMARK": str(target)},
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["backend"] == "none" and report["ratio"] is None
+    assert report["phases"]["attention"]["median_s"] > 0
+    assert json.loads(target.read_text())["config"]["attention"] == "math"
+
+
+def test_table_output_names_the_ratio():
+    proc = _h3("bench-transport", "2", *SMALL, "--skip-attention", env={"COLUMNS": "160"})
+    assert proc.returncode == 0, proc.stderr
+    assert "seq to head" in proc.stdout and "attention (" not in proc.stdout  # --skip-attention
+    assert "ratio (seq->head + head->seq) / plain all_to_all_single" in proc.stdout
+
+
+def test_unavailable_backend_is_one_line_exit_2():
+    proc = _h3("bench-transport", "2", "sage2", *SMALL, "--device", "cpu")
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sage2" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_unavailable_backend_fails_before_spawning(monkeypatch):
+    import h3core.launch
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("a World was started")
+
+    monkeypatch.setattr(h3core.launch, "World", no_spawn)
+    result = runner.invoke(app, ["bench-transport", "2", "sage2", *SMALL, "--device", "cpu"])
+    assert isinstance(result.exception, BackendUnavailable)
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["bench-transport", "2", "--tokens", "64", "--width", "256"], "either --tokens or --width"),
+        (["bench-transport", "9", "--tokens", "64", "--heads", "8"], "8 attention heads over 9 ranks"),
+        (["bench-transport", "2", "--tokens", "64", "--dtype", "fp8"], "unknown dtype"),
+    ],
+)
+def test_bad_requests_are_one_line_exit_2(args, needle):
+    proc = _h3(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize(
+    "fault, code, needle",
+    [("iter:1@1:kill", 1, "rank 1 failed: process killed by signal SIGKILL"), ("iter:0@1:config", 2, "rank 1: injected fault")],
+)
+def test_rank_fault_ends_the_command_with_no_survivors(tmp_path, fault, code, needle):
+    token = f"h3-test-{uuid.uuid4().hex}"
+    proc = _h3(
+        "bench-transport", "2", *SMALL, "--output", str(tmp_path),
+        env={"H3_INJECT_FAULT": fault, "H3_TEST_TOKEN": token},
+    )
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no report written as if successful
+    assert _processes_with(token) == []
+
+
+def test_seed_script_forwards_to_h3(tmp_path):
+    bin_dir = pathlib.Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "run_ulysses_benchmark.sh"), "1", "math", "--tokens", "32", "--heads", "2", "--head-dim", "16",
+         "--iters", "1", "--warmup", "0", "--json"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["config"]["attention"] == "math"
