@@ -37,6 +37,7 @@ def select_columns(w: NVFP4Weight, cols: ColumnSlice) -> NVFP4Weight:
 
 def column_parallel(linear: NVFP4Linear, rows: Sequence[Span]) -> NVFP4Linear:
     """The output rows `rows` of `linear`: weight, scales and bias sliced; pre-scale and input scale whole."""
+    check_rows(rows, linear.out_features)
     bias = None if linear.bias is None else take_rows(linear.bias, rows)
     return NVFP4Linear(select_rows(linear.nvfp4, rows), bias, _copy(linear.pre_quant_scale), _copy(linear.input_scale))
 
