@@ -327,3 +327,24 @@ def test_dequantized_lazy_shard_is_the_slice_of_the_dequantized_full(checkpoint)
     shard = read_linear(SafetensorsReader([path]), "blocks.0.mlp.fc2", columns=cols)
     full = dequantize(linears["blocks.0.mlp.fc2"].nvfp4)
     assert torch.equal(dequantize(shard.nvfp4), full[:, cols.elements.start : cols.elements.stop])
+
+
+def test_reader_agrees_with_safe_open_for_every_dtype(tmp_path):
+    from safetensors import safe_open
+
+    tensors = {
+        "u8": torch.randint(0, 256, (7, 10), dtype=torch.uint8),
+        "f8": torch.randn(5, 6).to(torch.float8_e4m3fn),
+        "bf16": torch.randn(9).bfloat16(),
+        "f32_scalar": torch.tensor(0.125),
+        "f16": torch.randn(3, 4).half(),
+    }
+    path = tmp_path / "mixed.safetensors"
+    write_safetensors(path, tensors)
+    reader = SafetensorsReader([path])
+    with safe_open(str(path), framework="pt") as handle:
+        for name in tensors:
+            ours, theirs = reader.get(name), handle.get_tensor(name)
+            assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+            assert torch.equal(ours.reshape(-1).view(torch.uint8), theirs.reshape(-1).view(torch.uint8)), name
+    assert reader.bytes_read == sum(t.numel() * t.element_size() for t in tensors.values())
