@@ -79,6 +79,7 @@ def test_chunked_dequant_bounds_peak_memory():
     out, inp = 8192, 4096  # a 64 MiB bf16 weight
     w = quantize(torch.randn(out, inp)).to(CUDA)
     x = torch.randn(16, inp, device=CUDA, dtype=torch.bfloat16)
+    dequant_linear(x, w, None, chunk_elements=1 << 20)  # warm-up: cuBLAS workspace, lookup tables
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -119,7 +120,8 @@ def test_fp4_kernel_is_available_on_blackwell():
 @pytest.mark.parametrize("static_input_scale", [False, True])
 def test_fp4_path_matches_the_emulated_nvfp4_product(tokens, inp, out, static_input_scale):
     base = make_linear(out, inp)
-    x = torch.randn(tokens, inp, generator=torch.Generator().manual_seed(4)) * 2
+    # bf16 activations, as the GPU sees them, so that both sides quantize the very same values
+    x = (torch.randn(tokens, inp, generator=torch.Generator().manual_seed(4)) * 2).bfloat16().float()
     input_scale = global_scale_for(x) * 1.5 if static_input_scale else None
     linear = NVFP4Linear(base.nvfp4, base.bias, None, input_scale).to(CUDA)
     assert linear.path == PATH_CUDA_FP4, linear.path_reason
