@@ -52,6 +52,7 @@ class TensorHeader:
 
     shape: tuple[int, ...]
     dtype: str  # safetensors' dtype tag: "BF16", "F32", "U8", "F8_E4M3", ...
+    file: Path
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -73,7 +74,9 @@ def checkpoint_files(path: Path) -> list[Path]:
 
 def read_headers(reader: "SafetensorsReader") -> dict[str, TensorHeader]:
     """Name -> shape and dtype of every tensor the reader's files hold, from their headers only."""
-    return {name: TensorHeader(reader.shape(name), reader.dtype_name(name)) for name in reader.keys()}
+    return {
+        name: TensorHeader(reader.shape(name), reader.dtype_name(name), reader.file_of(name)) for name in reader.keys()
+    }
 
 
 def find_layout(names: Iterable[str], where: Path) -> tuple[str, str]:
@@ -194,11 +197,15 @@ def expected_vector_shapes(config: Qwen3TextConfig) -> dict[str, tuple[int, ...]
     }
 
 
-def check_tensors(headers: Mapping[str, TensorHeader], prefix: str, config: Qwen3TextConfig, layers: int) -> None:
-    """Every tensor the first `layers` layers (plus embedding and final norm) need exists with the
-    shape and kind of dtype the config implies; one `CheckpointError` naming the first that does not."""
+def check_tensors(
+    headers: Mapping[str, TensorHeader], prefix: str, config: Qwen3TextConfig, layers: int, *, final_norm: bool
+) -> None:
+    """Every tensor the embedding, the first `layers` layers and (if asked) the final norm need
+    exists with the shape and kind of dtype the config implies; one `CheckpointError` naming the
+    first that does not."""
     _check_shape(headers, f"{prefix}embed_tokens.weight", (config.vocab_size, config.hidden_size), float_only=True)
-    _check_shape(headers, f"{prefix}norm.weight", (config.hidden_size,), float_only=True)
+    if final_norm:
+        _check_shape(headers, f"{prefix}norm.weight", (config.hidden_size,), float_only=True)
     for index in range(layers):
         layer = f"{prefix}layers.{index}."
         for name, shape in expected_vector_shapes(config).items():
@@ -229,9 +236,10 @@ def _check_shape(
     header = require(headers, name)
     if header.shape != shape:
         raise CheckpointError(
-            f"{name} has shape {list(header.shape)} but the text encoder config needs {list(shape)}"
+            f"{name} in {header.file} has shape {list(header.shape)} but the text encoder config "
+            f"needs {list(shape)}; the checkpoint is inconsistent"
         )
     if float_only and header.dtype not in _FLOAT_DTYPES:
-        raise CheckpointError(f"{name} has dtype {header.dtype}; expected a float tensor (F32/BF16/F16)")
+        raise CheckpointError(f"{name} in {header.file} has dtype {header.dtype}; expected a float tensor (F32/BF16/F16)")
     if dtype is not None and header.dtype != dtype:
-        raise CheckpointError(f"{name} has dtype {header.dtype}; an NVFP4 weight is packed {dtype}")
+        raise CheckpointError(f"{name} in {header.file} has dtype {header.dtype}; an NVFP4 weight is packed {dtype}")

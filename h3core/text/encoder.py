@@ -205,11 +205,12 @@ def _load_checkpoint(
             f"of width {hidden_size}: the encoder does not match the denoiser"
         )
     layer = resolve_output_layer(output_layer, config.num_layers)
-    check_tensors(headers, prefix, config, layer)
+    final_norm = layer == config.num_layers
+    check_tensors(headers, prefix, config, layer, final_norm=final_norm)
     tokenizer = FileTokenizer(folder / TOKENIZER_FILE)  # before any weight is read: fail fast
     source = CheckpointWeights(reader, headers, device)
     try:
-        model = assemble(source, prefix, config, layers=layer, final_norm=layer == config.num_layers, dtype=dtype)
+        model = assemble(source, prefix, config, layers=layer, final_norm=final_norm, dtype=dtype)
     finally:
         reader.close()
     info = TextEncoderInfo(
