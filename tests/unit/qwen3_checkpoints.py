@@ -40,32 +40,32 @@ TEXT_FIELDS = dict(
 )
 
 
-def qwen3_config(theta: float = VL_THETA):
+def qwen3_config(theta: float = VL_THETA, **overrides):
     from transformers import Qwen3Config
 
-    return Qwen3Config(**TEXT_FIELDS, rope_parameters={"rope_type": "default", "rope_theta": theta})
+    return Qwen3Config(**(TEXT_FIELDS | overrides), rope_parameters={"rope_type": "default", "rope_theta": theta})
 
 
-def qwen3_reference(state: dict[str, torch.Tensor], theta: float = VL_THETA):
+def qwen3_reference(state: dict[str, torch.Tensor], theta: float = VL_THETA, **overrides):
     """A transformers `Qwen3Model` (fp32, eval) holding `state` (its own key names)."""
     from transformers import Qwen3Model
 
-    model = Qwen3Model(qwen3_config(theta))
+    model = Qwen3Model(qwen3_config(theta, **overrides))
     model.load_state_dict(state)
     return model.eval()
 
 
-def random_qwen3_state(seed: int = 0) -> dict[str, torch.Tensor]:
+def random_qwen3_state(seed: int = 0, **overrides) -> dict[str, torch.Tensor]:
     """A Qwen3Model state dict with weights big enough to make every op matter."""
     from transformers import Qwen3Model
 
     torch.manual_seed(seed)
-    model = Qwen3Model(qwen3_config())
+    model = Qwen3Model(qwen3_config(**overrides))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            elif name == "embed_tokens.weight":
+            elif name == "embed_tokens.weight" or name.endswith(".bias"):
                 param.normal_(0.0, 1.0)
             else:
                 param.normal_(0.0, 1.0 / param.shape[1] ** 0.5)
@@ -79,8 +79,8 @@ def reference_states(model, token_ids: list[int]) -> tuple[torch.Tensor, ...]:
     return tuple(h[0] for h in out.hidden_states)
 
 
-def qwen3_config_json(theta: float = VL_THETA) -> dict:
-    return qwen3_config(theta).to_dict()
+def qwen3_config_json(theta: float = VL_THETA, **overrides) -> dict:
+    return qwen3_config(theta, **overrides).to_dict()
 
 
 def qwen3_vl_model(text_state: dict[str, torch.Tensor], theta: float = VL_THETA):

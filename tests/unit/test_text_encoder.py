@@ -183,3 +183,13 @@ def test_release_frees_the_weights(tmp_path, state, tokenizer_file):
     assert embedding() is None and encoder.released
     with pytest.raises(RuntimeError, match="released"):
         encoder.encode(PROMPT, MAX_TOKENS)
+
+
+def test_attention_bias(tmp_path, tokenizer_file, token_ids):
+    state = random_qwen3_state(seed=4, attention_bias=True)
+    assert "layers.0.self_attn.q_proj.bias" in state
+    folder = write_checkpoint(
+        tmp_path, plain_names(state), config=qwen3_config_json(attention_bias=True), tokenizer=tokenizer_file
+    )
+    expected = reference_states(qwen3_reference(state, attention_bias=True), token_ids)[-1]
+    assert max_relative_error(load_text_encoder(folder, hidden_size=HIDDEN).encode(PROMPT, MAX_TOKENS), expected) <= TOLERANCE
