@@ -48,6 +48,10 @@ GpuType = Annotated[str, typer.Option("--gpu-type", help="GPU type id from RunPo
 CloudOpt = Annotated[Cloud, typer.Option("--cloud", help="RunPod cloud tier.", case_sensitive=False)]
 MinCuda = Annotated[str, typer.Option("--min-cuda", help="Lowest host CUDA version the image needs ('any': no floor).")]
 Yes = Annotated[bool, typer.Option("--yes", help="Really do it (spends money / destroys data). Without it: show only, exit 2.")]
+KeyFile = Annotated[
+    Optional[pathlib.Path],
+    typer.Option("--ssh-public-key", help="Public key file for SSH (put in PUBLIC_KEY). Default: the account's registered keys."),
+]
 PodId = Annotated[str, typer.Argument(help="Pod id, as `h3 pod list` shows it.", show_default=False)]
 
 
@@ -121,7 +125,7 @@ def create(
     volume_gb: Annotated[Optional[int], typer.Option("--volume-gb", help="Persistent workspace storage in GB (default 100; not with --network-volume).")] = None,
     network_volume: Annotated[Optional[str], typer.Option("--network-volume", help="Mount this existing network volume instead of persistent storage.")] = None,
     volume_mount_path: Annotated[str, typer.Option("--volume-mount-path", help="Where the storage is mounted in the pod.")] = DEFAULT_MOUNT_PATH,
-    ssh_public_key: Annotated[Optional[pathlib.Path], typer.Option("--ssh-public-key", help="Public key file for SSH (put in PUBLIC_KEY). Default: the account's registered keys.")] = None,
+    ssh_public_key: KeyFile = None,
     min_cuda: MinCuda = DEFAULT_MIN_CUDA,
     yes: Yes = False,
     json: options.Json = False,

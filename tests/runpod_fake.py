@@ -57,7 +57,7 @@ class OpenAPI:
         parts = path.strip("/").split("/")
         for template in self.templates:
             tparts = template.strip("/").split("/")
-            if len(tparts) == len(parts) and all(t.startswith("{") or t == p for t, p in zip(tparts, parts)):
+            if len(tparts) == len(parts) and all(t.startswith("{") or t == p for t, p in zip(tparts, parts, strict=True)):
                 operation = self.doc["paths"][template].get(method.lower())
                 if operation is not None:
                     return template, operation

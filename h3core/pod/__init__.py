@@ -41,7 +41,8 @@ from h3core.pod.models import Availability, Cloud, CreatePodRequest, Pod
 from h3core.pod.terminate import TerminateResult, preview_terminate, terminate
 
 __all__ = [
-    "CHECKPOINT_BYTES", "MODEL_CHECKPOINT", "TEXT_ENCODER_CHECKPOINT", "PodAccess", "PodList", "PodReport", "pod_access", "pod_list", "pod_report",
+    "CHECKPOINT_BYTES", "MODEL_CHECKPOINT", "TEXT_ENCODER_CHECKPOINT",
+    "PodAccess", "PodList", "PodReport", "pod_access", "pod_list", "pod_report",
     "DEFAULT_COUNT", "DEFAULT_GPU_TYPE", "DEFAULT_MIN_CUDA", "Catalog", "DataCenterChoice", "DataCenterStock",
     "choose_datacenter", "fetch_catalog", "parse_min_cuda", "DEFAULT_RETRY", "RetryPolicy", "RunPodClient", "DEFAULT_IMAGE",
     "CreateOptions", "CreatePlan", "CreateResult", "create_pod", "plan_create", "read_public_key",

@@ -29,7 +29,9 @@ class PodAccess(BaseModel):
     ssh: Optional[str] = Field(description="ssh into the pod (direct endpoint, supports rsync).")
     proxy_ssh: Optional[str] = Field(description="ssh through RunPod's proxy (interactive shell only).")
     rsync_checkout: Optional[str] = Field(description="Copy this checkout (run from its root) to the pod.")
-    rsync_checkpoints: Optional[str] = Field(description="Copy both checkpoints, named by local H3_MODEL_PATH/H3_TEXT_ENCODER_PATH.")
+    rsync_checkpoints: Optional[str] = Field(
+        description="Copy both checkpoints, named by the local H3_MODEL_PATH and H3_TEXT_ENCODER_PATH."
+    )
     remote_checkout: str = Field(description="Where the checkout lands on the pod.")
     remote_env: dict[str, str] = Field(description="Variables to export on the pod so h3 finds the checkpoints.")
     note: Optional[str] = Field(None, description="Why a line is missing, when one is.")

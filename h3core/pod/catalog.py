@@ -111,7 +111,8 @@ def choose_datacenter(catalog: Catalog, requested: Optional[str] = None, require
             f"in its own data center: use --datacenter {required}"
         )
     if requested:
-        return DataCenterChoice(id=requested, availability=catalog.stock_in(requested), reason=f"{requested}: asked for with --datacenter")
+        stock = catalog.stock_in(requested)
+        return DataCenterChoice(id=requested, availability=stock, reason=f"{requested}: asked for with --datacenter")
     candidates = [dc for dc in catalog.in_stock() if required is None or dc.id == required]
     if not candidates:
         raise NoCapacity(_no_stock_line(catalog, required))

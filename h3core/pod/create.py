@@ -60,7 +60,9 @@ class CreateOptions(BaseModel):
     volume_gb: Optional[int] = Field(
         None, ge=10, description=f"Persistent workspace storage in GB; None: {DEFAULT_VOLUME_GB} unless a network volume is used."
     )
-    network_volume: Optional[str] = Field(None, min_length=1, description="Existing network volume id to mount instead.")
+    network_volume: Optional[str] = Field(
+        None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Existing network volume id to mount instead."
+    )
     mount_path: str = Field(DEFAULT_MOUNT_PATH, pattern=r"^/", description="Where the storage is mounted in the pod.")
     ssh_public_key: Optional[pathlib.Path] = Field(
         None, description="Public key file put in the pod's PUBLIC_KEY; None: the account's registered keys."
@@ -107,7 +109,9 @@ def read_public_key(path: pathlib.Path) -> str:
         raise
     except (OSError, UnicodeDecodeError) as err:
         reason = getattr(err, "strerror", None) or type(err).__name__
-        raise ConfigError(f"cannot read --ssh-public-key {path}: {reason}; pass a readable .pub file, e.g. ~/.ssh/id_ed25519.pub") from None
+        raise ConfigError(
+            f"cannot read --ssh-public-key {path}: {reason}; pass a readable .pub file, e.g. ~/.ssh/id_ed25519.pub"
+        ) from None
     if "PRIVATE KEY" in text:
         raise ConfigError(f"--ssh-public-key {path} is a PRIVATE key; pass the matching public key ({path}.pub)")
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
@@ -147,7 +151,9 @@ class CreateResult(BaseModel):
 
 def _check_count(options: CreateOptions, catalog: Catalog) -> None:
     if catalog.max_count == 0:
-        raise ConfigError(f"{options.gpu_type} is not offered on the {options.cloud.value} cloud; try --cloud {_other(options.cloud)}")
+        raise ConfigError(
+            f"{options.gpu_type} is not offered on the {options.cloud.value} cloud; try --cloud {_other(options.cloud)}"
+        )
     if options.count > catalog.max_count:
         raise ConfigError(
             f"--count {options.count} exceeds the largest {options.cloud.value} machine of {options.gpu_type} "

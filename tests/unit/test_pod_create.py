@@ -133,6 +133,13 @@ def test_plan_warns_about_an_out_of_stock_choice_and_missing_ssh_keys(client, ru
     assert "no stock" in plan.warnings[1] and "US-TX-3" in plan.warnings[1]
 
 
+def test_plan_warns_when_the_account_keys_cannot_be_read(client, runpod):
+    runpod.script("GET", "/v2/account/ssh-keys", 403, {"title": "Forbidden", "status": 403, "detail": "access denied"})
+    (warning,) = plan_create(client, CreateOptions.build()).warnings
+    assert warning.startswith("could not read the account's SSH keys (RunPod account SSH keys failed: HTTP 403 Forbidden")
+    assert warning.endswith("pass --ssh-public-key to be sure of SSH access")
+
+
 def test_plan_with_no_stock_anywhere_stops(client, runpod):
     with pytest.raises(NoCapacity, match="no stock for 8 x NVIDIA RTX PRO 6000 Blackwell Workstation Edition"):
         plan_create(client, CreateOptions.build(gpu_type=WORKSTATION_EDITION))
@@ -152,6 +159,7 @@ def test_plan_refuses_more_gpus_than_one_machine_has(client):
         ({"disk_gb": 0}, "--disk=0: Input should be greater than or equal to 1"),
         ({"mount_path": "workspace"}, "--volume-mount-path='workspace': String should match pattern"),
         ({"count": 0}, "--count=0: Input should be greater than or equal to 1"),
+        ({"network_volume": "../v2/pods"}, "--network-volume='../v2/pods': String should match pattern"),
     ],
 )
 def test_bad_options_are_one_line_config_errors(values, message):
