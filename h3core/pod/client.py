@@ -31,7 +31,7 @@ from h3core.pod.models import Cloud, CreatePodRequest, GpuType, NetworkVolume, P
 API_KEY_VAR = "RUNPOD_API_KEY"
 BASE_URL_VAR = "RUNPOD_API_BASE_URL"
 DEFAULT_BASE_URL = "https://api.runpod.io"
-KEYS_URL = "https://console.runpod.io/user/settings"
+KEYS_WHERE = "in the RunPod console (Settings, API Keys)"
 READ_TIMEOUT_S = 30.0
 WRITE_TIMEOUT_S = 60.0
 
@@ -80,7 +80,7 @@ def api_key_from_env() -> str:
     """`RUNPOD_API_KEY`, checked; a missing or malformed key is a `ConfigError` that never echoes it."""
     key = os.environ.get(API_KEY_VAR, "").strip()
     if not key:
-        raise ConfigError(f"{API_KEY_VAR} is not set; create an API key at {KEYS_URL} and export {API_KEY_VAR}=...")
+        raise ConfigError(f"{API_KEY_VAR} is not set; create an API key {KEYS_WHERE} and export {API_KEY_VAR}=...")
     if not all(33 <= ord(c) <= 126 for c in key):
         raise ConfigError(
             f"{API_KEY_VAR} holds spaces, line breaks or non-ASCII characters; paste the key again, exactly as RunPod shows it"
@@ -143,7 +143,7 @@ def _rate_limited_hint(response: requests.Response) -> str:
 
 _STATUS_HINTS = {
     400: "RunPod refused the request (a rule it checks, or no capacity for this GPU there)",
-    401: f"the API key was rejected: check {API_KEY_VAR} (create a key at {KEYS_URL})",
+    401: f"the API key was rejected: check {API_KEY_VAR} (create a key {KEYS_WHERE})",
     402: "insufficient balance: add funds to the RunPod account",
     403: "the API key has no access to this; create a key with read/write pod permissions",
     409: "the pod is not in a state that allows this",
@@ -270,7 +270,7 @@ class RunPodClient:
                 self._sleep(wait)
         raise RemoteAPIError(self._redact(
             f"RunPod {what} failed after {self.retry.attempts} tries: {failure}; "
-            f"try again later (status: https://uptime.runpod.io), or check {BASE_URL_VAR}"
+            f"try again later, or check {BASE_URL_VAR}"
         ))
 
     def _rate_limit_wait(self, response: requests.Response, what: str, attempt: int) -> float:

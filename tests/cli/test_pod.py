@@ -274,7 +274,7 @@ def test_terminate_yes_deletes_once(h3, runpod):
 def test_missing_api_key_is_one_line_exit_2_and_sends_nothing(h3, runpod, monkeypatch, command):
     monkeypatch.delenv("RUNPOD_API_KEY")
     run = h3("pod", *command)
-    assert run.code == 2 and run.error_line().startswith("error: RUNPOD_API_KEY is not set; create an API key at")
+    assert run.code == 2 and run.error_line().startswith("error: RUNPOD_API_KEY is not set; create an API key in the RunPod console")
     assert runpod.requests == []
 
 
