@@ -39,9 +39,10 @@ def _root(
 
 
 def _register() -> None:
-    from h3cli import plan
+    from h3cli import plan, pod
 
     plan.register(app)
+    pod.register(app)
 
 
 _register()
