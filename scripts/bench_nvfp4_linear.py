@@ -77,8 +77,8 @@ def bench_shape(name: str, out: int, inp: int, args: argparse.Namespace, device:
 
 def print_table(rows: list[dict[str, object]], args: argparse.Namespace, device: torch.device) -> None:
     dtype = rows[0]["dense_dtype"]
-    print(f"device {device} | tokens {args.tokens} | median of {args.repeat} after 1 warm-up | torch {torch.__version__} "
-          f"| threads {torch.get_num_threads()}")
+    print(f"device {device} | tokens {args.tokens} | median of {args.repeat} after 1 warm-up "
+          f"| torch {torch.__version__} | threads {torch.get_num_threads()}")
     header = (f"{'layer':<10} {'in->out':<12} {'F.linear ' + dtype:>16} {'NVFP4Linear':>12} {'time x':>7} "
               f"{'weight ' + dtype:>14} {'NVFP4':>9} {'memory x':>9}  path")
     print(header)

@@ -279,7 +279,8 @@ def decode_e4m3(scale: torch.Tensor) -> torch.Tensor:
 def _e4m3_table(device: torch.device) -> torch.Tensor:
     """`[256]` float32: the value of every float8-e4m3fn bit pattern (torch's own cast, once)."""
     if device not in _e4m3_tables:
-        _e4m3_tables[device] = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().to(device)
+        bit_patterns = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+        _e4m3_tables[device] = bit_patterns.view(torch.float8_e4m3fn).float().to(device)
     return _e4m3_tables[device]
 
 

@@ -203,7 +203,9 @@ class SafetensorsReader:
         """Columns (last dim) `cols` of a 1-D or 2-D tensor, compact: one read per row."""
         entry = self._entry(name)
         if len(entry.shape) not in (1, 2):
-            raise CheckpointError(f"tensor {name} has shape {list(entry.shape)}; only 1-D or 2-D tensors have column ranges")
+            raise CheckpointError(
+                f"tensor {name} has shape {list(entry.shape)}; only 1-D or 2-D tensors have column ranges"
+            )
         self._check_span(name, cols, entry.shape[-1], "columns")
         rows = entry.shape[0] if len(entry.shape) == 2 else 1
         out = torch.empty((*entry.shape[:-1], len(cols)), dtype=self.dtype(name))
@@ -230,7 +232,9 @@ class SafetensorsReader:
             while view.nbytes:
                 got = os.preadv(entry.fd, [view], offset)
                 if got <= 0:
-                    raise CheckpointError(f"{entry.path} ended while reading {name}; the file is truncated: download it again")
+                    raise CheckpointError(
+                        f"{entry.path} ended while reading {name}; the file is truncated: download it again"
+                    )
                 view, offset = view[got:], offset + got
             self.bytes_read += length
 
@@ -357,7 +361,9 @@ def _expect(reader: SafetensorsReader, name: str, dtypes: tuple[str, ...], shape
 def _check_values(reader: SafetensorsReader, prefix: str, scale: torch.Tensor, global_scale: torch.Tensor) -> None:
     value = float(global_scale)
     if not (0 < value < float("inf")):
-        raise CheckpointError(f"{prefix}.{GLOBAL_SCALE} is {value}; a global scale must be positive and finite (corrupt file?)")
+        raise CheckpointError(
+            f"{prefix}.{GLOBAL_SCALE} is {value}; a global scale must be positive and finite (corrupt file?)"
+        )
     if bool(((scale.view(torch.uint8) & 0x7F) == 0x7F).any()):
         raise CheckpointError(f"{prefix}.{WEIGHT_SCALE} holds NaN block scales; the file is corrupt: download it again")
 

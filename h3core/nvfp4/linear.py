@@ -145,7 +145,9 @@ class NVFP4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features or not x.is_floating_point():
-            raise ValueError(f"NVFP4Linear({self.in_features} -> {self.out_features}) got input {x.dtype} {tuple(x.shape)}")
+            raise ValueError(
+                f"NVFP4Linear({self.in_features} -> {self.out_features}) got input {x.dtype} {tuple(x.shape)}"
+            )
         x2 = x.reshape(-1, self.in_features)  # [M, in]
         if self.pre_quant_scale is not None:
             x2 = x2 * self.pre_quant_scale.to(x2.dtype)

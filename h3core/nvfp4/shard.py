@@ -66,7 +66,8 @@ def check_columns(cols: ColumnSlice, in_features: int) -> None:
     cols.packed_bytes  # raises NVFP4FormatError unless both ends sit on 16-element blocks
     if len(cols.elements) == 0 or cols.elements.stop > in_features:
         raise NVFP4FormatError(
-            f"columns [{cols.elements.start}, {cols.elements.stop}) are empty or exceed the weight's {in_features} inputs"
+            f"columns [{cols.elements.start}, {cols.elements.stop}) are empty or exceed the weight's "
+            f"{in_features} inputs"
         )
 
 

@@ -87,7 +87,7 @@ def test_chunked_dequant_bounds_peak_memory():
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     dense_bf16 = out * inp * 2
-    assert extra < dense_bf16 // 4, f"peak {extra >> 20} MiB above the inputs; dense bf16 weight is {dense_bf16 >> 20} MiB"
+    assert extra < dense_bf16 // 4, f"peak {extra >> 20} MiB above the inputs; the bf16 weight is {dense_bf16 >> 20} MiB"
     full = dequant_linear(x, w, None)
     assert relative_error(y, full) < 1e-3
 

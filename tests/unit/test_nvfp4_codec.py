@@ -224,7 +224,9 @@ def test_quantize_rejects_bad_input(weight, message):
         quantize(weight)
 
 
-@pytest.mark.parametrize("global_scale", [torch.tensor(0.0), torch.tensor(-1.0), torch.tensor(float("inf")), torch.ones(2)])
+@pytest.mark.parametrize(
+    "global_scale", [torch.tensor(0.0), torch.tensor(-1.0), torch.tensor(float("inf")), torch.ones(2)]
+)
 def test_quantize_rejects_bad_global_scale(global_scale):
     with pytest.raises(NVFP4FormatError, match="global scale"):
         quantize(torch.randn(2, 16), global_scale)

@@ -39,7 +39,8 @@ def fused_qkv() -> NVFP4Linear:
     return NVFP4Linear.from_float(torch.cat(parts), torch.randn(3 * HIDDEN, generator=gen), global_scale_for(*parts))
 
 
-QKV, ATTN_OUT, FC1, FC2 = fused_qkv(), linear(HIDDEN, HIDDEN, 1, True), linear(2 * MLP, HIDDEN, 2), linear(HIDDEN, MLP, 3)
+QKV, ATTN_OUT = fused_qkv(), linear(HIDDEN, HIDDEN, 1, pre_quant_scale=True)
+FC1, FC2 = linear(2 * MLP, HIDDEN, 2), linear(HIDDEN, MLP, 3)
 
 
 def owns_its_bytes(t: torch.Tensor) -> bool:
@@ -64,7 +65,9 @@ def test_qkv_rows_by_head_ownership(world):
     for heads in spans:
         rows = fused_qkv_rows(heads, HEADS, HEAD_DIM)
         assert_rows_preserved(QKV, column_parallel(QKV, rows), rows)
-    owned = sorted(r for heads in spans for span in fused_qkv_rows(heads, HEADS, HEAD_DIM) for r in range(span.start, span.stop))
+    owned = sorted(
+        r for heads in spans for span in fused_qkv_rows(heads, HEADS, HEAD_DIM) for r in range(span.start, span.stop)
+    )
     assert owned == list(range(3 * HIDDEN))
 
 
