@@ -37,6 +37,10 @@ from h3core.nvfp4.matmul import (
 from h3core.nvfp4.swizzle import swizzle_block_scales
 
 
+_FORMAT_BUFFERS = ("weight_scale", "weight_scale_2", "input_scale", "swizzled_weight_scale")
+"""Buffers whose dtype is part of the format (the packed `weight` is uint8, which casts leave alone)."""
+
+
 class NVFP4Linear(nn.Module):
     """`y = (x * pre_quant_scale) @ W.T + bias` with `W` stored as NVFP4.  x: [..., in] -> [..., out]"""
 
@@ -166,6 +170,22 @@ class NVFP4Linear(nn.Module):
             self.swizzled_weight_scale = swizzle_block_scales(self.weight_scale)
             self._swizzled_from = source
         return self.swizzled_weight_scale
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        """`.to(device)` moves every buffer; `.to(dtype)` / `.half()` / `.bfloat16()` cast only `bias` and
+        `pre_quant_scale`: the format tensors keep their dtypes (fp8 scales, float32 global scales),
+        because a cast would make them something else than NVFP4 (and lose global-scale bits)."""
+        kept: dict[str, tuple[torch.dtype, torch.Size]] = {}
+        for name in _FORMAT_BUFFERS:
+            buf = self._buffers.get(name)
+            if buf is not None and buf.is_floating_point():
+                kept[name] = (buf.dtype, buf.shape)
+                self._buffers[name] = buf.reshape(-1).view(torch.uint8)  # bytes: no dtype to convert
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            for name, (dtype, shape) in kept.items():
+                self._buffers[name] = self._buffers[name].view(dtype).reshape(shape)
 
     def extra_repr(self) -> str:
         extras = [name for name in ("bias", "pre_quant_scale", "input_scale") if getattr(self, name) is not None]

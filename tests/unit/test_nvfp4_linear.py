@@ -72,6 +72,22 @@ def test_buffers_are_modelopt_names_and_move_with_to():
     assert set(make_linear(bias=False).state_dict()) == MODELOPT_KEYS
 
 
+def test_dtype_casts_leave_the_format_alone():
+    linear = NVFP4Linear(make_linear().nvfp4, torch.zeros(48), torch.ones(64), torch.tensor(0.0123456789))
+    before = {k: v.clone() for k, v in linear.state_dict().items()}
+    for cast in (lambda m: m.to(torch.bfloat16), lambda m: m.half(), lambda m: m.double(), lambda m: m.float()):
+        cast(linear)
+        assert linear.weight_scale.dtype == torch.float8_e4m3fn and linear.weight.dtype == torch.uint8
+        assert linear.weight_scale_2.dtype == torch.float32 and linear.weight_scale_2.shape == ()
+        assert torch.equal(linear.weight_scale_2, before["weight_scale_2"])  # not rounded through bf16
+        assert torch.equal(linear.input_scale, before["input_scale"])
+        assert torch.equal(linear.weight_scale.view(torch.uint8), before["weight_scale"].view(torch.uint8))
+    linear.to(torch.bfloat16)
+    assert linear.bias.dtype == torch.bfloat16 and linear.pre_quant_scale.dtype == torch.bfloat16
+    assert linear(torch.randn(2, 64, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert linear.to("meta").weight_scale.device.type == "meta"
+
+
 def test_state_dict_round_trips_into_a_skeleton():
     source = make_linear()
     skeleton = NVFP4Linear.skeleton(48, 64, bias=True, vector_dtype=torch.float32)
