@@ -7,6 +7,7 @@ compute the same product), and prints the median of N repeats after one warm-up,
 The weight is random codes and scales (quantizing 154M elements would dominate the run).
 
     python scripts/bench_nvfp4_linear.py                    # CPU, 128 tokens, median of 3
+    python scripts/bench_nvfp4_linear.py --threads 1          # steadier on a shared CPU
     python scripts/bench_nvfp4_linear.py --device cuda --tokens 4096 --repeat 20
 """
 
@@ -96,12 +97,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="rows of the activation (default 128)")
     parser.add_argument("--repeat", type=int, default=3, help="timed repeats per measurement; the median is shown")
     parser.add_argument("--only", choices=sorted(H3_SHAPES), help="benchmark one layer shape")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice); 1 is steadiest "
+                        "on a shared machine, where waking a busy thread pool dominates small kernels")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is visible here")
     if args.tokens < 1 or args.repeat < 1:
         raise SystemExit("--tokens and --repeat must be positive")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     shapes = {args.only: H3_SHAPES[args.only]} if args.only else H3_SHAPES
     with torch.inference_mode():
         rows = [bench_shape(name, out, inp, args, device) for name, (out, inp) in shapes.items()]
