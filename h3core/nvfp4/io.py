@@ -216,6 +216,8 @@ class SafetensorsReader:
         return out
 
     def _entry(self, name: str) -> _Entry:
+        if not self._finalizer.alive:  # its descriptor numbers may belong to other files by now
+            raise ValueError(f"reading {name} from a closed SafetensorsReader")
         if name not in self._entries:
             files = ", ".join(str(p) for p in self.paths)
             raise CheckpointError(

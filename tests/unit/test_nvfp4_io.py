@@ -316,6 +316,14 @@ def test_rows_out_of_range_and_unaligned_columns(checkpoint):
         read_linear(reader, "blocks.0.mlp.fc2", rows=[Span(0, 1)], columns=ColumnSlice(Span(0, 16)))
 
 
+def test_a_closed_reader_refuses_to_read(checkpoint):
+    path, _ = checkpoint
+    with SafetensorsReader([path]) as reader:
+        reader.get("blocks.0.mlp.fc2.weight_scale_2")
+    with pytest.raises(ValueError, match="closed"):
+        reader.get("blocks.0.mlp.fc2.weight_scale_2")
+
+
 def test_write_is_atomic(tmp_path, monkeypatch):
     import h3core.nvfp4.io as nvfp4_io
 
