@@ -83,8 +83,8 @@ def bench_transport(
     json: options.Json = False,
 ) -> None:
     """Time Ulysses seq->head, attention and head->seq on random q|k|v against a plain all-to-all."""
-    from h3core.atomic_write import write_json
     from h3core.bench_transport import TransportBenchConfig, report_path, run_transport_benchmark
+    from h3core.report import write_report
     from h3core.launch import resolve_world_size
 
     cfg = TransportBenchConfig.build(
@@ -99,7 +99,7 @@ def bench_transport(
         return  # a torchrun rank other than 0: rank 0 reports
     path = report_path(output, cfg)
     if path is not None:
-        write_json(path, report)
+        write_report(path, report)
     out.result(report, lambda console: _render(report, path, console))
 
 

@@ -39,10 +39,11 @@ def _root(
 
 
 def _register() -> None:
-    from h3cli import bench_transport, plan
+    from h3cli import bench_transport, plan, pod
 
     plan.register(app)
     bench_transport.register(app)
+    pod.register(app)
 
 
 _register()

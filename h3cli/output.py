@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 
 
 class Output:
@@ -33,4 +34,4 @@ class Output:
         (self.err if self.json_mode else self.console).print(message)
 
     def warn(self, message: str) -> None:
-        self.err.print(f"[yellow]warning:[/] {message}")
+        self.err.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)

@@ -23,20 +23,19 @@ cost on top of the transport itself. Before timing, each rank checks once that
 from __future__ import annotations
 
 import math
-import platform
 import statistics
 from pathlib import Path
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from h3core import __version__
 from h3core.attention import check_backend
 from h3core.config import preset
 from h3core.device import check_world_size_fits, dtype_name, resolve_device
 from h3core.environment import BENCHMARK, env_str
 from h3core.errors import ConfigError
 from h3core.partition import head_spans, token_spans
+from h3core.report import Versions
 
 TARGET_RATIO = 1.15
 PHASES = ("seq_to_head", "attention", "head_to_seq", "baseline_qkv", "baseline_out")
@@ -128,7 +127,7 @@ class TransportReport(BaseModel):
         default="barrier before each timed region; device-synchronised; per-rank median over timed iterations; max over ranks",
         description="How the figures were taken.",
     )
-    versions: dict[str, str]
+    versions: Versions
 
 
 # --- the rank side --------------------------------------------------------------------------------
@@ -243,8 +242,6 @@ def run_transport_benchmark(
 
 
 def _summarise(cfg: TransportBenchConfig, backend: str, per_rank: list[dict[str, Any]]) -> TransportReport:
-    import torch
-
     phases: dict[str, PhaseTiming] = {}
     for phase in PHASES:
         if phase == "attention" and not cfg.time_attention:
@@ -267,7 +264,7 @@ def _summarise(cfg: TransportBenchConfig, backend: str, per_rank: list[dict[str,
         transport_s=transport,
         baseline_s=baseline,
         ratio=transport / baseline if moves and baseline > 0 else None,
-        versions={"h3": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        versions=Versions.collect(),
     )
 
 

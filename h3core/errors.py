@@ -53,3 +53,7 @@ class CheckFailed(H3Error):
 
 class RemoteAPIError(H3Error):
     """An HTTP API (RunPod) answered with an error or could not be reached."""
+
+
+class NoCapacity(H3Error):
+    """A cloud provider reports no stock for what was asked (GPU type, count, data center)."""

@@ -125,6 +125,36 @@ def clip_segments(segments: list[Segment], interval: Span) -> list[Segment]:
     return clipped
 
 
+def kind_rows(segments: list[Segment], interval: Span) -> dict[SegmentKind, Span]:
+    """For each segment kind present in `interval`, which of that kind's own rows it covers.
+
+    Rows of a kind are numbered from 0 at the start of its segment (each kind appears once in a
+    packed sequence): with `text[0:10] video[10:30]`, interval `[5, 15)` covers text rows `[5, 10)`
+    and video rows `[0, 5)`.
+    """
+    whole = {seg.kind: seg for seg in segments}
+    return {
+        local.kind: Span(local.start + interval.start - whole[local.kind].start, local.stop + interval.start - whole[local.kind].start)
+        for local in clip_segments(segments, interval)
+    }
+
+
+def kind_spans(segments: list[Segment], token_spans: list[Span], kind: SegmentKind) -> list[Span]:
+    """Per rank, the rows of `kind`'s segment it holds, in that segment's own coordinates.
+
+    The spans tile `[0, len(segment))` in rank order; a rank holding none of the kind gets an
+    empty span at the right place, so the list can drive a ragged gather of that kind's rows.
+    """
+    seg = next((s for s in segments if s.kind is kind), None)
+    if seg is None:
+        return [Span(0, 0) for _ in token_spans]
+
+    def inside(row: int) -> int:
+        return min(max(row, seg.start), seg.stop) - seg.start
+
+    return [Span(inside(t.start), inside(t.stop)) for t in token_spans]
+
+
 # --- NVFP4 column blocks -----------------------------------------------------------------------
 
 

@@ -1,5 +1,13 @@
 """NVFP4: the one place that knows the weight format (see docs/nvfp4.md and ../shared/NVFP4.md).
 
 `layout` is pure Python (block geometry, byte and scale-column arithmetic) so that the partition
-module can use it without importing torch. The torch parts live in the other submodules.
+module can use it without importing torch; this package's `__init__` stays torch-free for the same
+reason. The torch parts are submodules:
+
+- `codec`   E2M1 codes, nibble packing, `NVFP4Weight`, `quantize` / `dequantize`, global scales
+- `swizzle` the 128x4 block-scale layout Blackwell GEMMs read (built in memory at load time)
+- `matmul`  the three matmul paths (cpu-dequant, cuda-dequant-bf16, cuda-fp4-scaled-mm) and the choice
+- `linear`  `NVFP4Linear`, buffers named as ModelOpt names them
+- `shard`   layout-preserving row / column shards (ranges from `h3core.partition`)
+- `io`      safetensors with ModelOpt names, lazy row / column slices from disk
 """

@@ -139,3 +139,23 @@ def test_fused_rows_follow_head_ownership_in_each_third():
     cols = partition.nvfp4_column_slices(10752, 6)[5]
     gate, value = partition.gate_value_rows(cols, 10752)
     assert gate == cols.elements and value == cols.elements.shifted(10752)
+
+
+def test_kind_rows_number_each_kind_from_its_own_start():
+    assert partition.kind_rows(SEGS, Span(5, 15)) == {K.TEXT: Span(5, 10), K.VIDEO: Span(0, 5)}
+    assert partition.kind_rows(SEGS, Span(28, 35)) == {K.VIDEO: Span(18, 20), K.AUDIO: Span(0, 5)}
+    assert partition.kind_rows(SEGS, Span(12, 14)) == {K.VIDEO: Span(2, 4)}
+
+
+@given(n_text=st.integers(0, 30), n_video=st.integers(1, 60), n_audio=st.integers(0, 30), world=st.integers(1, 8))
+def test_kind_spans_tile_each_kind_and_agree_with_kind_rows(n_text, n_video, n_audio, world):
+    segs = partition.pack_segments([(K.TEXT, n_text), (K.VIDEO, n_video), (K.AUDIO, n_audio)])
+    if segs[-1].stop < world:
+        return
+    tokens = partition.token_spans(segs[-1].stop, world)
+    for seg in segs:
+        spans = partition.kind_spans(segs, tokens, seg.kind)
+        assert spans[0].start == 0 and spans[-1].stop == len(seg)
+        assert all(a.stop == b.start for a, b in zip(spans, spans[1:]))
+        for rank, span in enumerate(spans):
+            assert partition.kind_rows(segs, tokens[rank]).get(seg.kind, Span(span.start, span.start)) == span or len(span) == 0

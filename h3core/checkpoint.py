@@ -1,0 +1,263 @@
+"""The H3 checkpoint: its contract, the loader, and the synthetic-checkpoint writer.
+
+The contract (docs/checkpoint.md has the table) is the state dict of `H3Model` itself: every
+module's tensor names and shapes, NVFP4 linears under ModelOpt names (`<layer>.weight` uint8
+`[out, in/2]`, `.weight_scale` fp8 `[out, in/16]`, `.weight_scale_2` fp32 `[]`, `.bias`), dense
+tensors in bf16/fp16/fp32. A file carries, in its safetensors metadata, `format` = `h3-nvfp4`,
+`format_version`, `config` (the `ModelConfig` as JSON) and `weights` (`synthetic` or a free-form
+origin). A file without `config` metadata has its dimensions inferred from its shapes; when both
+exist they must agree.
+
+Loading builds the model on the meta device and assigns each tensor read from disk straight into
+it (`load_state_dict(assign=True)`): there is never a second copy of a weight. Parts can be left
+out (`skip`) so that tensor mode reads only its own slices of the big per-block linears.
+
+The synthetic checkpoint is deterministic from (config, seed): every tensor is drawn from its own
+generator seeded by (seed, tensor name), so the file does not depend on write order. It is cached
+on disk: a second run with the same config and seed reads it instead of rebuilding it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pydantic import ValidationError
+from safetensors.torch import save_file
+
+from h3core.config import ModelConfig
+from h3core.errors import CheckpointError
+from h3core.model import H3Model
+from h3core.nvfp4.codec import quantize
+from h3core.nvfp4.io import SafetensorsReader, linear_tensors, read_linear
+from h3core.nvfp4.linear import NVFP4Linear
+from h3core.partition import ColumnSlice, Span
+
+FORMAT = "h3-nvfp4"
+FORMAT_VERSION = "1"
+SYNTHETIC = "synthetic"
+_DENSE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_SYNTHETIC_GENERATOR_VERSION = "1"  # bump when the synthetic weights change, to invalidate caches
+
+
+def nvfp4_prefixes(model: torch.nn.Module) -> list[str]:
+    """Module names of every NVFP4 linear in `model`."""
+    return [name for name, module in model.named_modules() if isinstance(module, NVFP4Linear)]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype  # the exact dtype for NVFP4 tensors; for dense ones, "some float dtype"
+    nvfp4: bool
+
+
+def schema(config: ModelConfig) -> list[TensorSpec]:
+    """Every tensor an H3 checkpoint for `config` holds, in state-dict order."""
+    model = H3Model(config)
+    quantized = tuple(f"{p}." for p in nvfp4_prefixes(model))
+    specs = []
+    for name, tensor in model.state_dict().items():
+        packed = name.startswith(quantized) and not name.endswith(".bias")
+        specs.append(TensorSpec(name, tuple(tensor.shape), tensor.dtype, packed))
+    return specs
+
+
+# --- config in metadata --------------------------------------------------------------------------
+
+
+def _metadata(config: ModelConfig, weights: str, **extra: str) -> dict[str, str]:
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "config": config.model_dump_json(),
+        "weights": weights,
+        **extra,
+    }
+
+
+def infer_config(reader: SafetensorsReader, base: ModelConfig, source: Path) -> ModelConfig:
+    """Dimensions from tensor shapes; everything shapes cannot tell (geometry, defaults) from `base`."""
+
+    def shape(name: str) -> tuple[int, ...]:
+        if name not in reader:
+            raise CheckpointError(f"{source} has no tensor {name!r}: not an H3 checkpoint (see docs/checkpoint.md)")
+        return tuple(reader.shape(name))
+
+    hidden = shape("kind_embed")[1]
+    head_dim = shape("blocks.0.attn.norm_q.weight")[0]
+    num_blocks = 1 + max(int(k.split(".")[1]) for k in reader.keys() if k.startswith("blocks."))
+    pt, ph, pw = base.video_patch
+    fields = dict(
+        num_heads=hidden // head_dim,
+        head_dim=head_dim,
+        num_blocks=num_blocks,
+        mlp_width=shape("blocks.0.mlp.fc2.weight")[1] * 2,
+        text_dim=shape("text_embed.weight")[1] * 2,
+        time_embed_dim=shape("time_in.weight")[1] * 2,
+        video_channels=shape("video_embed.weight")[1] // (pt * ph * pw),
+        audio_channels=shape("audio_embed.weight")[1] // base.audio_patch,
+    )
+    return base.model_copy(update={"name": "checkpoint", **fields})
+
+
+def _config_from(reader: SafetensorsReader, base: ModelConfig, source: Path) -> ModelConfig:
+    meta = reader.metadata or {}
+    inferred = infer_config(reader, base, source)
+    if "config" not in meta:
+        return inferred
+    try:
+        declared = ModelConfig.model_validate_json(meta["config"])
+    except ValidationError as err:
+        raise CheckpointError(f"{source}: its config metadata is invalid ({err.errors()[0]['msg']})") from None
+    for field in ("num_heads", "head_dim", "num_blocks", "mlp_width", "text_dim", "time_embed_dim", "video_channels", "audio_channels"):
+        if getattr(declared, field) != getattr(inferred, field):
+            raise CheckpointError(
+                f"{source}: metadata says {field}={getattr(declared, field)} but the tensor shapes "
+                f"give {getattr(inferred, field)}; the file is inconsistent, re-export it"
+            )
+    return declared
+
+
+# --- the loader ----------------------------------------------------------------------------------
+
+
+class Checkpoint:
+    """An opened H3 checkpoint: its reader, config and identity. Reads lazily."""
+
+    def __init__(self, reader: SafetensorsReader, config: ModelConfig, weights: str, path: Path):
+        self.reader = reader
+        self.config = config
+        self.weights = weights
+        self.path = path
+
+    @classmethod
+    def open(cls, path: str | Path, base: ModelConfig) -> "Checkpoint":
+        """Open and check a checkpoint; `base` supplies what the shapes cannot (resolution defaults)."""
+        path = Path(path)
+        if not path.exists():
+            raise CheckpointError(f"H3 checkpoint not found: {path}; set --model or H3_MODEL_PATH to an existing .safetensors file")
+        reader = SafetensorsReader([path])
+        meta = reader.metadata or {}
+        if meta.get("format", FORMAT) != FORMAT:
+            raise CheckpointError(f"{path} is a {meta['format']!r} file, not an H3 checkpoint ({FORMAT})")
+        config = _config_from(reader, base, path)
+        return cls(reader, config, meta.get("weights", "checkpoint"), path)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size
+
+    def validate(self) -> list[TensorSpec]:
+        """Check every tensor of the contract against the file; raise on the first missing or mismatched one."""
+        specs = schema(self.config)
+        keys = set(self.reader.keys())
+        for spec in specs:
+            if spec.name not in keys:
+                raise CheckpointError(f"{self.path}: missing tensor {spec.name!r} (expected {list(spec.shape)}); the file is incomplete or not an H3 checkpoint")
+            found_shape, found_dtype = tuple(self.reader.shape(spec.name)), self.reader.dtype(spec.name)
+            if found_shape != spec.shape:
+                raise CheckpointError(f"{self.path}: tensor {spec.name!r} has shape {list(found_shape)}, expected {list(spec.shape)}")
+            if spec.nvfp4 and found_dtype != spec.dtype or not spec.nvfp4 and found_dtype not in _DENSE_DTYPES:
+                raise CheckpointError(f"{self.path}: tensor {spec.name!r} has dtype {found_dtype}, expected {spec.dtype if spec.nvfp4 else 'bf16/fp16/fp32'}")
+        return specs
+
+    def load(self, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, skip: tuple[str, ...] = ()) -> H3Model:
+        """Build the model and assign its weights from disk; names under any `skip` prefix stay on meta."""
+        specs = self.validate()
+        model = H3Model(self.config)
+        state = {}
+        for spec in specs:
+            if spec.name.startswith(skip):
+                continue
+            tensor = self.reader.get(spec.name).to(device)
+            state[spec.name] = tensor if spec.nvfp4 else tensor.to(dtype)
+        model.load_state_dict(state, strict=False, assign=True)
+        return model.eval()
+
+    def read_linear(self, prefix: str, *, rows: list[Span] | None = None, columns: ColumnSlice | None = None, device=None) -> NVFP4Linear:
+        """One NVFP4 linear, or only its `rows` / block-aligned `columns`, read from disk."""
+        return read_linear(self.reader, prefix, rows=rows, columns=columns, device=device)
+
+    def tensor(self, name: str, *, device=None, dtype: torch.dtype | None = None) -> torch.Tensor:
+        t = self.reader.get(name)
+        return t.to(device=device, dtype=dtype) if device or dtype else t
+
+
+# --- the synthetic writer ------------------------------------------------------------------------
+
+
+def _generator(seed: int, name: str) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+
+
+def _synthetic_dense(spec: TensorSpec, seed: int) -> torch.Tensor:
+    """Deterministic values for a dense tensor, scaled so activations stay O(1)."""
+    g = _generator(seed, spec.name)
+    if spec.name.endswith("norm_q.weight") or spec.name.endswith("norm_k.weight"):
+        values = 1.0 + 0.1 * torch.randn(spec.shape, generator=g)
+    elif spec.name.endswith("modulation"):
+        values = 0.1 * torch.randn(spec.shape, generator=g)  # non-zero gates: every block contributes
+    elif spec.name.endswith(".bias"):
+        values = 0.02 * torch.randn(spec.shape, generator=g)
+    elif len(spec.shape) == 2 and spec.name.endswith(".weight"):
+        values = torch.randn(spec.shape, generator=g) / spec.shape[1] ** 0.5
+    else:
+        values = torch.randn(spec.shape, generator=g)
+    return values.to(torch.bfloat16)
+
+
+def synthetic_tensors(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """All tensors of a synthetic checkpoint: NVFP4-quantized linears, bf16 everything else."""
+    specs = schema(config)
+    by_name = {s.name: s for s in specs}
+    prefixes = nvfp4_prefixes(H3Model(config))
+    tensors: dict[str, torch.Tensor] = {}
+    for prefix in prefixes:
+        out_features, packed_cols = by_name[f"{prefix}.weight"].shape
+        in_features = packed_cols * 2
+        weight = torch.randn(out_features, in_features, generator=_generator(seed, f"{prefix}.weight")) / in_features**0.5
+        bias_spec = by_name.get(f"{prefix}.bias")
+        bias = _synthetic_dense(bias_spec, seed) if bias_spec else None
+        tensors.update(linear_tensors(prefix, NVFP4Linear(quantize(weight), bias=bias)))
+    for spec in specs:
+        if spec.name not in tensors:
+            tensors[spec.name] = _synthetic_dense(spec, seed)
+    return tensors
+
+
+def write_checkpoint(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> Path:
+    """Write atomically: a temp file in the same folder, then rename; no half-written checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def cache_dir() -> Path:
+    """Where synthetic checkpoints are cached: $H3_CACHE_DIR, else ~/.cache/h3."""
+    return Path(os.environ.get("H3_CACHE_DIR") or Path.home() / ".cache" / "h3")
+
+
+def synthetic_checkpoint(config: ModelConfig, seed: int = 0, directory: Path | None = None) -> tuple[Path, bool]:
+    """Path of the cached synthetic checkpoint for (config, seed), writing it first if needed.
+
+    Returns (path, built): `built` is False when the cached file was reused.
+    """
+    key = hashlib.sha256(f"{config.model_dump_json()}|{seed}|{FORMAT_VERSION}|{_SYNTHETIC_GENERATOR_VERSION}".encode()).hexdigest()[:12]
+    path = (directory or cache_dir()) / f"synthetic-{config.name}-{key}.safetensors"
+    if path.exists():
+        return path, False
+    write_checkpoint(synthetic_tensors(config, seed), path, _metadata(config, SYNTHETIC, seed=str(seed)))
+    return path, True
+
+

@@ -1,0 +1,339 @@
+"""The H3 denoiser (DESIGN.md §2): a single-stream joint DiT over one packed sequence.
+
+This file knows nothing about parallelism. It works on "some rows of a packed sequence": a
+`PackedSequence` says which segments those rows hold (`text | video | audio`, in local
+coordinates) and carries the RoPE table of the whole sequence with the rows it covers. On one
+rank the rows are the whole sequence; a parallel plan (h3core.parallel) feeds each rank its own
+rows and reshapes the modules from outside.
+
+Block, per segment `s` with modulation `shift/scale/gate`:
+    h = LN(x) * (1 + scale1_s) + shift1_s
+    x = x + gate1_s * Out(Attn(RoPE(RMSNorm(q)), RoPE(RMSNorm(k)), v)),   q|k|v = QKV(h)
+    h = LN(x) * (1 + scale2_s) + shift2_s
+    x = x + gate2_s * FC2(silu(gate) * value),                            gate|value = FC1(h)
+
+Conditioning: `sigma` -> sinusoidal -> MLP -> `cond_kind` (+ a learned embedding per segment kind;
+text is clean, so its timestep is 0) -> `time_proj` -> 6 modulation vectors per kind, added to each
+block's learned table `[3, 6, D]`.
+
+Dtypes: NVFP4 linears keep packed weights and dequantize in `forward`; dense parameters are
+loaded in the compute dtype. Never call `model.to(dtype)`: it would cast the fp8 block scales.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from h3core.attention import attend
+from h3core.config import ModelConfig
+from h3core.nvfp4.linear import NVFP4Linear
+from h3core.partition import Segment, SegmentKind, Span, clip_segments, kind_rows
+
+KINDS = (SegmentKind.TEXT, SegmentKind.VIDEO, SegmentKind.AUDIO)
+KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
+LATENT_KINDS = (SegmentKind.VIDEO, SegmentKind.AUDIO)
+
+
+# --- positions -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rope:
+    """RoPE angles of a whole packed sequence, and the rows of it that the activations hold."""
+
+    cos: torch.Tensor  # [N, Dh/2]
+    sin: torch.Tensor  # [N, Dh/2]
+    rows: Span
+
+    @property
+    def num_tokens(self) -> int:
+        return self.cos.shape[0]
+
+    def local(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for `rows` only: [rows, Dh/2] each."""
+        return self.cos[self.rows.start : self.rows.stop], self.sin[self.rows.start : self.rows.stop]
+
+    def whole(self) -> "Rope":
+        return replace(self, rows=Span(0, self.num_tokens))
+
+    def select(self, rows: Span) -> "Rope":
+        return replace(self, rows=rows)
+
+    def to(self, device: torch.device | str) -> "Rope":
+        return replace(self, cos=self.cos.to(device), sin=self.sin.to(device))
+
+
+def token_positions(segments: list[Segment], video_grid: tuple[int, int, int]) -> torch.Tensor:
+    """Positions `(t, h, w)` of every token, float32 `[N, 3]`.
+
+    Video tokens get their 3-D grid position; text and audio tokens are 1-D: position `p` on all
+    three axes, which makes the 3-axis rotation an ordinary 1-D RoPE over the whole head.
+    """
+    parts = []
+    for seg in segments:
+        n = len(seg)
+        if seg.kind is SegmentKind.VIDEO:
+            t, h, w = video_grid
+            if n != t * h * w:
+                raise ValueError(f"video segment of {n} tokens does not match grid {video_grid}")
+            grid = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij"), -1)
+            parts.append(grid.reshape(n, 3))
+        else:
+            parts.append(torch.arange(n)[:, None].expand(n, 3))
+    return torch.cat(parts).to(torch.float32)
+
+
+def rope_table(config: ModelConfig, positions: torch.Tensor) -> Rope:
+    """Angles for positions `[N, 3]`: axis `a` owns `rope_axes[a] / 2` frequency bands of the half head."""
+    angles = []
+    for axis, dim in enumerate(config.rope_axes):
+        freqs = config.rope_theta ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # [dim/2]
+        angles.append(positions[:, axis, None].double() * freqs[None])  # [N, dim/2]
+    theta = torch.cat(angles, dim=-1)  # [N, Dh/2]
+    return Rope(cos=theta.cos().float(), sin=theta.sin().float(), rows=Span(0, positions.shape[0]))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x: [S, H, Dh]; cos, sin: [S, Dh/2]. Computed in float32."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+# --- packed inputs -------------------------------------------------------------------------------
+
+
+@dataclass
+class PackedSequence:
+    """Rows of a packed `text | video | audio` sequence, as one rank (or the only rank) holds them.
+
+    `features[kind]` holds that kind's rows in order: text `[n, text_dim]` hidden states, video
+    `[n, video_patch_dim]` and audio `[n, audio_patch_dim]` latent patches. `segments` are in local
+    row coordinates (0 = first row held); `rope.rows` says where those rows sit in the sequence.
+    """
+
+    segments: list[Segment]
+    features: dict[SegmentKind, torch.Tensor]
+    rope: Rope
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rope.rows)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.rope.num_tokens
+
+
+def select_rows(segments: list[Segment], features: dict[SegmentKind, torch.Tensor], rope: Rope, rows: Span) -> PackedSequence:
+    """The `rows` of a whole packed sequence, given its segments, per-kind features and RoPE table."""
+    picked = {kind: features[kind][span.start : span.stop] for kind, span in kind_rows(segments, rows).items()}
+    return PackedSequence(segments=clip_segments(segments, rows), features=picked, rope=rope.select(rows))
+
+
+# --- patches -------------------------------------------------------------------------------------
+
+
+def patchify_video(latent: torch.Tensor, patch: tuple[int, int, int]) -> torch.Tensor:
+    """[C, T, H, W] -> [T/pt * H/ph * W/pw, C*pt*ph*pw], tokens in (t, h, w) order."""
+    c, t, h, w = latent.shape
+    pt, ph, pw = patch
+    x = latent.reshape(c, t // pt, pt, h // ph, ph, w // pw, pw)
+    return x.permute(1, 3, 5, 0, 2, 4, 6).reshape((t // pt) * (h // ph) * (w // pw), c * pt * ph * pw)
+
+
+def unpatchify_video(tokens: torch.Tensor, shape: tuple[int, int, int, int], patch: tuple[int, int, int]) -> torch.Tensor:
+    """Inverse of `patchify_video`: [N, C*pt*ph*pw] -> [C, T, H, W]."""
+    c, t, h, w = shape
+    pt, ph, pw = patch
+    x = tokens.reshape(t // pt, h // ph, w // pw, c, pt, ph, pw)
+    return x.permute(3, 0, 4, 1, 5, 2, 6).reshape(c, t, h, w)
+
+
+def patchify_audio(latent: torch.Tensor, patch: int) -> torch.Tensor:
+    """[C, L] -> [L/p, C*p]."""
+    c, length = latent.shape
+    return latent.reshape(c, length // patch, patch).permute(1, 0, 2).reshape(length // patch, c * patch)
+
+
+def unpatchify_audio(tokens: torch.Tensor, shape: tuple[int, int], patch: int) -> torch.Tensor:
+    c, length = shape
+    return tokens.reshape(length // patch, c, patch).permute(1, 0, 2).reshape(c, length)
+
+
+# --- layers --------------------------------------------------------------------------------------
+
+
+def layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm without affine parameters (AdaLN supplies them), computed in float32."""
+    return F.layer_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def modulate(x: torch.Tensor, segments: list[Segment], shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Per-segment `x * (1 + scale_k) + shift_k`. x: [S, D]; shift, scale: [3, D] indexed by kind."""
+    out = torch.empty_like(x)
+    for seg in segments:
+        k = KIND_INDEX[seg.kind]
+        out[seg.start : seg.stop] = torch.addcmul(shift[k], x[seg.start : seg.stop], 1 + scale[k])
+    return out
+
+
+def add_gated(x: torch.Tensor, y: torch.Tensor, segments: list[Segment], gate: torch.Tensor) -> torch.Tensor:
+    """Per-segment residual `x += gate_k * y`, in place. x, y: [S, D]; gate: [3, D]."""
+    for seg in segments:
+        x[seg.start : seg.stop].addcmul_(y[seg.start : seg.stop], gate[KIND_INDEX[seg.kind]])
+    return x
+
+
+def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embedding. t: [n] -> [n, dim] float32 (cos half, then sin half)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = t.float()[:, None] * freqs[None]
+    return torch.cat([args.cos(), args.sin()], dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, device="meta"), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight.float()).to(x.dtype)
+
+
+def nvfp4_linear(out_features: int, in_features: int, bias: bool = True) -> NVFP4Linear:
+    """An NVFP4 linear skeleton on the meta device; the checkpoint loader fills it."""
+    return NVFP4Linear.skeleton(out_features, in_features, bias=bias, device="meta")
+
+
+def dense_linear(out_features: int, in_features: int) -> nn.Linear:
+    """A small unquantized linear (patch embeddings and output projections stay dense)."""
+    return nn.Linear(in_features, out_features, device="meta").requires_grad_(False)
+
+
+class AttentionCore(nn.Module):
+    """Attention of q, k, v: [S, H, Dh] -> [S, H, Dh] with a named backend (a parallel plan wraps it)."""
+
+    def __init__(self, backend: str = "sdpa"):
+        super().__init__()
+        self.backend = backend
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attend(q, k, v, self.backend)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        d = config.hidden
+        self.head_dim = config.head_dim
+        self.qkv = nvfp4_linear(3 * d, d)  # rows: [q | k | v], head-major inside each third
+        self.norm_q = RMSNorm(config.head_dim, config.norm_eps)
+        self.norm_k = RMSNorm(config.head_dim, config.norm_eps)
+        self.core = AttentionCore()
+        self.out = nvfp4_linear(d, d)
+
+    def forward(self, h: torch.Tensor, rope: Rope) -> torch.Tensor:
+        # h: [S, D] -> [S, D]. The head count comes from the qkv weight, so a head-sharded qkv just works.
+        cos, sin = rope.local()
+        q, k, v = self.qkv(h).unflatten(-1, (3, -1, self.head_dim)).unbind(1)  # [S, H, Dh] each
+        q = apply_rope(self.norm_q(q), cos, sin)
+        k = apply_rope(self.norm_k(k), cos, sin)
+        o = self.core(q, k, v)  # [S, H, Dh]
+        return self.out(o.flatten(1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.fc1 = nvfp4_linear(2 * config.mlp_width, config.hidden)  # rows: [gate | value]
+        self.fc2 = nvfp4_linear(config.hidden, config.mlp_width)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        gate, value = self.fc1(h).chunk(2, dim=-1)  # [S, F] each
+        return self.fc2(F.silu(gate) * value)
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.eps = config.norm_eps
+        self.modulation = nn.Parameter(torch.empty(len(KINDS), 6, config.hidden, device="meta"), requires_grad=False)
+        self.attn = Attention(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, mod: torch.Tensor, segments: list[Segment], rope: Rope) -> torch.Tensor:
+        # x: [S, D]; mod: [3, 6, D] from the timestep
+        shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation + mod).unbind(1)  # [3, D] each
+        x = add_gated(x, self.attn(modulate(layer_norm(x, self.eps), segments, shift1, scale1), rope), segments, gate1)
+        x = add_gated(x, self.mlp(modulate(layer_norm(x, self.eps), segments, shift2, scale2)), segments, gate2)
+        return x
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.eps = config.norm_eps
+        self.modulation = nn.Parameter(torch.empty(len(KINDS), 2, config.hidden, device="meta"), requires_grad=False)
+        self.video_out = dense_linear(config.video_patch_dim, config.hidden)
+        self.audio_out = dense_linear(config.audio_patch_dim, config.hidden)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, segments: list[Segment]) -> dict[SegmentKind, torch.Tensor]:
+        shift, scale = (self.modulation + cond[:, None, :]).unbind(1)  # [3, D] each
+        h = modulate(layer_norm(x, self.eps), segments, shift, scale)
+        proj = {SegmentKind.VIDEO: self.video_out, SegmentKind.AUDIO: self.audio_out}
+        return {seg.kind: proj[seg.kind](h[seg.start : seg.stop]) for seg in segments if seg.kind in proj}
+
+
+class H3Model(nn.Module):
+    """The denoiser. Built on the meta device; `h3core.checkpoint` loads its weights."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        d = config.hidden
+        self.config = config
+        self.text_embed = nvfp4_linear(d, config.text_dim)
+        self.video_embed = dense_linear(d, config.video_patch_dim)
+        self.audio_embed = dense_linear(d, config.audio_patch_dim)
+        self.time_in = nvfp4_linear(d, config.time_embed_dim)
+        self.time_out = nvfp4_linear(d, d)
+        self.kind_embed = nn.Parameter(torch.empty(len(KINDS), d, device="meta"), requires_grad=False)
+        self.time_proj = nvfp4_linear(6 * d, d)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_blocks))
+        self.final = FinalLayer(config)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.kind_embed.dtype
+
+    def conditioning(self, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """sigma (0-dim) -> cond [3, D] per segment kind, and block modulation offsets [3, 6, D]."""
+        t = torch.stack([torch.zeros_like(sigma), sigma, sigma]).float() * 1000.0  # text is clean
+        emb = timestep_embedding(t, self.config.time_embed_dim).to(self.dtype)  # [3, T]
+        cond = self.time_out(F.silu(self.time_in(emb))) + self.kind_embed  # [3, D]
+        mod = self.time_proj(F.silu(cond)).unflatten(-1, (6, self.config.hidden))  # [3, 6, D]
+        return cond, mod
+
+    def embed(self, seq: PackedSequence) -> torch.Tensor:
+        """Per-segment input projections, concatenated in row order: [S, D]."""
+        proj = {SegmentKind.TEXT: self.text_embed, SegmentKind.VIDEO: self.video_embed, SegmentKind.AUDIO: self.audio_embed}
+        return torch.cat([proj[seg.kind](seq.features[seg.kind].to(self.dtype)) for seg in seq.segments])
+
+    def forward(self, seq: PackedSequence, sigma: torch.Tensor) -> dict[SegmentKind, torch.Tensor]:
+        """Velocity rows for the video and audio rows `seq` holds: {kind: [n_kind, patch_dim]}."""
+        cond, mod = self.conditioning(sigma)
+        x = self.embed(seq)
+        for block in self.blocks:
+            x = block(x, mod, seq.segments, seq.rope)
+        return self.final(x, cond, seq.segments)

@@ -1,0 +1,11 @@
+"""The text encoder: a Qwen3 / Qwen3-VL decoder's text path on h3's NVFP4 linears (see encoder.py)."""
+
+from h3core.text.encoder import (
+    TextEncoder,
+    TextEncoderInfo,
+    load_text_encoder,
+    release_text_encoder,
+    resolve_output_layer,
+)
+
+__all__ = ["TextEncoder", "TextEncoderInfo", "load_text_encoder", "release_text_encoder", "resolve_output_layer"]

@@ -1,0 +1,153 @@
+"""Dimensions of a Qwen3 text decoder, read from `config.json`, inferred from tensor shapes, and
+checked against each other.
+
+Hugging Face writes two kinds of `config.json` for the models h3 reads:
+
+- plain Qwen3 (`model_type: qwen3`): the fields at the top level;
+- Qwen3-VL (`model_type: qwen3_vl`): the language model's fields under `text_config`, next to a
+  `vision_config` h3 never uses.
+
+The RoPE base appears as `rope_theta` at the top level (transformers 4.x) or inside
+`rope_parameters` (transformers 5.x; `rope_scaling` in 4.x holds only the type and Qwen3-VL's
+`mrope_section`). Only the default RoPE type is implemented: scaled variants (yarn, linear,
+dynamic) are refused with a clear error rather than silently computed wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from h3core.errors import CheckpointError
+
+QWEN3_ROPE_THETA = 1_000_000.0
+"""RoPE base of every Qwen3 text model; used when a checkpoint has no config.json."""
+
+QWEN3_VL_ROPE_THETA = 5_000_000.0
+"""RoPE base of every Qwen3-VL language model; used when a checkpoint has no config.json."""
+
+QWEN3_RMS_NORM_EPS = 1e-6
+"""RMSNorm epsilon of Qwen3 and Qwen3-VL; used when a checkpoint has no config.json."""
+
+
+class Qwen3TextConfig(BaseModel):
+    """The numbers that fix the shape and the arithmetic of a Qwen3 decoder's text path."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    vocab_size: int = Field(gt=0, description="Rows of the token embedding table.")
+    hidden_size: int = Field(gt=0, description="Width of the residual stream (Qwen3-VL-32B: 5120).")
+    num_layers: int = Field(gt=0, description="Decoder layers in the checkpoint.")
+    num_heads: int = Field(gt=0, description="Query heads.")
+    num_kv_heads: int = Field(gt=0, description="Key/value heads (GQA: each serves num_heads/num_kv_heads queries).")
+    head_dim: int = Field(gt=0, description="Width of one head; even (RoPE rotates pairs).")
+    intermediate_size: int = Field(gt=0, description="SwiGLU width: gate_proj and up_proj are [intermediate, hidden].")
+    rope_theta: float = Field(gt=0, description="RoPE base.")
+    rms_norm_eps: float = Field(gt=0, description="Epsilon of every RMSNorm (layer, q/k and final norms).")
+    attention_bias: bool = Field(False, description="Whether q/k/v/o projections carry a bias.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Qwen3TextConfig":
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"{self.num_heads} query heads do not divide into {self.num_kv_heads} key/value heads")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
+        return self
+
+
+# Hugging Face field name -> ours. `head_dim` may be absent (then it comes from the q_norm shape).
+_HF_FIELDS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "num_hidden_layers": "num_layers",
+    "num_attention_heads": "num_heads",
+    "num_key_value_heads": "num_kv_heads",
+    "head_dim": "head_dim",
+    "intermediate_size": "intermediate_size",
+    "rms_norm_eps": "rms_norm_eps",
+    "attention_bias": "attention_bias",
+}
+
+_SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_vl", "qwen3_vl_text")
+
+
+def read_config_json(path: Path) -> dict[str, Any]:
+    """The text-decoder fields (our names) that `config.json` at `path` states."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}; fix or remove it (h3 then infers the config from shapes)") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path} is not a JSON object; fix or remove it")
+    return text_fields(raw, path)
+
+
+def text_fields(raw: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """Our fields from a parsed Hugging Face config (plain Qwen3 or Qwen3-VL's `text_config`)."""
+    model_type = raw.get("model_type")
+    if model_type is not None and model_type not in _SUPPORTED_MODEL_TYPES:
+        raise CheckpointError(
+            f"{path} describes a {model_type!r} model; h3's text encoder runs dense Qwen3 / Qwen3-VL "
+            f"decoders ({', '.join(_SUPPORTED_MODEL_TYPES)})"
+        )
+    text = raw.get("text_config", raw)
+    if not isinstance(text, Mapping):
+        raise CheckpointError(f"{path}: text_config is not an object")
+    _check_unsupported(text, path)
+    fields = {ours: text[hf] for hf, ours in _HF_FIELDS.items() if text.get(hf) is not None}
+    theta = _rope_theta(text)
+    if theta is not None:
+        fields["rope_theta"] = float(theta)
+    return fields
+
+
+def _rope_parameters(text: Mapping[str, Any]) -> Mapping[str, Any]:
+    for key in ("rope_parameters", "rope_scaling"):
+        value = text.get(key)
+        if isinstance(value, Mapping):
+            return value
+    return {}
+
+
+def _rope_theta(text: Mapping[str, Any]) -> float | None:
+    return _rope_parameters(text).get("rope_theta", text.get("rope_theta"))
+
+
+def _check_unsupported(text: Mapping[str, Any], path: Path) -> None:
+    rope_type = _rope_parameters(text).get("rope_type", _rope_parameters(text).get("type", "default"))
+    if rope_type not in ("default", "mrope"):
+        raise CheckpointError(
+            f"{path}: RoPE type {rope_type!r} is not implemented by h3's text encoder (only the "
+            "default, unscaled RoPE); use a checkpoint without RoPE scaling"
+        )
+    if text.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{path}: hidden_act {text['hidden_act']!r} is not Qwen3's 'silu'")
+    if text.get("use_sliding_window"):
+        raise CheckpointError(f"{path}: sliding-window attention is not implemented; set use_sliding_window false")
+    if text.get("num_experts") or text.get("num_local_experts"):
+        raise CheckpointError(f"{path}: a mixture-of-experts Qwen3 is not supported (dense decoders only)")
+
+
+def merge_config(
+    stated: Mapping[str, Any], inferred: Mapping[str, Any], *, stated_in: str, defaults: Mapping[str, Any]
+) -> Qwen3TextConfig:
+    """One config from what `config.json` states and what the tensor shapes show.
+
+    A field both give must agree (else one `CheckpointError` naming the field, both values and
+    where each came from); fields neither gives take `defaults`.
+    """
+    for name in stated.keys() & inferred.keys():
+        if stated[name] != inferred[name]:
+            raise CheckpointError(
+                f"{stated_in} says {name} = {stated[name]!r} but the checkpoint's tensors have "
+                f"{name} = {inferred[name]!r}; use the config.json that belongs to these weights"
+            )
+    values = {**defaults, **inferred, **stated}
+    try:
+        return Qwen3TextConfig(**values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+        raise CheckpointError(f"text encoder config ({stated_in}) is not a valid Qwen3 decoder: {problems}") from None

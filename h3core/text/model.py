@@ -1,0 +1,176 @@
+"""The Qwen3 decoder's text path, sequence-first and batch-free like the rest of h3.
+
+    h = embed_tokens[ids]
+    for each layer:  h += o_proj(attn(rope(q_norm(q_proj(n))), rope(k_norm(k_proj(n))), v_proj(n)))
+                     with n = input_layernorm(h), causal GQA attention
+                     h += down_proj(silu(gate_proj(m)) * up_proj(m)),  m = post_attention_layernorm(h)
+    h = norm(h)   (only when the last layer's output is asked for, as Hugging Face's last hidden state)
+
+The arithmetic follows Hugging Face's `Qwen3Model` operation for operation (RMSNorm in float32
+then cast back, RoPE tables in float32, `rotate_half` RoPE, softmax scale `head_dim ** -0.5`), so
+that in float32 the two agree to rounding. Linears are any module mapping `[..., in] -> [..., out]`:
+h3's `NVFP4Linear` for quantized checkpoints, `DenseLinear` for unquantized ones.
+
+Positions are the 1-D token indices `0..L-1`. For Qwen3-VL that is exact for text-only input: its
+interleaved multimodal RoPE gives each frequency slot one of three position streams (time,
+height, width), and for text tokens all three streams equal the token index, so every slot
+rotates by `index * inv_freq[slot]` -- the ordinary 1-D RoPE with the same base and head width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class DenseLinear(nn.Module):
+    """An unquantized linear, kept in its stored dtype (bf16 on disk stays bf16 in memory) and cast
+    to the activation dtype when used."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.register_buffer("weight", weight)  # [out, in]
+        self.register_buffer("bias", bias)  # [out] or None
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.to(x.dtype), bias)
+
+
+class RMSNorm(nn.Module):
+    """`weight * x / sqrt(mean(x^2) + eps)`, normalized in float32 and cast back first (as Qwen3)."""
+
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.register_buffer("weight", weight)  # [D]
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., D]
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight.to(x.dtype) * normed.to(x.dtype)
+
+
+def rope_tables(
+    length: int, head_dim: int, theta: float, *, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`cos, sin: [L, Dh]` for positions `0..L-1` (each frequency twice: halves, not pairs)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))  # [Dh/2]
+    positions = torch.arange(length, device=device, dtype=torch.float)  # [L]
+    freqs = positions[:, None] * inv_freq.to(device)[None, :]  # [L, Dh/2]
+    angles = torch.cat((freqs, freqs), dim=-1)  # [L, Dh]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `x: [L, H, Dh]` by `cos, sin: [L, Dh]` (rotate-half convention)."""
+    first, second = x.chunk(2, dim=-1)
+    rotated = torch.cat((-second, first), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Qwen3Attention(nn.Module):
+    """Causal GQA self-attention with per-head RMSNorm on q and k before RoPE."""
+
+    def __init__(
+        self,
+        q_proj: nn.Module,
+        k_proj: nn.Module,
+        v_proj: nn.Module,
+        o_proj: nn.Module,
+        q_norm: RMSNorm,
+        k_norm: RMSNorm,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        length = x.shape[0]  # x: [L, D]
+        q = self.q_norm(self.q_proj(x).view(length, self.num_heads, self.head_dim))  # [L, H, Dh]
+        k = self.k_norm(self.k_proj(x).view(length, self.num_kv_heads, self.head_dim))  # [L, Hkv, Dh]
+        v = self.v_proj(x).view(length, self.num_kv_heads, self.head_dim)  # [L, Hkv, Dh]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        group = self.num_heads // self.num_kv_heads  # query heads served by one kv head
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [L, H, Dh]
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+        )  # [H, L, Dh]
+        return self.o_proj(out.transpose(0, 1).reshape(length, self.num_heads * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    """`down_proj(silu(gate_proj(x)) * up_proj(x))`."""
+
+    def __init__(self, gate_proj: nn.Module, up_proj: nn.Module, down_proj: nn.Module):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [L, D]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3Layer(nn.Module):
+    """One pre-norm decoder layer: attention then SwiGLU, each added to the residual stream."""
+
+    def __init__(self, input_norm: RMSNorm, attention: Qwen3Attention, post_norm: RMSNorm, mlp: SwiGLU):
+        super().__init__()
+        self.input_norm, self.attention, self.post_norm, self.mlp = input_norm, attention, post_norm, mlp
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # h: [L, D]
+        h = h + self.attention(self.input_norm(h), cos, sin)
+        return h + self.mlp(self.post_norm(h))
+
+
+class Qwen3TextModel(nn.Module):
+    """Token ids -> hidden states after `len(layers)` layers (and the final norm when given)."""
+
+    def __init__(
+        self,
+        embed_tokens: torch.Tensor,
+        layers: list[Qwen3Layer],
+        final_norm: RMSNorm | None,
+        *,
+        head_dim: int,
+        rope_theta: float,
+        dtype: torch.dtype,
+    ):
+        super().__init__()
+        self.register_buffer("embed_tokens", embed_tokens)  # [V, D], stored dtype
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = final_norm
+        self.head_dim, self.rope_theta, self.dtype = head_dim, rope_theta, dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embed_tokens.shape[0]
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:  # token_ids: [L] -> [L, D]
+        h = self.embed_tokens[token_ids].to(self.dtype)  # [L, D]
+        cos, sin = rope_tables(
+            token_ids.shape[0], self.head_dim, self.rope_theta, dtype=self.dtype, device=h.device
+        )
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return h if self.final_norm is None else self.final_norm(h)
+
+
+def resident_bytes(module: nn.Module) -> int:
+    """Bytes of every tensor a module holds (parameters and buffers, each counted once)."""
+    tensors = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())

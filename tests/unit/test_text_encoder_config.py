@@ -1,0 +1,112 @@
+"""config.json parsing for the text encoder: transformers 4.x and 5.x layouts of Qwen3 and Qwen3-VL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from h3core.errors import CheckpointError
+from h3core.text.config import merge_config, text_fields
+
+WHERE = Path("config.json")
+
+# The text part of Qwen3-VL-32B-Instruct's config.json as transformers 4.57 writes it.
+QWEN3_VL_32B_V4 = {
+    "model_type": "qwen3_vl",
+    "text_config": {
+        "attention_bias": False, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+        "intermediate_size": 25600, "model_type": "qwen3_vl_text", "num_attention_heads": 64,
+        "num_hidden_layers": 64, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+        "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
+        "rope_theta": 5000000, "vocab_size": 151936,
+    },
+    "vision_config": {"depth": 27, "hidden_size": 1152},
+}
+
+EXPECTED_32B = {
+    "vocab_size": 151936, "hidden_size": 5120, "num_layers": 64, "num_heads": 64, "num_kv_heads": 8,
+    "head_dim": 128, "intermediate_size": 25600, "rms_norm_eps": 1e-6, "attention_bias": False,
+    "rope_theta": 5e6,
+}
+
+
+def test_qwen3_vl_transformers_4_layout():
+    assert text_fields(QWEN3_VL_32B_V4, WHERE) == EXPECTED_32B
+
+
+def test_qwen3_vl_transformers_5_layout():
+    text = dict(QWEN3_VL_32B_V4["text_config"])
+    del text["rope_theta"], text["rope_scaling"]
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20]}
+    assert text_fields({**QWEN3_VL_32B_V4, "text_config": text}, WHERE) == EXPECTED_32B
+
+
+def test_plain_qwen3_top_level_fields():
+    raw = {"model_type": "qwen3", **QWEN3_VL_32B_V4["text_config"], "rope_scaling": None, "rope_theta": 1e6}
+    assert text_fields(raw, WHERE) == EXPECTED_32B | {"rope_theta": 1e6}
+
+
+def test_config_fills_what_shapes_cannot_show():
+    config = merge_config(EXPECTED_32B, {"hidden_size": 5120}, stated_in="config.json", defaults={"rope_theta": 1.0})
+    assert config.rope_theta == 5e6 and config.num_kv_heads == 8
+
+
+@pytest.mark.parametrize(
+    "raw, match",
+    [
+        ({"model_type": "qwen3_moe"}, "'qwen3_moe' model"),
+        ({"model_type": "qwen3", "hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"model_type": "qwen3", "use_sliding_window": True}, "sliding-window"),
+        ({"model_type": "qwen3", "rope_scaling": {"type": "linear", "factor": 2.0}}, "RoPE type 'linear'"),
+    ],
+)
+def test_unsupported_configs(raw, match):
+    with pytest.raises(CheckpointError, match=match):
+        text_fields(raw, WHERE)
+
+
+def test_invalid_merged_config_is_one_line():
+    fields = EXPECTED_32B | {"num_kv_heads": 7}
+    with pytest.raises(CheckpointError, match="not a valid Qwen3 decoder") as caught:
+        merge_config(fields, {}, stated_in="config.json", defaults={})
+    assert "\n" not in str(caught.value)
+
+
+def _qwen3_vl_32b_nvfp4_headers():
+    """Headers (no data) of Qwen3-VL-32B's text path as ModelOpt NVFP4-AWQ, Qwen3-VL names."""
+    from h3core.text.checkpoint import TensorHeader, expected_linear_shapes, expected_vector_shapes
+    from h3core.text.config import Qwen3TextConfig
+
+    config = Qwen3TextConfig(**EXPECTED_32B)
+    prefix, file = "model.language_model.", Path("qwen3vl_32b.safetensors")
+    headers = {
+        f"{prefix}embed_tokens.weight": TensorHeader((151936, 5120), "BF16", file),
+        f"{prefix}norm.weight": TensorHeader((5120,), "BF16", file),
+        "model.visual.patch_embed.proj.weight": TensorHeader((1152, 3, 2, 16, 16), "BF16", file),
+        "lm_head.weight": TensorHeader((151936, 5120), "BF16", file),
+    }
+    for layer in range(64):
+        at = f"{prefix}layers.{layer}."
+        for name, shape in expected_vector_shapes(config).items():
+            headers[at + name] = TensorHeader(shape, "BF16", file)
+        for name, (out, inp) in expected_linear_shapes(config).items():
+            headers |= {
+                f"{at}{name}.weight": TensorHeader((out, inp // 2), "U8", file),
+                f"{at}{name}.weight_scale": TensorHeader((out, inp // 16), "F8_E4M3", file),
+                f"{at}{name}.weight_scale_2": TensorHeader((), "F32", file),
+                f"{at}{name}.input_scale": TensorHeader((), "F32", file),
+                f"{at}{name}.pre_quant_scale": TensorHeader((inp,), "BF16", file),
+            }
+    return config, headers
+
+
+def test_qwen3_vl_32b_shapes_infer_and_check():
+    from h3core.text.checkpoint import check_tensors, find_layout, infer_fields
+
+    config, headers = _qwen3_vl_32b_nvfp4_headers()
+    kind, prefix = find_layout(headers, WHERE)
+    assert (kind, prefix) == ("qwen3-vl", "model.language_model.")
+    inferred = infer_fields(headers, prefix, WHERE)
+    assert inferred == {k: v for k, v in EXPECTED_32B.items() if k not in ("rope_theta", "rms_norm_eps")}
+    check_tensors(headers, prefix, config, 64, final_norm=True)
