@@ -39,8 +39,9 @@ def _root(
 
 
 def _register() -> None:
-    from h3cli import bench_transport, plan, pod
+    from h3cli import bench_transport, generate, plan, pod
 
+    generate.register(app)
     plan.register(app)
     bench_transport.register(app)
     pod.register(app)

@@ -44,6 +44,8 @@ SEQ_TO_HEAD = "seq_to_head"
 HEAD_TO_SEQ = "head_to_seq"
 GATHER_ROWS = "gather_rows"
 REDUCE_SCATTER_ROWS = "reduce_scatter_rows"
+REPARTITION_ROWS = "repartition_rows"
+BROADCAST = "broadcast"
 
 
 class CollectiveCounts(BaseModel):
@@ -102,13 +104,13 @@ def group_rank_and_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _check_spans(spans: Sequence[Span], size: int, what: str) -> int:
-    """Spans must cover `[0, n)` contiguously, one per rank; returns `n`."""
+def _check_spans(spans: Sequence[Span], size: int, what: str, allow_empty: bool = False) -> int:
+    """Spans must cover `[0, n)` contiguously, one per rank (non-empty unless allowed); returns `n`."""
     if len(spans) != size:
         raise ValueError(f"{len(spans)} {what} spans for a group of {size} ranks")
     start = 0
     for span in spans:
-        if span.start != start or len(span) == 0:
+        if span.start != start or (len(span) == 0 and not allow_empty):
             raise ValueError(f"{what} spans {[s.as_list() for s in spans]} are not contiguous, non-empty and in rank order")
         start = span.stop
     return start
@@ -256,15 +258,20 @@ def gather_rows(
     group: dist.ProcessGroup | None = None,
     stats: CommStats | None = None,
 ) -> torch.Tensor:
-    """Ragged all-gather along dim 0. x: [n_loc, *F] (rows `rows[rank]`) -> [n, *F] on every rank."""
+    """Ragged all-gather along dim 0. x: [n_loc, *F] (rows `rows[rank]`) -> [n, *F] on every rank.
+
+    A rank may own no rows (an empty span), e.g. when gathering one segment kind's rows.
+    """
     rank, size = group_rank_and_size(group)
     if size == 1:
         return x
-    num_rows = _check_spans(rows, size, "row")
+    num_rows = _check_spans(rows, size, "row", allow_empty=True)
     if x.shape[0] != len(rows[rank]):
         raise ValueError(f"gather_rows: x has {x.shape[0]} rows, rank {rank} owns {len(rows[rank])}")
     features = tuple(x.shape[1:])
     longest = max(len(s) for s in rows)
+    if longest == 0:
+        return x
     even = all(len(s) == longest for s in rows)
     # padded: [longest, *F]; rows past len(rows[rank]) are the temporary padding (zeros).
     padded = x.contiguous()
@@ -324,3 +331,73 @@ def _sum_in_rank_order(partials: torch.Tensor) -> torch.Tensor:
     for partial in partials[1:]:
         total += partial
     return total.to(partials.dtype) if low_precision else total
+
+
+# --- re-splitting rows, and broadcasting from one rank ------------------------------------------------
+
+
+def repartition_rows(
+    x: torch.Tensor,
+    source: Sequence[Span],
+    target: Sequence[Span],
+    group: dist.ProcessGroup | None = None,
+    stats: CommStats | None = None,
+) -> torch.Tensor:
+    """Move rows from one split to another. x: [n_loc, *F] holding rows `source[rank]` -> rows `target[rank]`.
+
+    Each rank sends peer j the rows of `source[rank] ∩ target[j]` (one all-to-all; spans may be
+    empty); identical splits cost nothing. Used when two packed sequences of one run (prompt and
+    negative prompt) split the same latent rows differently.
+    """
+    rank, size = group_rank_and_size(group)
+    if size == 1 or list(source) == list(target):
+        return x
+    num_rows = _check_spans(source, size, "source row", allow_empty=True)
+    if _check_spans(target, size, "target row", allow_empty=True) != num_rows:
+        raise ValueError("repartition_rows: source and target spans cover different row counts")
+    if x.shape[0] != len(source[rank]):
+        raise ValueError(f"repartition_rows: x has {x.shape[0]} rows, rank {rank} owns {len(source[rank])}")
+    features = tuple(x.shape[1:])
+    row_numel = math.prod(features)
+
+    def overlap(a: Span, b: Span) -> int:
+        return max(0, min(a.stop, b.stop) - max(a.start, b.start))
+
+    mine, wanted = source[rank], target[rank]
+    # The targets tile every row, so the pieces for peers 0..W-1 are x's rows in order: x is the send buffer.
+    send_rows = [overlap(mine, t) for t in target]
+    recv_rows = [overlap(s, wanted) for s in source]
+    out = x.new_empty(len(wanted), *features)
+    send_sizes = [n * row_numel for n in send_rows]
+    recv_sizes = [n * row_numel for n in recv_rows]
+    dist.all_to_all_single(out.view(-1), x.contiguous().view(-1), recv_sizes, send_sizes, group=group)
+    _record(stats, REPARTITION_ROWS, send_sizes, recv_sizes, rank, x.element_size())
+    return out
+
+
+def broadcast_tensors(
+    tensors: list[torch.Tensor] | None,
+    src: int,
+    group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
+    stats: CommStats | None = None,
+) -> list[torch.Tensor]:
+    """Rank `src` (of `group`) sends a list of tensors to every rank: shapes and dtypes first, then data.
+
+    Other ranks pass None. Tensors travel on `device` (the rank's CUDA device under NCCL).
+    """
+    rank, size = group_rank_and_size(group)
+    if size == 1:
+        return list(tensors or [])
+    header = [[(tuple(t.shape), t.dtype) for t in tensors] if rank == src else None]
+    dist.broadcast_object_list(header, src=dist.get_global_rank(group, src), group=group, device=device)
+    out = []
+    sent = 0
+    for i, (shape, dtype) in enumerate(header[0]):
+        t = tensors[i].to(device).contiguous() if rank == src else torch.empty(shape, dtype=dtype, device=device)
+        dist.broadcast(t, src=dist.get_global_rank(group, src), group=group)
+        out.append(t)
+        sent += t.numel() * t.element_size()
+    if stats is not None:
+        stats.record(BROADCAST, sent * (size - 1) if rank == src else 0, 0 if rank == src else sent)
+    return out

@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 import resource
 import time
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
 
 from h3core.errors import BackendUnavailable, ConfigError
 
@@ -85,6 +86,24 @@ def dtype_name(dtype: "torch.dtype") -> str:
     return str(dtype).removeprefix("torch.").replace("bfloat", "bf").replace("float", "fp")
 
 
+def device_name(device_type: str) -> str:
+    """What the ranks run on, for reports: the GPU's name, or the CPU model and core count."""
+    import os
+    import platform
+
+    import torch
+
+    if device_type == "cuda":
+        return torch.cuda.get_device_name(0)
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"CPU {model or platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
 def check_world_size_fits(world_size: int, device_type: str) -> None:
     """A CUDA run needs one visible GPU per rank; a CPU run takes any count of Gloo ranks."""
     if world_size < 1:
@@ -110,6 +129,23 @@ def cpu_threads_per_rank(ranks_on_machine: int) -> int:
     """Intra-op threads per rank so that the ranks of one machine do not oversubscribe its cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // max(1, ranks_on_machine))
+
+
+@contextmanager
+def cpu_threads(threads: int) -> Iterator[None]:
+    """Run a block with `threads` intra-op CPU threads, then restore the previous count.
+
+    CPU GEMM and attention kernels choose their blocking by thread count, so two runs are bit
+    comparable only at equal thread counts; parity references use the ranks' count.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def nccl_environment(timeout_s: float) -> dict[str, str]:

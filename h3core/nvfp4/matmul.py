@@ -85,7 +85,7 @@ def choose_path(
 def dequant_linear(
     x: torch.Tensor, w: NVFP4Weight, bias: torch.Tensor | None, chunk_elements: int | None = None
 ) -> torch.Tensor:
-    """`x @ dequantize(w).T + bias` in `x.dtype`, decoding `w` in row chunks.  x: [M, in] -> [M, out]"""
+    """`(x @ dequantize(w).T) + bias` in `x.dtype`, decoding `w` in row chunks.  x: [M, in] -> [M, out]"""
     if chunk_elements is None:
         chunk_elements = DEQUANT_CHUNK_ELEMENTS.get(x.device.type, DEQUANT_CHUNK_ELEMENTS["cpu"])
     step = min(row_chunk_size(w.in_features, chunk_elements), w.out_features)
@@ -93,13 +93,15 @@ def dequant_linear(
     decoded = torch.empty(step * w.in_features, dtype=torch.float32, device=x.device)
     dense = decoded if x.dtype == torch.float32 else torch.empty(step * w.in_features, dtype=x.dtype, device=x.device)
     if step == w.out_features:
-        return F.linear(x, _decode_chunk(w, slice(0, step), index, decoded, dense), _cast(bias, x.dtype))
-    out = torch.empty(x.shape[0], w.out_features, dtype=x.dtype, device=x.device)
-    for start in range(0, w.out_features, step):
-        rows = slice(start, min(w.out_features, start + step))
-        chunk_bias = None if bias is None else bias[rows]
-        out[:, rows] = F.linear(x, _decode_chunk(w, rows, index, decoded, dense), _cast(chunk_bias, x.dtype))
-    return out
+        out = F.linear(x, _decode_chunk(w, slice(0, step), index, decoded, dense))
+    else:
+        out = torch.empty(x.shape[0], w.out_features, dtype=x.dtype, device=x.device)
+        for start in range(0, w.out_features, step):
+            rows = slice(start, min(w.out_features, start + step))
+            out[:, rows] = F.linear(x, _decode_chunk(w, rows, index, decoded, dense))
+    # The bias is added after the GEMM, never fused into it: tensor mode adds a row-parallel
+    # layer's bias after the reduction, and one rank must round exactly as that does.
+    return out if bias is None else out.add_(_cast(bias, x.dtype))
 
 
 def _decode_chunk(

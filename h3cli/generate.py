@@ -1,0 +1,143 @@
+"""`h3 generate`: text -> video + audio latents on 1..N ranks, in Ulysses or tensor mode.
+
+Seed form: `h3 generate [MODE] [COUNT] [ATTN]`, e.g. `h3 generate tensor 8 sdpa`; the same can be
+given as `--mode/--gpus/--attention` (a flag and a positional that disagree is an error).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from statistics import median
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from h3cli import options
+from h3cli.output import Output
+from h3core import environment as env
+from h3core.errors import CheckFailed, ConfigError
+from h3core.plan import Mode
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+
+
+def render_run(report, console: Console) -> None:
+    table = Table(title=f"h3 generate · {report.mode.value} · {report.ranks_on} · weights: {report.weights}", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    s = report.shape
+    table.add_row("request", f"{s.width}x{s.height}, {s.frames} frames, {s.steps} steps, seed {report.seed}, guidance {report.guidance_scale}")
+    table.add_row("sequence", f"{report.num_tokens} tokens · " + ", ".join(f"{g.kind} {g.stop - g.start}" for g in report.partition.segments))
+    table.add_row("partition", f"heads {report.partition.heads} · tokens {report.partition.tokens}")
+    table.add_row("compute", f"{report.device_name} · {report.dtype} · attention {report.attention} · NVFP4 {report.nvfp4_path}")
+    t = report.timings
+    steps = report.step_seconds
+    table.add_row(
+        "time",
+        f"text {t.get('text_encode', 0):.2f}s · load {t.get('load', 0):.2f}s · sampling {t.get('sampling', 0):.2f}s "
+        f"(median step {median(steps) if steps else 0:.3f}s) · gather {t.get('gather', 0):.3f}s",
+    )
+    table.add_row("peak memory", " · ".join(f"r{r.rank} {gib(r.peak_memory_sampling_bytes)}" for r in report.ranks))
+    table.add_row("weights / rank", " · ".join(f"r{r.rank} {gib(r.weight_bytes_resident)} held, {gib(r.weight_bytes_read)} read" for r in report.ranks))
+    if report.comm_total.kinds:
+        table.add_row("collectives (sent, all ranks)", " · ".join(f"{k} {gib(c.bytes_sent)} in {c.calls} calls" for k, c in sorted(report.comm_total.kinds.items())))
+    for name in ("video", "audio"):
+        c = getattr(report, name)
+        if c is not None:
+            table.add_row(name, f"{c.shape} sha256 {c.sha256[:16]}… sum {c.sum:.6g}")
+    if report.parity:
+        p = report.parity
+        verdict = "[green]bitwise identical[/]" if p.bitwise else ("[green]ok[/]" if p.passed else "[red]FAILED[/]")
+        table.add_row("parity", f"vs {p.reference}: max abs {p.max_abs:.3g}, relative {p.relative:.3g} (tolerance {p.tolerance:g}) {verdict}")
+    if report.files:
+        f = report.files
+        table.add_row("files", "  ".join(x for x in (f.report, f.latents or "(latents not saved)", f.preview) if x))
+    console.print(table)
+
+
+def _pick(positional, flag, what: str):
+    if positional is not None and flag is not None and positional != flag:
+        raise ConfigError(f"{what} given twice with different values ({positional} and {flag}); give it once")
+    return positional if positional is not None else flag
+
+
+def generate(
+    mode_arg: Annotated[Optional[str], typer.Argument(metavar="[MODE]", help="ulysses or tensor (seed form).", show_default=False)] = None,
+    count_arg: Annotated[Optional[int], typer.Argument(metavar="[COUNT]", help="Number of GPUs/ranks (seed form).", show_default=False)] = None,
+    attn_arg: Annotated[Optional[str], typer.Argument(metavar="[ATTN]", help="Attention backend (seed form).", show_default=False)] = None,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="What to generate.")] = None,
+    negative_prompt: Annotated[str, typer.Option("--negative-prompt", help="Unconditional prompt for guidance.")] = "",
+    guidance: Annotated[float, typer.Option("--guidance", help="Classifier-free guidance scale (1 = off).")] = 1.0,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="h3, narrow or tiny (default: tiny without --model, h3 with one).")] = None,
+    width: options.Width = None,
+    height: options.Height = None,
+    frames: options.Frames = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Denoising steps (default: the preset's).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Noise seed.")] = 440420,
+    mode: Annotated[Optional[Mode], typer.Option("--mode", help="Distributed mode.", show_default="ulysses")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", help="Ranks: GPUs on CUDA, Gloo processes on CPU. Default: H3_WORLD_SIZE, else every visible GPU, else 1.")] = None,
+    attention: Annotated[Optional[str], typer.Option("--attention", help="sdpa, math, sage2 or flash.", show_default="sdpa")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU).")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", envvar=env.MODEL_PATH, help="H3 checkpoint (.safetensors). Default: the embedded synthetic one.")] = None,
+    text_encoder: Annotated[Optional[Path], typer.Option("--text-encoder", envvar=env.TEXT_ENCODER_PATH, help="Qwen3-VL text encoder (file or folder). Default: synthetic.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", envvar=env.OUTPUT, help="Report/latent folder. Default: outputs/<time>-generate-<mode>-<N>.")] = None,
+    save_latents: Annotated[bool, typer.Option("--save-latents/--no-save-latents", envvar=env.SAVE_LATENTS, help="Write latents.safetensors.")] = True,
+    benchmark: Annotated[Optional[Path], typer.Option("--benchmark", envvar=env.BENCHMARK, help="Also write the report JSON here.")] = None,
+    parity: Annotated[bool, typer.Option("--parity", help="Also run one rank with the same seed and record the latent error (at 1 rank: vs the other mode).")] = False,
+    json: options.Json = False,
+) -> None:
+    """Generate video + audio latents from a prompt, on one rank or across all of them."""
+    from h3core.device import check_world_size_fits, resolve_device
+    from h3core.launch import resolve_world_size
+    from h3core.pipeline import DEFAULT_PROMPT, GenerateRequest, generate as run_generate
+
+    if mode_arg is not None and mode_arg not in (m.value for m in Mode):
+        raise ConfigError(f"unknown mode {mode_arg!r}: the first argument is the mode, ulysses or tensor")
+    chosen_mode = Mode(_pick(mode_arg, mode.value if mode else None, "the mode") or Mode.ULYSSES.value)
+    device_type = resolve_device(device)
+    world = resolve_world_size(_pick(count_arg, gpus, "the rank count"))
+    check_world_size_fits(world, device_type)
+    request = GenerateRequest(
+        prompt=DEFAULT_PROMPT if prompt is None else prompt,
+        negative_prompt=negative_prompt,
+        guidance_scale=guidance,
+        preset=preset,
+        width=width,
+        height=height,
+        frames=frames,
+        steps=steps,
+        seed=seed,
+        mode=chosen_mode,
+        world_size=world,
+        device=device_type,
+        dtype=dtype,
+        attention=_pick(attn_arg, attention, "the attention backend") or "sdpa",
+        model_path=model,
+        text_encoder_path=text_encoder,
+    )
+    out = Output(json)
+    progress = Progress(
+        TextColumn("[bold]denoising"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[step]}"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=out.err if json else out.console, transient=True,
+    )
+    task = progress.add_task("steps", total=None, step="")
+
+    def on_step(msg) -> None:
+        progress.update(task, completed=msg.step, total=msg.steps, step=f"{msg.seconds:.2f}s/step")
+
+    with progress:
+        report = run_generate(request, output=output, save_latents=save_latents, benchmark=benchmark, parity=parity, on_step=on_step)
+    out.result(report, lambda console: render_run(report, console))
+    if report.parity is not None and not report.parity.passed:
+        p = report.parity
+        raise CheckFailed(f"latent parity failed: relative error {p.relative:.3g} > tolerance {p.tolerance:g} vs {p.reference} (report: {report.files.report})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("generate")(generate)

@@ -1,0 +1,40 @@
+"""Ulysses sequence parallelism: token-sharded blocks; attention sees every token of its own heads.
+
+Per block on rank r: AdaLN, the full QKV, q/k norm and RoPE all run on r's tokens; one all-to-all
+sends q|k|v sequence->head (r now holds every token of its heads, ragged heads and tokens both
+allowed), attention runs, the inverse all-to-all returns head->sequence, and the output
+projection, gate and MLP run on r's tokens again. Weights are replicated.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from h3core.collectives import head_to_seq, seq_to_head
+from h3core.model import H3Model
+from h3core.parallel.runtime import ParallelRuntime
+
+
+class UlyssesAttention(nn.Module):
+    """Wraps an attention core: q, k, v [S_loc, H, Dh] -> [S_loc, H, Dh], attending over all S tokens."""
+
+    def __init__(self, inner: nn.Module, runtime: ParallelRuntime):
+        super().__init__()
+        self.inner = inner
+        self.runtime = runtime
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rt = self.runtime
+        qkv = torch.stack([q, k, v], dim=1)  # [S_loc, 3, H, Dh]: one all-to-all for all three
+        qkv = seq_to_head(qkv, rt.tokens, rt.heads, rt.group, rt.stats)  # [S, 3, H_loc, Dh]
+        out = self.inner(*qkv.unbind(1))  # [S, H_loc, Dh]
+        return head_to_seq(out, rt.tokens, rt.heads, rt.group, rt.stats)  # [S_loc, H, Dh]
+
+
+def apply_ulysses(model: H3Model, runtime: ParallelRuntime) -> H3Model:
+    """Wrap every block's attention core; the rest of the model already works on local rows."""
+    for block in model.blocks:
+        block.attn.core = UlyssesAttention(block.attn.core, runtime)
+    runtime.guard_rows(model)
+    return model

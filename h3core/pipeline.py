@@ -1,0 +1,520 @@
+"""Text in, video + audio latents out: the denoising loop on every rank, and the run around it.
+
+`generate(request)` is the one call behind `h3 generate`. In the calling process it resolves the
+request (preset or checkpoint config, sizes, device, world size), validates the partition
+before anything is spawned, builds the synthetic checkpoint if needed, launches the ranks, and
+turns their results into a `RunReport` plus files. On every rank, `rank_generate`:
+
+1. rank 0 encodes the prompt (and the negative prompt) and releases the encoder; the hidden
+   states reach every rank by broadcast;
+2. the model is loaded (tensor mode: only this rank's slices of the per-block linears) and the
+   mode is applied from outside (`h3core.parallel`);
+3. seeded noise (same on every rank, whatever the world size) is patchified, and the rank keeps
+   only its own rows of the packed sequence: the residual stream and the latent state stay
+   token-sharded for the whole loop;
+4. each step: model -> velocity rows -> float32 Euler update of the rank's rows;
+5. at the end the latent rows are gathered once and unpatchified.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Callable
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from h3core import partition
+from h3core.attention import check_backend
+from h3core.checkpoint import Checkpoint, synthetic_checkpoint, SYNTHETIC
+from h3core.collectives import CommStats
+from h3core.config import ModelConfig, preset as get_preset
+from h3core.errors import ConfigError
+from h3core.model import (
+    H3Model,
+    LATENT_KINDS,
+    PackedSequence,
+    Rope,
+    patchify_audio,
+    patchify_video,
+    rope_table,
+    select_rows,
+    token_positions,
+    unpatchify_audio,
+    unpatchify_video,
+)
+from h3core.partition import Segment, SegmentKind, Span
+from h3core.plan import Mode, ParallelPlan
+from h3core.parity import LatentParity, latent_parity, tolerance
+from h3core.preview import write_preview
+from h3core.report import TensorChecksum, Versions, timestamp, write_atomic, write_report
+from h3core.sampler import FlowMatchEuler, guided_velocity, initial_noise
+
+DEFAULT_SEED = 440420  # the seed's reference runs
+DEFAULT_PROMPT = "a red fox running through fresh snow at dawn, wind and crunching footsteps"
+
+
+class GenerateRequest(BaseModel):
+    """Everything a run needs, as the user gave it (None = the preset's or the environment's default)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompt: str = Field(DEFAULT_PROMPT, description="What to generate.")
+    negative_prompt: str = Field("", description="Guidance's unconditional prompt (used when guidance_scale != 1).")
+    guidance_scale: float = Field(1.0, ge=0, description="Classifier-free guidance; 1 runs one forward per step.")
+    preset: str | None = Field(None, description="Model preset; default tiny without a checkpoint, h3 with one.")
+    width: int | None = None
+    height: int | None = None
+    frames: int | None = None
+    steps: int | None = Field(None, ge=1)
+    seed: int = DEFAULT_SEED
+    shift: float | None = Field(None, gt=0, description="Sampler sigma shift (default: the preset's).")
+    mode: Mode = Mode.ULYSSES
+    world_size: int = Field(1, ge=1)
+    device: str = Field("cpu", description="'cpu' or 'cuda' (resolved).")
+    dtype: str | None = Field(None, description="Compute dtype override: fp32, bf16, fp16.")
+    attention: str = "sdpa"
+    model_path: Path | None = None
+    text_encoder_path: Path | None = None
+
+
+class RunShape(BaseModel):
+    """The resolved geometry of a run (what every rank agrees on before spawning)."""
+
+    model_config = ConfigDict(frozen=True)
+    width: int
+    height: int
+    frames: int
+    steps: int
+    shift: float
+    video_latent: tuple[int, int, int, int]
+    audio_latent: tuple[int, int]
+    video_grid: tuple[int, int, int]
+
+
+class ResolvedRun(BaseModel):
+    """A request resolved against its checkpoint: what the ranks execute."""
+
+    model_config = ConfigDict(frozen=True)
+    request: GenerateRequest
+    config: ModelConfig
+    checkpoint: Path
+    synthetic: bool
+    shape: RunShape
+
+
+def resolve(request: GenerateRequest) -> ResolvedRun:
+    """Pick the config (checkpoint wins over preset), sizes and checkpoint; validate before spawning."""
+    base = get_preset(request.preset or ("h3" if request.model_path else "tiny"))
+    if request.model_path is not None:
+        ckpt = Checkpoint.open(request.model_path, base)
+        config, path, synthetic = ckpt.config, request.model_path, ckpt.weights == SYNTHETIC
+        ckpt.validate()
+    else:
+        path, _ = synthetic_checkpoint(base, seed=0)
+        config, synthetic = base, True
+    width, height = request.width or config.width, request.height or config.height
+    frames, steps = request.frames or config.frames, request.steps or config.steps
+    shape = RunShape(
+        width=width, height=height, frames=frames, steps=steps, shift=request.shift or config.shift,
+        video_latent=config.video_latent_shape(width, height, frames),
+        audio_latent=config.audio_latent_shape(frames),
+        video_grid=config.video_grid(width, height, frames),
+    )
+    check_backend(request.attention, request.device)
+    # The prompt's length is known only once rank 0 tokenizes it; an empty prompt is the shortest
+    # sequence, so a plan that holds for it holds for every prompt.
+    ParallelPlan.build(config, request.world_size, request.mode, config.segments(width, height, frames, 0))
+    return ResolvedRun(request=request, config=config, checkpoint=Path(path), synthetic=synthetic, shape=shape)
+
+
+# --- the loop on one rank --------------------------------------------------------------------------
+
+
+class Sequence(BaseModel):
+    """One packed sequence of a run (the prompt's, or guidance's negative prompt's)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    segments: list[Segment]
+    text: torch.Tensor  # [L, text_dim]
+
+
+def build_sequence(config: ModelConfig, shape: RunShape, text: torch.Tensor) -> Sequence:
+    segments = config.segments(shape.width, shape.height, shape.frames, text.shape[0])
+    return Sequence(segments=segments, text=text)
+
+
+def noise_tokens(config: ModelConfig, shape: RunShape, seed: int) -> dict[SegmentKind, torch.Tensor]:
+    """Seeded noise as patch tokens: {video: [Nv, Pv], audio: [Na, Pa]}, float32, identical on every rank."""
+    noise = initial_noise(seed, {"video": shape.video_latent, "audio": shape.audio_latent})
+    return {
+        SegmentKind.VIDEO: patchify_video(noise["video"], config.video_patch),
+        SegmentKind.AUDIO: patchify_audio(noise["audio"], config.audio_patch),
+    }
+
+
+class StepDone(BaseModel):
+    """Progress message rank 0 sends after each denoising step."""
+
+    step: int
+    steps: int
+    seconds: float
+
+
+StepCallback = Callable[[StepDone], None]
+
+
+class RankOutcome(BaseModel):
+    """What one rank reports back to the launching process."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    rank: int
+    timings: dict[str, float]
+    step_seconds: list[float]
+    peak_memory_text: int
+    peak_memory_sampling: int
+    weight_bytes_resident: int
+    weight_bytes_read: int
+    comm: CommStats
+    linear_path: str
+    plan: ParallelPlan | None = None  # rank 0: the partition actually used (after tokenizing)
+    text_encoder: dict | None = None  # rank 0
+    video: torch.Tensor | None = None  # rank 0: [C, T, H, W] float32
+    audio: torch.Tensor | None = None  # rank 0: [C, L] float32
+
+
+def _load_model(run: ResolvedRun, runtime, device: torch.device, dtype: torch.dtype) -> tuple[H3Model, Checkpoint]:
+    """Load the model for this rank and apply the mode; tensor mode reads only this rank's slices."""
+    from h3core.parallel import CheckpointWeights, apply_tensor, apply_ulysses
+    from h3core.parallel.tensor import sharded_prefixes
+
+    ckpt = Checkpoint.open(run.checkpoint, run.config)
+    tensor_mode = run.request.mode is Mode.TENSOR
+    skip = sharded_prefixes(run.config.num_blocks) if tensor_mode else ()
+    model = ckpt.load(device=device, dtype=dtype, skip=skip)
+    for block in model.blocks:
+        block.attn.core.backend = run.request.attention
+    if tensor_mode:
+        apply_tensor(model, runtime, CheckpointWeights(ckpt, device, dtype))
+    else:
+        apply_ulysses(model, runtime)
+    return model, ckpt
+
+
+def _encode_prompts(run: ResolvedRun, device: torch.device, dtype: torch.dtype) -> tuple[list[torch.Tensor], dict]:
+    """Rank 0: prompt (and negative prompt) -> text hidden states; the encoder is released after."""
+    from h3core.text import load_text_encoder, release_text_encoder
+
+    req, cfg = run.request, run.config
+    encoder = load_text_encoder(req.text_encoder_path, hidden_size=cfg.text_dim, seed=0, device=device, dtype=dtype)
+    prompts = [req.prompt] + ([req.negative_prompt] if req.guidance_scale != 1.0 else [])
+    texts = [encoder.encode(p, cfg.max_text_tokens).float().cpu() for p in prompts]
+    info = encoder.info.model_dump(mode="json")
+    release_text_encoder(encoder)
+    return texts, info
+
+
+def local_inputs(seq: Sequence, rows: Span, latent: dict[SegmentKind, torch.Tensor], rope: Rope) -> PackedSequence:
+    """The model input for `rows` of `seq`: its text rows, the given latent rows, the RoPE table."""
+    features = dict(latent)
+    text = partition.kind_rows(seq.segments, rows).get(SegmentKind.TEXT)
+    if text is not None:
+        features[SegmentKind.TEXT] = seq.text[text.start : text.stop]
+    return PackedSequence(segments=partition.clip_segments(seq.segments, rows), features=features, rope=rope.select(rows))
+
+
+def rank_generate(ctx, run: ResolvedRun) -> RankOutcome:
+    """The whole run on one rank (every rank calls this; world size 1 is the same code)."""
+    from h3core import device as dev
+    from h3core.collectives import broadcast_tensors, repartition_rows
+    from h3core.launch import maybe_inject_fault
+    from h3core.parallel import ParallelRuntime
+
+    req, cfg, shape = run.request, run.config, run.shape
+    device, dtype = ctx.device, dev.compute_dtype(ctx.device.type, req.dtype)
+    runtime = ParallelRuntime(ctx.group, ctx.rank, ctx.world_size, cfg.num_heads)
+    timings: dict[str, float] = {}
+
+    # 1. Text: encoded once on rank 0, released, broadcast to every rank.
+    dev.reset_peak_memory(device)
+    with dev.Stopwatch(device) as watch:
+        texts, encoder_info = _encode_prompts(run, device, dtype) if ctx.rank == 0 else (None, None)
+        texts = broadcast_tensors(texts, src=0, group=ctx.group, device=device, stats=runtime.stats)
+    timings["text_encode"] = watch.seconds
+    peak_text = dev.peak_memory_bytes(device)
+
+    # 2. The model, sharded for the mode (tensor mode reads only this rank's slices).
+    with dev.Stopwatch(device) as watch:
+        model, ckpt = _load_model(run, runtime, device, dtype)
+    timings["load"] = watch.seconds
+
+    # 3. The prompt's sequence (and the negative prompt's), split over ranks; this rank's noise rows.
+    sequences = [build_sequence(cfg, shape, t.to(device)) for t in texts]
+    plans = [ParallelPlan.build(cfg, ctx.world_size, req.mode, s.segments) for s in sequences]
+    spans = [[r.tokens.span for r in p.ranks] for p in plans]
+    ropes = [rope_table(cfg, token_positions(s.segments, shape.video_grid)).to(device) for s in sequences]
+    noise = noise_tokens(cfg, shape, req.seed)
+    kinds = [k for k in LATENT_KINDS if any(seg.kind is k for seg in sequences[0].segments)]
+    own = {k: partition.kind_spans(sequences[0].segments, spans[0], k) for k in kinds}  # per kind, per rank
+    state = {k: noise[k][own[k][ctx.rank].start : own[k][ctx.rank].stop].to(device) for k in kinds}  # float32
+
+    def velocity(index: int, latent: dict[SegmentKind, torch.Tensor], sigma: torch.Tensor) -> dict[SegmentKind, torch.Tensor]:
+        rows = spans[index][ctx.rank]
+        with runtime.sequence(spans[index]):
+            out = model(local_inputs(sequences[index], rows, latent, ropes[index]), sigma)
+        return {k: out.get(k, latent[k][:0].to(dtype)) for k in kinds}
+
+    def moved(latent: dict[SegmentKind, torch.Tensor], src: int, dst: int) -> dict[SegmentKind, torch.Tensor]:
+        """Latent rows re-split from sequence `src`'s partition to sequence `dst`'s (prompt lengths differ)."""
+        return {
+            k: repartition_rows(
+                latent[k],
+                partition.kind_spans(sequences[src].segments, spans[src], k),
+                partition.kind_spans(sequences[dst].segments, spans[dst], k),
+                ctx.group,
+                runtime.stats,
+            )
+            for k in kinds
+        }
+
+    # 4. Denoise: velocity of this rank's rows, float32 Euler update of the same rows.
+    sampler = FlowMatchEuler(shape.shift)
+    sigmas = sampler.set_timesteps(shape.steps)
+    dev.reset_peak_memory(device)
+    step_seconds = []
+    with torch.inference_mode():
+        for i, sigma in enumerate(sigmas):
+            maybe_inject_fault("step", ctx.rank, index=i)
+            with dev.Stopwatch(device) as watch:
+                sigma_t = sigma.to(device)
+                v = velocity(0, state, sigma_t)
+                if len(sequences) > 1:
+                    v_neg = moved(velocity(1, moved(state, 0, 1), sigma_t), 1, 0)
+                    v = {k: guided_velocity(v[k], v_neg[k], req.guidance_scale) for k in kinds}
+                state = {k: sampler.step(v[k], i, state[k]) for k in kinds}
+            step_seconds.append(watch.seconds)
+            ctx.report(StepDone(step=i + 1, steps=len(sigmas), seconds=watch.seconds))
+        timings["sampling"] = sum(step_seconds)
+        peak_sampling = dev.peak_memory_bytes(device)
+
+        # 5. Latents gathered once, then unpatchified on rank 0.
+        with dev.Stopwatch(device) as watch:
+            full = {k: runtime.gather(state[k], own[k]) for k in kinds}
+        timings["gather"] = watch.seconds
+
+    outcome = RankOutcome(
+        rank=ctx.rank,
+        timings=timings,
+        step_seconds=step_seconds,
+        peak_memory_text=peak_text,
+        peak_memory_sampling=peak_sampling,
+        weight_bytes_resident=resident_bytes(model),
+        weight_bytes_read=ckpt.reader.bytes_read,
+        comm=runtime.stats,
+        linear_path=model.blocks[0].attn.qkv.path,
+    )
+    if ctx.rank == 0:
+        outcome.plan = plans[0]
+        outcome.text_encoder = encoder_info
+        if SegmentKind.VIDEO in full:
+            outcome.video = unpatchify_video(full[SegmentKind.VIDEO].cpu(), shape.video_latent, cfg.video_patch)
+        if SegmentKind.AUDIO in full:
+            outcome.audio = unpatchify_audio(full[SegmentKind.AUDIO].cpu(), shape.audio_latent, cfg.audio_patch)
+    return outcome
+
+
+def resident_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every parameter and buffer the model holds (meta tensors excluded)."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors if t.device.type != "meta")
+
+
+# --- the run around the ranks ----------------------------------------------------------------------
+
+
+class RankStats(BaseModel):
+    rank: int
+    peak_memory_text_bytes: int
+    peak_memory_sampling_bytes: int
+    weight_bytes_resident: int
+    weight_bytes_read: int
+    comm: CommStats
+    sampling_seconds: float
+
+
+class RunFiles(BaseModel):
+    directory: str
+    report: str
+    latents: str | None
+    preview: str | None
+    benchmark: str | None = None
+
+
+class RunReport(BaseModel):
+    """Everything about one `h3 generate` run (DESIGN.md §6)."""
+
+    command: str = "generate"
+    created: str
+    mode: Mode
+    world_size: int
+    device: str
+    device_name: str
+    ranks_on: str  # e.g. "6 CPU ranks (Gloo)" or "8 GPUs (NCCL)"
+    dist_backend: str
+    dtype: str
+    attention: str
+    nvfp4_path: str
+    weights: str  # "synthetic", or the checkpoint path and its size
+    checkpoint: str
+    config: ModelConfig
+    text_encoder: dict
+    prompt: str
+    negative_prompt: str
+    guidance_scale: float
+    seed: int
+    shape: RunShape
+    num_tokens: int
+    partition: ParallelPlan
+    timings: dict[str, float]  # per phase, the slowest rank
+    step_seconds: list[float]  # per step, the slowest rank
+    ranks: list[RankStats]
+    comm_total: CommStats
+    video: TensorChecksum | None
+    audio: TensorChecksum | None
+    parity: LatentParity | None = None  # with --parity: vs the single-rank run (at 1 rank: vs the other mode)
+    files: RunFiles | None = None
+    versions: Versions
+
+
+def _ranks_on(world_size: int, device: str) -> str:
+    return f"{world_size} GPU{'s' if world_size > 1 else ''} (NCCL)" if device == "cuda" else f"{world_size} CPU rank{'s' if world_size > 1 else ''} (Gloo)" if world_size > 1 else "1 CPU process"
+
+
+def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
+    import torch
+
+    from h3core import device as dev
+
+    req, first = run.request, outcomes[0]
+    phases = sorted({k for o in outcomes for k in o.timings})
+    steps = len(first.step_seconds)
+    dtype = dev.compute_dtype(req.device, req.dtype)
+    return RunReport(
+        created=timestamp(),
+        mode=req.mode,
+        world_size=req.world_size,
+        device=req.device,
+        device_name=dev.device_name(req.device),
+        ranks_on=_ranks_on(req.world_size, req.device),
+        dist_backend="none" if req.world_size == 1 else ("nccl" if req.device == "cuda" else "gloo"),
+        dtype=str(dtype).removeprefix("torch."),
+        attention=req.attention,
+        nvfp4_path=first.linear_path,
+        weights=SYNTHETIC if run.synthetic else f"{run.checkpoint} ({run.checkpoint.stat().st_size:,} bytes)",
+        checkpoint=str(run.checkpoint),
+        config=run.config,
+        text_encoder=first.text_encoder or {},
+        prompt=req.prompt,
+        negative_prompt=req.negative_prompt,
+        guidance_scale=req.guidance_scale,
+        seed=req.seed,
+        shape=run.shape,
+        num_tokens=first.plan.num_tokens,
+        partition=first.plan,
+        timings={p: max(o.timings.get(p, 0.0) for o in outcomes) for p in phases},
+        step_seconds=[max(o.step_seconds[i] for o in outcomes) for i in range(steps)],
+        ranks=[
+            RankStats(
+                rank=o.rank,
+                peak_memory_text_bytes=o.peak_memory_text,
+                peak_memory_sampling_bytes=o.peak_memory_sampling,
+                weight_bytes_resident=o.weight_bytes_resident,
+                weight_bytes_read=o.weight_bytes_read,
+                comm=o.comm,
+                sampling_seconds=o.timings.get("sampling", 0.0),
+            )
+            for o in outcomes
+        ],
+        comm_total=CommStats.total(o.comm for o in outcomes),
+        video=TensorChecksum.of(first.video) if first.video is not None else None,
+        audio=TensorChecksum.of(first.audio) if first.audio is not None else None,
+        versions=Versions.collect(),
+    )
+
+
+def write_outputs(report: RunReport, outcome: RankOutcome, directory: Path, save_latents: bool, benchmark: Path | None) -> RunFiles:
+    """Latents (unless not saved), a preview PNG, the report; each written atomically, report last."""
+    from safetensors.torch import save as save_tensors
+
+    directory.mkdir(parents=True, exist_ok=True)
+    latents = None
+    if save_latents:
+        tensors = {k: t.contiguous() for k, t in (("video", outcome.video), ("audio", outcome.audio)) if t is not None}
+        latents = write_atomic(directory / "latents.safetensors", save_tensors(tensors, metadata={"seed": str(report.seed)}))
+    preview = None
+    if outcome.video is not None:
+        title = f"h3 {report.mode.value} x{report.world_size} · seed {report.seed} · weights: {report.weights}"
+        preview = write_preview(outcome.video, directory / "preview.png", title)
+    files = RunFiles(
+        directory=str(directory),
+        report=str(directory / "report.json"),
+        latents=str(latents) if latents else None,
+        preview=str(preview) if preview else None,
+        benchmark=str(benchmark) if benchmark else None,
+    )
+    report.files = files
+    if benchmark is not None:
+        write_report(benchmark, report)
+    write_report(directory / "report.json", report)
+    return files
+
+
+def default_output_dir(mode: Mode, world_size: int) -> Path:
+    return Path("outputs") / f"{timestamp()}-generate-{mode.value}-{world_size}"
+
+
+def _latents(outcome: RankOutcome) -> dict[str, torch.Tensor | None]:
+    return {"video": outcome.video, "audio": outcome.audio}
+
+
+def reference_parity(run: ResolvedRun, outcome: RankOutcome) -> LatentParity:
+    """Run the single-rank reference in this process and compare (at one rank: the other mode)."""
+    from h3core import device as dev
+    from h3core.launch import World
+
+    req = run.request
+    if req.world_size == 1:
+        other = Mode.TENSOR if req.mode is Mode.ULYSSES else Mode.ULYSSES
+        ref_req, name = req.model_copy(update={"mode": other}), f"1 rank, {other.value} mode (the identity path)"
+    else:
+        ref_req, name = req.model_copy(update={"world_size": 1}), f"1 rank, {req.mode.value} mode"
+    # On the CPU, run the reference at the ranks' thread count: kernels block by thread count, and
+    # the comparison is meant to isolate the distribution, not the machine's threading.
+    threads = dev.cpu_threads_per_rank(req.world_size) if req.device == "cpu" else None
+    with World(1, req.device) as world, (dev.cpu_threads(threads) if threads else nullcontext()):
+        (reference,) = world.run(rank_generate, run.model_copy(update={"request": ref_req}))
+    tol = tolerance(req.mode, dev.compute_dtype(req.device, req.dtype))
+    return latent_parity(_latents(outcome), _latents(reference), tol, name)
+
+
+def generate(
+    request: GenerateRequest,
+    *,
+    output: Path | None = None,
+    save_latents: bool = True,
+    benchmark: Path | None = None,
+    parity: bool = False,
+    on_step: StepCallback | None = None,
+) -> RunReport:
+    """Resolve, launch every rank, and write the report (only after every rank succeeded)."""
+    from h3core.launch import World
+
+    run = resolve(request)
+    with World(request.world_size, request.device, on_progress=on_step) as world:
+        outcomes = world.run(rank_generate, run)
+    report = build_report(run, outcomes)
+    if parity:
+        report.parity = reference_parity(run, outcomes[0])
+    write_outputs(report, outcomes[0], output or default_output_dir(request.mode, request.world_size), save_latents, benchmark)
+    return report
