@@ -406,6 +406,7 @@ def _wait_for_stop(conn: Connection) -> None:
 def _leave_group() -> None:
     import torch.distributed as dist
 
+    _SUBGROUPS.clear()  # they die with the default group
     if dist.is_initialized():
         dist.destroy_process_group()
 
