@@ -184,20 +184,24 @@ class RankOutcome(BaseModel):
     audio: torch.Tensor | None = None  # rank 0: [C, L] float32
 
 
-def _load_model(run: ResolvedRun, runtime, device: torch.device, dtype: torch.dtype) -> tuple[H3Model, Checkpoint]:
-    """Load the model for this rank and apply the mode; tensor mode reads only this rank's slices."""
+def _load_model(run: ResolvedRun, runtime, device: torch.device, dtype: torch.dtype, distributed: bool = True) -> tuple[H3Model, Checkpoint]:
+    """Load the model for this rank and apply the mode; tensor mode reads only this rank's slices.
+
+    `distributed=False` (one rank only) loads the plain model with no mode applied: the baseline
+    that measures what the distributed layer costs at world size 1.
+    """
     from h3core.parallel import CheckpointWeights, apply_tensor, apply_ulysses
     from h3core.parallel.tensor import sharded_prefixes
 
     ckpt = Checkpoint.open(run.checkpoint, run.config)
-    tensor_mode = run.request.mode is Mode.TENSOR
+    tensor_mode = run.request.mode is Mode.TENSOR and distributed
     skip = sharded_prefixes(run.config.num_blocks) if tensor_mode else ()
     model = ckpt.load(device=device, dtype=dtype, skip=skip)
     for block in model.blocks:
         block.attn.core.backend = run.request.attention
     if tensor_mode:
         apply_tensor(model, runtime, CheckpointWeights(ckpt, device, dtype))
-    else:
+    elif distributed:
         apply_ulysses(model, runtime)
     return model, ckpt
 
@@ -224,8 +228,11 @@ def local_inputs(seq: Sequence, rows: Span, latent: dict[SegmentKind, torch.Tens
     return PackedSequence(segments=partition.clip_segments(seq.segments, rows), features=features, rope=rope.select(rows))
 
 
-def rank_generate(ctx, run: ResolvedRun) -> RankOutcome:
-    """The whole run on one rank (every rank calls this; world size 1 is the same code)."""
+def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcome:
+    """The whole run on one rank (every rank calls this; world size 1 is the same code).
+
+    `distributed=False` runs the plain model (no mode applied) and needs world size 1.
+    """
     from h3core import device as dev
     from h3core.collectives import broadcast_tensors, repartition_rows
     from h3core.launch import maybe_inject_fault
@@ -246,7 +253,9 @@ def rank_generate(ctx, run: ResolvedRun) -> RankOutcome:
 
     # 2. The model, sharded for the mode (tensor mode reads only this rank's slices).
     with dev.Stopwatch(device) as watch:
-        model, ckpt = _load_model(run, runtime, device, dtype)
+        if not distributed and ctx.world_size != 1:
+            raise ValueError("the plain (non-distributed) pipeline runs on one rank only")
+        model, ckpt = _load_model(run, runtime, device, dtype, distributed)
     timings["load"] = watch.seconds
 
     # 3. The prompt's sequence (and the negative prompt's), split over ranks; this rank's noise rows.
@@ -498,6 +507,14 @@ def reference_parity(run: ResolvedRun, outcome: RankOutcome) -> LatentParity:
     return latent_parity(_latents(outcome), _latents(reference), tol, name)
 
 
+def execute(run: ResolvedRun, on_step: StepCallback | None = None) -> list[RankOutcome]:
+    """Run every rank of `run` in a fresh World; rank 0's outcome (first) carries the latents."""
+    from h3core.launch import World
+
+    with World(run.request.world_size, run.request.device, on_progress=on_step) as world:
+        return world.run(rank_generate, run)
+
+
 def generate(
     request: GenerateRequest,
     *,
@@ -508,11 +525,8 @@ def generate(
     on_step: StepCallback | None = None,
 ) -> RunReport:
     """Resolve, launch every rank, and write the report (only after every rank succeeded)."""
-    from h3core.launch import World
-
     run = resolve(request)
-    with World(request.world_size, request.device, on_progress=on_step) as world:
-        outcomes = world.run(rank_generate, run)
+    outcomes = execute(run, on_step)
     report = build_report(run, outcomes)
     if parity:
         report.parity = reference_parity(run, outcomes[0])
