@@ -39,11 +39,12 @@ def _root(
 
 
 def _register() -> None:
-    from h3cli import bench_transport, generate, plan, pod
+    from h3cli import bench_transport, generate, matrix, plan, pod
 
     generate.register(app)
     plan.register(app)
     bench_transport.register(app)
+    matrix.register(app)
     pod.register(app)
 
 

@@ -1,0 +1,86 @@
+"""`h3 matrix`: `h3 generate` over modes x rank counts, one summary (seed: run_distributed_matrix.sh)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from h3cli import options
+from h3cli.output import Output
+from h3core import environment as env
+
+
+def _render(report, console: Console) -> None:
+    from h3core.matrix_render import COLUMNS, caption, notes, summary_rows
+
+    lines = caption(report)
+    table = Table(
+        title=escape(lines[0]), caption=escape("\n".join(lines[1:])), title_justify="left", caption_justify="left",
+        box=box.SIMPLE_HEAD, padding=(0, 1),
+    )
+    for column in COLUMNS:
+        table.add_column(column, justify="left" if column in ("mode", "status", "parity") else "right")
+    for row in summary_rows(report):
+        style = "red" if row[2] == "failed" or row[-1] == "FAIL" else ("dim" if row[2] == "skipped" else None)
+        table.add_row(*(escape(x) for x in row), style=style)
+    console.print(table)
+    for line in notes(report):
+        console.print(f"  {escape(line)}", soft_wrap=True)
+    if report.files:
+        f = report.files
+        console.print(f"files: {f.report}  {f.markdown}  {f.chart or ''}  (one folder per cell beside them)", soft_wrap=True)
+
+
+def matrix(
+    counts: Annotated[Optional[str], typer.Option("--counts", help="Rank counts, e.g. 1,2,4. Default: H3_GPU_COUNTS, else 1,2,4,6,8. The 1-rank baseline of each mode always runs.", show_default=False)] = None,
+    modes: Annotated[Optional[str], typer.Option("--modes", help="Modes, e.g. ulysses,tensor. Default: H3_DISTRIBUTED_MODES, else both.", show_default=False)] = None,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="What to generate.", show_default=False)] = None,
+    negative_prompt: Annotated[str, typer.Option("--negative-prompt", help="Unconditional prompt for guidance.")] = "",
+    guidance: Annotated[float, typer.Option("--guidance", help="Classifier-free guidance scale (1 = off).")] = 1.0,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="h3, narrow or tiny (default: tiny without --model, h3 with one).")] = None,
+    width: options.Width = None,
+    height: options.Height = None,
+    frames: options.Frames = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Denoising steps (default: the preset's).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Noise seed.")] = 440420,
+    attention: Annotated[str, typer.Option("--attention", help="sdpa, math, sage2 or flash.")] = "sdpa",
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda (cpu: every count runs as Gloo ranks).")] = "auto",
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU).")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", envvar=env.MODEL_PATH, help="H3 checkpoint (.safetensors). Default: the embedded synthetic one.")] = None,
+    text_encoder: Annotated[Optional[Path], typer.Option("--text-encoder", envvar=env.TEXT_ENCODER_PATH, help="Qwen3-VL text encoder (file or folder). Default: synthetic.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Report folder. Default: H3_DISTRIBUTED_OUTPUT, else outputs/<time>-matrix.", show_default=False)] = None,
+    save_latents: Annotated[Optional[bool], typer.Option("--save-latents/--no-save-latents", help="Write each cell's latents. Default: H3_SAVE_LATENTS (0 = reports only), else yes.", show_default=False)] = None,
+    benchmark: Annotated[Optional[Path], typer.Option("--benchmark", help="Also write the matrix JSON here. Default: H3_DISTRIBUTED_BENCHMARK.", show_default=False)] = None,
+    json: options.Json = False,
+) -> None:
+    """Run generate for every mode x rank count this machine can take; speedup, memory and parity per cell."""
+    from h3core.matrix import MatrixRequest, check_matrix, run_matrix
+    from h3core.pipeline import DEFAULT_PROMPT, GenerateRequest
+
+    template = GenerateRequest(
+        prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
+        preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, attention=attention,
+        device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder,
+    )
+    request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark)
+    out = Output(json)
+    progress = Progress(
+        TextColumn("[bold]matrix[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=out.err if json else out.console, transient=True,
+    )
+    task = progress.add_task("", total=None)
+    with progress:
+        report = run_matrix(request, lambda m: progress.update(task, completed=m.completed, total=m.total, description=escape(m.label)))
+    out.result(report, lambda console: _render(report, console))
+    check_matrix(report)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("matrix")(matrix)

@@ -1,0 +1,174 @@
+"""The matrix report as people read it: table rows (shared by the terminal and Markdown), the
+Markdown file, and the PNG chart (speedup and peak memory per rank vs rank count, per mode)."""
+
+from __future__ import annotations
+
+import io
+
+from h3core.matrix import CHART_NAME, CellStatus, MatrixCell, MatrixReport
+from h3core.plan import Mode
+
+COLUMNS = (
+    "mode", "ranks", "status", "sampling", "speedup", "eff.", "peak mem/rank", "weights/rank",
+    "coll. sent", "max abs", "rel (tol)", "parity",
+)
+"""Summary columns; the last three compare the cell's latents with one rank of the same mode."""
+
+
+def size_label(n: int | None) -> str:
+    """Bytes with three significant digits: 705 KiB, 1.41 MiB, 263 MiB, 24.1 GiB."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
+def _number(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g} s"
+
+
+def _status(cell: MatrixCell) -> str:
+    if cell.status is CellStatus.OK and not cell.requested:
+        return "baseline"
+    return cell.status.value
+
+
+def _parity_columns(cell: MatrixCell) -> tuple[str, str, str]:
+    if cell.status is not CellStatus.OK:
+        return "-", "-", "-"
+    if cell.count == 1:
+        return "-", "-", "reference"
+    if cell.parity is None:
+        return "-", "-", "not measured"
+    p = cell.parity
+    verdict = "bitwise" if p.bitwise else ("pass" if p.passed else "FAIL")
+    return f"{p.max_abs:.3g}", f"{p.relative:.3g} ({p.tolerance:g})", verdict
+
+
+def summary_rows(report: MatrixReport) -> list[list[str]]:
+    """One row per cell, in `COLUMNS` order."""
+    rows = []
+    for c in report.cells:
+        rows.append([
+            c.mode.value, str(c.count), _status(c), _seconds(c.sampling_seconds), _number(c.speedup, ".2f"),
+            _number(c.efficiency, ".0%"), size_label(c.peak_memory_bytes), size_label(c.weight_bytes_per_rank),
+            size_label(c.comm_bytes), *_parity_columns(c),
+        ])
+    return rows
+
+
+def caption(report: MatrixReport) -> list[str]:
+    """Lines above the table: what ran, on what, and how to read the figures."""
+    s = report.shape
+    run = f"{s.width}x{s.height}, {s.frames} frames, {s.steps} steps" if s else "no runnable cell"
+    lines = [
+        f"h3 matrix · preset {report.preset} · weights {report.weights} · {run} · {report.dtype} · "
+        f"attention {report.request.template.attention} · seed {report.request.template.seed}",
+        f"{report.device_name}: {report.ranks_note}",
+        "speedup = the mode's 1-rank sampling time / the cell's; efficiency = speedup / ranks; "
+        f"peak memory = {report.peak_memory_kind}, largest rank",
+    ]
+    if report.device == "cpu":
+        threads = {c.count: c.threads_per_rank for c in report.cells if c.threads_per_rank}
+        by_count = ", ".join(f"{n} rank{'s' if n > 1 else ''}: {t}" for n, t in sorted(threads.items()))
+        lines.append(
+            f"CPU: a cell's ranks share the cores (intra-op threads per rank: {by_count}), so these speedups measure core "
+            "sharing, not GPU scaling; parity compares with one rank run at the cell's per-rank thread count."
+        )
+    return lines
+
+
+def notes(report: MatrixReport) -> list[str]:
+    """Lines below the table: why cells were skipped or failed, unmeasured parity, the identity check."""
+    lines = []
+    for c in report.cells:
+        name = f"{c.mode.value} x{c.count}"
+        if c.reason:
+            lines.append(f"{name} {c.status.value}: {c.reason}")
+        if c.parity_error:
+            lines.append(f"{name} parity not measured: {c.parity_error}")
+    if report.identity is not None:
+        i = report.identity
+        verdict = "bitwise identical" if i.bitwise else f"DIFFER (max abs {i.max_abs:.3g})"
+        lines.append(f"1-rank identity path, {report.request.modes[1].value} vs {report.request.modes[0].value}: {verdict}")
+    return lines
+
+
+def markdown(report: MatrixReport) -> str:
+    """matrix.md: caption, the summary table, notes and file names."""
+    out = [f"# h3 matrix ({report.created}{'' if report.complete else ', incomplete'})", ""]
+    out += [f"{line}  " for line in caption(report)]
+    out += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in summary_rows(report)]
+    if notes(report):
+        out += [""] + [f"- {line}" for line in notes(report)]
+    if report.files and report.files.chart:
+        out += ["", f"![speedup and peak memory per rank]({CHART_NAME})"]
+    return "\n".join(out) + "\n"
+
+
+
+def _series(report: MatrixReport, mode: Mode, value) -> tuple[list[int], list[float]]:
+    cells = [c for c in report.cells if c.mode is mode and c.status is CellStatus.OK and value(c) is not None]
+    return [c.count for c in cells], [value(c) for c in cells]
+
+
+def chart_png(report: MatrixReport) -> bytes:
+    """Left: speedup vs ranks per mode, with the ideal (linear) line. Right: peak memory per rank."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.8))
+    counts = sorted({c.count for c in report.cells if c.status is CellStatus.OK}) or [1]
+    _speedup_panel(left, report, counts)
+    _memory_panel(right, report, counts)
+    fig.suptitle("\n".join(_chart_title(report)), fontsize=9)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+_MARKERS = ("o", "s", "^", "D")
+
+
+def _speedup_panel(ax, report: MatrixReport, counts: list[int]) -> None:
+    ax.plot(counts, counts, linestyle="--", color="grey", label="ideal (linear)")
+    for mode, marker in zip(report.request.modes, _MARKERS):
+        ax.plot(*_series(report, mode, lambda c: c.speedup), marker=marker, label=mode.value)
+    ax.set(title="speedup vs the mode's 1-rank run", xlabel="ranks", ylabel="speedup (x)", xticks=counts)
+    _finish(ax)
+
+
+def _memory_panel(ax, report: MatrixReport, counts: list[int]) -> None:
+    peak = max((c.peak_memory_bytes or 0 for c in report.cells), default=0)
+    unit, scale = ("GiB", 2**30) if peak >= 2 * 2**30 else ("MiB", 2**20)
+    for mode, marker in zip(report.request.modes, _MARKERS):
+        ax.plot(*_series(report, mode, lambda c: c.peak_memory_bytes / scale if c.peak_memory_bytes is not None else None), marker=marker, label=mode.value)
+    ax.set(title=f"peak memory per rank (largest rank)\n{report.peak_memory_kind}", xlabel="ranks", ylabel=unit, xticks=counts)
+    _finish(ax)
+
+
+def _finish(ax) -> None:
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+
+
+def _chart_title(report: MatrixReport) -> list[str]:
+    s = report.shape
+    lines = [f"h3 matrix · {report.preset} · {s.width}x{s.height}, {s.frames} frames, {s.steps} steps · {report.device_name}" if s else "h3 matrix"]
+    lines.append(report.ranks_note + (" (speedups measure core sharing, not GPU scaling)" if report.device == "cpu" else ""))
+    failed = [f"{c.mode.value} x{c.count}" for c in report.cells if c.status is not CellStatus.OK]
+    if failed:
+        lines.append(f"not plotted (skipped or failed): {', '.join(failed)}")
+    return lines
