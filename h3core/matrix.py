@@ -15,8 +15,11 @@ GPU count skipped. What runs, and in which order:
   `<output>/<mode>-<count>/`; `matrix.json` and `matrix.md` are rewritten after every cell (an
   interrupted matrix leaves what it measured), `matrix.png` when the matrix is complete.
 
-Figures per cell: sampling time (all steps, slowest rank), speedup = the mode's 1-rank sampling
-time / this cell's, efficiency = speedup / count, peak memory and resident weight bytes of the
+Figures per cell: sampling time (all steps, slowest rank); step time = the median step after the
+first (the first step of a fresh process carries one-time warm-up: lazy kernel and allocator
+set-up; the 1-rank cells run in this process, warm after the first of them, so including it
+would favour them unevenly); speedup = the mode's 1-rank step time / this cell's; efficiency =
+speedup / count; peak memory and resident weight bytes of the
 largest rank, bytes sent through collectives by all ranks, and latent parity vs one rank.
 
 CPU honesty: the ranks of a CPU cell share the machine's cores (`cpu_threads_per_rank(count)`
@@ -165,8 +168,8 @@ class MatrixCell(BaseModel):
     ranks_on: str | None = None
     threads_per_rank: int | None = Field(None, description="CPU: intra-op threads of each rank (None on CUDA).")
     sampling_seconds: float | None = Field(None, description="All denoising steps, slowest rank.")
-    median_step_seconds: float | None = None
-    speedup: float | None = Field(None, description="The mode's 1-rank sampling time / this cell's.")
+    step_seconds: float | None = Field(None, description="Median denoising step after the first (slowest rank); the only step when there is one.")
+    speedup: float | None = Field(None, description="The mode's 1-rank step time / this cell's.")
     efficiency: float | None = Field(None, description="speedup / count.")
     peak_memory_bytes: int | None = Field(None, description="Sampling-phase peak of the largest rank.")
     weight_bytes_per_rank: int | None = Field(None, description="Resident weight bytes of the largest rank.")
@@ -221,6 +224,12 @@ ProgressCallback = Callable[[MatrixProgress], None]
 
 
 # --- summary math ----------------------------------------------------------------------------------
+
+
+def steady_step_seconds(step_seconds: list[float]) -> float | None:
+    """Median step time without the first step (one-time warm-up); the only step when there is one."""
+    steady = step_seconds[1:] or step_seconds
+    return median(steady) if steady else None
 
 
 def scaling(baseline_seconds: float | None, seconds: float | None, count: int) -> tuple[float | None, float | None]:
@@ -348,7 +357,7 @@ class _Matrix:
         first = runnable[0] if runnable else None
         self.steps = first.shape.steps if first else 0
         self.bar = _Bar(self.steps * (len(runnable) + self._expected_references()), on_progress)
-        self.baseline_seconds: dict[Mode, float] = {}
+        self.baseline_seconds: dict[Mode, float | None] = {}  # the 1-rank cell's step time
         self.references: dict[tuple[Mode, int | None], Latents | str] = {}  # 1-rank latents, or why there are none
         self.report = MatrixReport(
             created=timestamp(),
@@ -400,7 +409,7 @@ class _Matrix:
         latents = {"video": outcomes[0].video, "audio": outcomes[0].audio}
         if count == 1:
             self.references[(mode, threads)] = latents
-            self.baseline_seconds[mode] = report.timings.get("sampling", 0.0)
+            self.baseline_seconds[mode] = steady_step_seconds(report.step_seconds)
         parity_error = None
         if count > 1:
             report.parity, parity_error = self._parity(run, latents, threads)
@@ -475,9 +484,9 @@ def _initial_cell(planned: PlannedCell) -> MatrixCell:
 
 
 def summarise(planned: PlannedCell, report: RunReport, threads: int | None, baseline_seconds: float | None, parity_error: str | None) -> MatrixCell:
-    """A finished cell's row: its report's figures, scaled against the mode's 1-rank time."""
-    sampling = report.timings.get("sampling", 0.0)
-    speedup, efficiency = scaling(baseline_seconds, sampling, planned.count)
+    """A finished cell's row: its report's figures, scaled against the mode's 1-rank step time."""
+    step = steady_step_seconds(report.step_seconds)
+    speedup, efficiency = scaling(baseline_seconds, step, planned.count)
     return MatrixCell(
         mode=planned.mode,
         count=planned.count,
@@ -485,8 +494,8 @@ def summarise(planned: PlannedCell, report: RunReport, threads: int | None, base
         status=CellStatus.OK,
         ranks_on=report.ranks_on,
         threads_per_rank=threads,
-        sampling_seconds=sampling,
-        median_step_seconds=median(report.step_seconds) if report.step_seconds else None,
+        sampling_seconds=report.timings.get("sampling", 0.0),
+        step_seconds=step,
         speedup=speedup,
         efficiency=efficiency,
         peak_memory_bytes=max(r.peak_memory_sampling_bytes for r in report.ranks),

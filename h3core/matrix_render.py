@@ -9,7 +9,7 @@ from h3core.matrix import CHART_NAME, CellStatus, MatrixCell, MatrixReport
 from h3core.plan import Mode
 
 COLUMNS = (
-    "mode", "ranks", "status", "sampling", "speedup", "eff.", "peak mem/rank", "weights/rank",
+    "mode", "ranks", "status", "sampling", "step", "speedup", "eff.", "peak mem/rank", "weights/rank",
     "coll. sent", "max abs", "rel (tol)", "parity",
 )
 """Summary columns; the last three compare the cell's latents with one rank of the same mode."""
@@ -56,7 +56,7 @@ def summary_rows(report: MatrixReport) -> list[list[str]]:
     rows = []
     for c in report.cells:
         rows.append([
-            c.mode.value, str(c.count), _status(c), _seconds(c.sampling_seconds), _number(c.speedup, ".2f"),
+            c.mode.value, str(c.count), _status(c), _seconds(c.sampling_seconds), _seconds(c.step_seconds), _number(c.speedup, ".2f"),
             _number(c.efficiency, ".0%"), size_label(c.peak_memory_bytes), size_label(c.weight_bytes_per_rank),
             size_label(c.comm_bytes), *_parity_columns(c),
         ])
@@ -71,7 +71,8 @@ def caption(report: MatrixReport) -> list[str]:
         f"h3 matrix · preset {report.preset} · weights {report.weights} · {run} · {report.dtype} · "
         f"attention {report.request.template.attention} · seed {report.request.template.seed}",
         f"{report.device_name}: {report.ranks_note}",
-        "speedup = the mode's 1-rank sampling time / the cell's; efficiency = speedup / ranks; "
+        "sampling = all steps; step = median step after the first (warm-up); speedup = the mode's 1-rank step / the cell's; "
+        "efficiency = speedup / ranks; "
         f"peak memory = {report.peak_memory_kind}, largest rank",
     ]
     if report.device == "cpu":
