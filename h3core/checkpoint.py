@@ -20,6 +20,7 @@ on disk: a second run with the same config and seed reads it instead of rebuildi
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import zlib
 from dataclasses import dataclass
@@ -152,6 +153,14 @@ class Checkpoint:
     @property
     def size_bytes(self) -> int:
         return self.path.stat().st_size
+
+    def bytes_under(self, prefixes: tuple[str, ...]) -> int:
+        """Stored bytes of every tensor whose name starts with one of `prefixes`."""
+        return sum(
+            math.prod(self.reader.shape(name)) * self.reader.dtype(name).itemsize
+            for name in self.reader.keys()
+            if name.startswith(prefixes)
+        )
 
     def validate(self) -> list[TensorSpec]:
         """Check every tensor of the contract against the file; raise on the first missing or mismatched one."""
