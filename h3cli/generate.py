@@ -34,7 +34,7 @@ def render_run(report, console: Console) -> None:
     table.add_row("request", f"{s.width}x{s.height}, {s.frames} frames, {s.steps} steps, seed {report.seed}, guidance {report.guidance_scale}")
     table.add_row("sequence", f"{report.num_tokens} tokens · " + ", ".join(f"{g.kind} {g.stop - g.start}" for g in report.partition.segments))
     table.add_row("partition", f"heads {report.partition.heads} · tokens {report.partition.tokens}")
-    table.add_row("compute", f"{report.device_name} · {report.dtype} · attention {report.attention} · NVFP4 {report.nvfp4_path}")
+    table.add_row("compute", f"{report.device_name} · {report.dtype} · attention {report.attention_kernel} · NVFP4 {report.nvfp4_path}")
     t = report.timings
     steps = report.step_seconds
     table.add_row(
@@ -76,7 +76,7 @@ def generate(
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="What to generate.")] = None,
     negative_prompt: Annotated[str, typer.Option("--negative-prompt", help="Unconditional prompt for guidance.")] = "",
     guidance: Annotated[float, typer.Option("--guidance", help="Classifier-free guidance scale (1 = off).")] = 1.0,
-    preset: Annotated[Optional[str], typer.Option("--preset", help="h3, narrow or tiny (default: tiny without --model, h3 with one).")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="h3, h3-2blocks, narrow or tiny (default: tiny without --model, h3 with one).")] = None,
     width: options.Width = None,
     height: options.Height = None,
     frames: options.Frames = None,

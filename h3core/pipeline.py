@@ -26,7 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from h3core import partition
-from h3core.attention import check_backend
+from h3core.attention import check_backend, kernel_name
 from h3core.checkpoint import Checkpoint, synthetic_checkpoint, SYNTHETIC
 from h3core.collectives import CommStats
 from h3core.config import ModelConfig, preset as get_preset
@@ -124,6 +124,10 @@ def resolve(request: GenerateRequest) -> ResolvedRun:
         video_grid=config.video_grid(width, height, frames),
     )
     check_backend(request.attention, request.device)
+    if request.text_encoder_path is not None:
+        from h3core.text import check_text_encoder
+
+        check_text_encoder(request.text_encoder_path, hidden_size=config.text_dim)
     # The prompt's length is known only once rank 0 tokenizes it; an empty prompt is the shortest
     # sequence, so a plan that holds for it holds for every prompt.
     ParallelPlan.build(config, request.world_size, request.mode, config.segments(width, height, frames, 0))
@@ -193,6 +197,7 @@ class RankOutcome(BaseModel):
     weights: WeightBytes
     comm: CommStats
     linear_path: str
+    attention_kernel: str
     plan: ParallelPlan | None = None  # rank 0: the partition actually used (after tokenizing)
     text_encoder: dict | None = None  # rank 0
     video: torch.Tensor | None = None  # rank 0: [C, T, H, W] float32
@@ -344,6 +349,7 @@ def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcom
         weights=weights,
         comm=runtime.stats,
         linear_path=model.blocks[0].attn.qkv.path,
+        attention_kernel=kernel_name(req.attention, device, dtype, len(runtime.heads[ctx.rank]), cfg.head_dim),
     )
     if ctx.rank == 0:
         outcome.plan = plans[0]
@@ -394,6 +400,7 @@ class RunReport(BaseModel):
     dist_backend: str
     dtype: str
     attention: str
+    attention_kernel: str
     nvfp4_path: str
     weights: str  # "synthetic", or the checkpoint path and its size
     checkpoint: str
@@ -440,6 +447,7 @@ def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
         dist_backend="none" if req.world_size == 1 else ("nccl" if req.device == "cuda" else "gloo"),
         dtype=dev.dtype_name(dtype),
         attention=req.attention,
+        attention_kernel=first.attention_kernel,
         nvfp4_path=first.linear_path,
         weights=SYNTHETIC if run.synthetic else f"{run.checkpoint} ({run.checkpoint.stat().st_size:,} bytes)",
         checkpoint=str(run.checkpoint),

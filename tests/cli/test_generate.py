@@ -139,3 +139,20 @@ def test_tensor_mode_on_six_ranks_with_ragged_heads_matches_one_rank(tmp_path, c
         assert rank.weights.block_linears_resident <= 1.05 * share * full
         assert rank.weights.block_linears_read <= 1.05 * share * full
     assert sum(r.weights.block_linears_resident for r in report.ranks) <= 1.02 * full
+
+
+def test_a_real_qwen3_text_encoder_is_used_and_named_in_the_report(tmp_path, cache):
+    from qwen3_checkpoints import plain_names, qwen3_config_json, random_qwen3_state, train_tokenizer, write_checkpoint
+
+    folder = write_checkpoint(
+        tmp_path / "qwen3",
+        plain_names(random_qwen3_state(seed=1)),
+        config=qwen3_config_json(),
+        tokenizer=train_tokenizer(tmp_path / "tokenizer.json"),
+    )
+    result = runner.invoke(app, ["generate", "--steps", "1", "--json", "--output", str(tmp_path / "run")], env={**cache, "H3_TEXT_ENCODER_PATH": str(folder)})
+    assert result.exit_code == 0, result.output
+    encoder = json.loads(result.stdout)["text_encoder"]
+    assert encoder["kind"] == "qwen3" and encoder["path"] == str(folder) and encoder["bytes_read"] > 0
+    proc = h3("generate", "--steps", "1", "--text-encoder", str(tmp_path / "missing"), "--gpus", "2", env=cache)
+    assert proc.returncode == 2 and "text encoder not found" in proc.stderr and "rank" not in proc.stderr
