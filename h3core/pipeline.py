@@ -106,15 +106,14 @@ class ResolvedRun(BaseModel):
 
 
 def resolve(request: GenerateRequest) -> ResolvedRun:
-    """Pick the config (checkpoint wins over preset), sizes and checkpoint; validate before spawning."""
+    """Pick the config (checkpoint wins over preset), sizes and checkpoint; validate before spawning.
+
+    Cheap checks run first (sizes, backend, partition, text encoder headers); the synthetic
+    checkpoint is built last, so a bad request fails in well under a second.
+    """
     base = get_preset(request.preset or ("h3" if request.model_path else "tiny"))
-    if request.model_path is not None:
-        ckpt = Checkpoint.open(request.model_path, base)
-        config, path, synthetic = ckpt.config, request.model_path, ckpt.weights == SYNTHETIC
-        ckpt.validate()
-    else:
-        path, _ = synthetic_checkpoint(base, seed=0)
-        config, synthetic = base, True
+    ckpt = Checkpoint.open(request.model_path, base) if request.model_path is not None else None
+    config = ckpt.config if ckpt else base
     width, height = request.width or config.width, request.height or config.height
     frames, steps = request.frames or config.frames, request.steps or config.steps
     shape = RunShape(
@@ -124,13 +123,18 @@ def resolve(request: GenerateRequest) -> ResolvedRun:
         video_grid=config.video_grid(width, height, frames),
     )
     check_backend(request.attention, request.device)
+    # The prompt's length is known only once rank 0 tokenizes it; an empty prompt is the shortest
+    # sequence, so a plan that holds for it holds for every prompt.
+    ParallelPlan.build(config, request.world_size, request.mode, config.segments(width, height, frames, 0))
     if request.text_encoder_path is not None:
         from h3core.text import check_text_encoder
 
         check_text_encoder(request.text_encoder_path, hidden_size=config.text_dim)
-    # The prompt's length is known only once rank 0 tokenizes it; an empty prompt is the shortest
-    # sequence, so a plan that holds for it holds for every prompt.
-    ParallelPlan.build(config, request.world_size, request.mode, config.segments(width, height, frames, 0))
+    if ckpt is not None:
+        ckpt.validate()
+        path, synthetic = request.model_path, ckpt.weights == SYNTHETIC
+    else:
+        path, synthetic = synthetic_checkpoint(base, seed=0)[0], True
     return ResolvedRun(request=request, config=config, checkpoint=Path(path), synthetic=synthetic, shape=shape)
 
 
