@@ -499,7 +499,7 @@ def summarise(planned: PlannedCell, report: RunReport, threads: int | None, base
         speedup=speedup,
         efficiency=efficiency,
         peak_memory_bytes=max(r.peak_memory_sampling_bytes for r in report.ranks),
-        weight_bytes_per_rank=max(r.weight_bytes_resident for r in report.ranks),
+        weight_bytes_per_rank=max(r.weights.resident for r in report.ranks),
         comm_bytes=report.comm_total.bytes_sent,
         parity=report.parity,
         parity_error=parity_error,
