@@ -44,7 +44,7 @@ def matrix(
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="What to generate.", show_default=False)] = None,
     negative_prompt: Annotated[str, typer.Option("--negative-prompt", help="Unconditional prompt for guidance.")] = "",
     guidance: Annotated[float, typer.Option("--guidance", help="Classifier-free guidance scale (1 = off).")] = 1.0,
-    preset: Annotated[Optional[str], typer.Option("--preset", help="h3, narrow or tiny (default: tiny without --model, h3 with one).")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="h3, h3-2blocks, narrow or tiny (default: tiny without --model, h3 with one).")] = None,
     width: options.Width = None,
     height: options.Height = None,
     frames: options.Frames = None,
