@@ -21,16 +21,27 @@ def _render(report, console: Console) -> None:
     from h3core.matrix_render import COLUMNS, caption, notes, summary_rows
 
     lines = caption(report)
-    table = Table(
-        title=escape(lines[0]), caption=escape("\n".join(lines[1:])), title_justify="left", caption_justify="left",
-        box=box.SIMPLE_HEAD, padding=(0, 1),
-    )
-    for column in COLUMNS:
-        table.add_column(column, justify="left" if column in ("mode", "status", "parity") else "right")
-    for row in summary_rows(report):
-        style = "red" if row[2] == "failed" or row[-1] == "FAIL" else ("dim" if row[2] == "skipped" else None)
-        table.add_row(*(escape(x) for x in row), style=style)
-    console.print(table)
+    rows = summary_rows(report)
+    # One table on a wide terminal; on narrower ones the columns go into two or three tables
+    # (timing | memory | parity), each led by mode and ranks, rather than truncated columns.
+    timing, memory, parity = list(range(2, 7)), list(range(7, 10)), list(range(10, len(COLUMNS)))
+    if console.width >= 150:
+        parts = [timing + memory + parity]
+    elif console.width >= 110:
+        parts = [timing, memory + parity]
+    else:
+        parts = [timing, memory, parity]
+    groups = [[0, 1, *part] for part in parts]
+    for number, group in enumerate(groups):
+        table = Table(title=escape(lines[0]) if number == 0 else None, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
+        for i in group:
+            table.add_column(COLUMNS[i], justify="left" if COLUMNS[i] in ("mode", "status", "parity") else "right", overflow="fold")
+        for row in rows:
+            style = "red" if row[2] == "failed" or row[-1] == "FAIL" else ("dim" if row[2] == "skipped" else None)
+            table.add_row(*(escape(row[i]) for i in group), style=style)
+        console.print(table)
+    for line in lines[1:]:
+        console.print(escape(line), soft_wrap=True)
     for line in notes(report):
         console.print(f"  {escape(line)}", soft_wrap=True)
     if report.files:
