@@ -39,12 +39,13 @@ def _root(
 
 
 def _register() -> None:
-    from h3cli import bench_transport, generate, plan, pod
+    from h3cli import bench_transport, generate, plan, pod, verify
 
     generate.register(app)
     plan.register(app)
     bench_transport.register(app)
     pod.register(app)
+    verify.register(app)
 
 
 _register()
