@@ -69,8 +69,8 @@ def generate_on_first_ranks(ctx: RankContext, count: int, run: ResolvedRun) -> L
     return result if sub.rank == 0 else None
 
 
-def generate_alone(ctx: RankContext, run: ResolvedRun, catch: bool) -> LatentRun:
-    """Job for `Session.alone`: the pipeline at world size 1. `catch`: report a raised error in the
+def generate_as_one_rank(ctx: RankContext, run: ResolvedRun, catch: bool) -> LatentRun:
+    """Job for `Session.side_by_side`: the pipeline at world size 1. `catch`: report a raised error in the
     result instead of failing the World (for optional backends that may not run these shapes)."""
     return _generate(ctx, run, catch)
 
@@ -87,7 +87,7 @@ def _generate(ctx: RankContext, run: ResolvedRun, catch: bool) -> LatentRun:
 
 
 def measure_backend_attention(ctx: RankContext, spec: VerifySpec, backend: str) -> Measure:
-    """Job for `Session.alone`: `attend` with `backend` vs `sdpa` on the same seeded q, k, v."""
+    """Job for `Session.side_by_side`: `attend` with `backend` vs `sdpa` on the same seeded q, k, v."""
     cfg, dtype = spec.config, spec_dtype(spec)
     variant, tol = f"{backend} attention", backend_tolerance(backend, dtype)
     shape = (spec.num_tokens, cfg.num_heads, cfg.head_dim)
@@ -119,8 +119,8 @@ def single_rank_runs(session: Session, keys: list[tuple[Mode, str]]) -> dict[tup
     missing = [key for key in dict.fromkeys(keys) if ("latents", key) not in session.cache]
     if missing:
         session.on_event("single-rank runs: " + ", ".join(f"{mode.value}/{backend}" for mode, backend in missing))
-        jobs = [(generate_alone, (resolved_run(session.spec, mode, 1, backend), backend != "sdpa")) for mode, backend in missing]
-        for key, result in zip(missing, session.alone(jobs)):
+        jobs = [(generate_as_one_rank, (resolved_run(session.spec, mode, 1, backend), backend != "sdpa")) for mode, backend in missing]
+        for key, result in zip(missing, session.side_by_side(jobs)):
             session.cache[("latents", key)] = result
     return {key: session.cache[("latents", key)] for key in keys}
 
@@ -168,7 +168,7 @@ def run_backends(session: Session, check: Check) -> list[CheckRow]:
             rows[backend] = [skipped(check.name, f"{backend} {what}", 1, dtype, str(err)) for what in ("attention", "latents")]
     if runnable:
         session.on_event("backends: " + ", ".join(runnable) + " vs sdpa")
-        measures = session.alone([(measure_backend_attention, (spec, backend)) for backend in runnable])
+        measures = session.side_by_side([(measure_backend_attention, (spec, backend)) for backend in runnable])
         runs = single_rank_runs(session, [REFERENCE] + [(Mode.ULYSSES, backend) for backend in runnable])
         for backend, attention in zip(runnable, measures):
             tol = backend_tolerance(backend, spec_dtype(spec))

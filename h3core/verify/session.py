@@ -5,9 +5,9 @@
   Each rank of the sub-group computes its share with the real distributed code *and* the
   single-rank reference of the same inputs (group=None, in the same process, so at the same CPU
   thread count), and returns `Measure`s; they are combined into rows here.
-- Alone: single-rank jobs (the end-to-end reference, the other mode at one rank, other attention
+- Side by side: single-rank jobs (the end-to-end reference, the other mode at one rank, other attention
   backends) run on separate ranks of the World at the same time, each as a world of one
-  (`alone(ctx)`), so the reference shares the ranks' device, thread count and process setup.
+  (`as_world_of_one(ctx)`), so the reference shares the ranks' device, thread count and process setup.
 
 Counts the device cannot hold (CUDA: more ranks than visible GPUs) never reach the World: their
 rows are skipped with the reason.
@@ -26,7 +26,7 @@ RankMeasure = Callable[[RankContext, VerifySpec], list[Measure]]
 """A check's rank-side function: this rank's measures (same variants, same order on every rank)."""
 
 
-def alone(ctx: RankContext) -> RankContext:
+def as_world_of_one(ctx: RankContext) -> RankContext:
     """This rank as a world of one: no group, collectives are the identity, it counts as rank 0."""
     return replace(ctx, rank=0, world_size=1, group=None, backend="none", progress=ctx.progress if ctx.rank == 0 else None)
 
@@ -37,13 +37,13 @@ def measure_on_first_ranks(ctx: RankContext, fn: RankMeasure, count: int, spec: 
     return None if sub is None else fn(sub, spec)
 
 
-def run_alone(ctx: RankContext, jobs: Sequence[tuple[Callable[..., Any], tuple] | None]) -> Any:
+def jobs_on_own_ranks(ctx: RankContext, jobs: Sequence[tuple[Callable[..., Any], tuple] | None]) -> Any:
     """World task: rank `r` runs `jobs[r]` (a module-level function and its arguments) as a world of one."""
     job = jobs[ctx.rank] if ctx.rank < len(jobs) else None
     if job is None:
         return None
     fn, args = job
-    return fn(alone(ctx), *args)
+    return fn(as_world_of_one(ctx), *args)
 
 
 @dataclass
@@ -76,13 +76,13 @@ class Session:
         results = self.world.run(measure_on_first_ranks, fn, count, self.spec)
         return combine(check, count, self.backend_at(count), self.dtype, results[:count])
 
-    def alone(self, jobs: Sequence[tuple[Callable[..., Any], tuple]]) -> list[Any]:
+    def side_by_side(self, jobs: Sequence[tuple[Callable[..., Any], tuple]]) -> list[Any]:
         """Single-rank jobs, as many at a time as the World has ranks; results in job order."""
         results: list[Any] = []
         size = self.world.world_size
         for start in range(0, len(jobs), size):
             wave = list(jobs[start : start + size])
-            results.extend(self.world.run(run_alone, wave)[: len(wave)])
+            results.extend(self.world.run(jobs_on_own_ranks, wave)[: len(wave)])
         return results
 
 
