@@ -34,7 +34,7 @@ def render_run(report, console: Console) -> None:
     table.add_row("request", f"{s.width}x{s.height}, {s.frames} frames, {s.steps} steps, seed {report.seed}, guidance {report.guidance_scale}")
     table.add_row("sequence", f"{report.num_tokens} tokens · " + ", ".join(f"{g.kind} {g.stop - g.start}" for g in report.partition.segments))
     table.add_row("partition", f"heads {report.partition.heads} · tokens {report.partition.tokens}")
-    table.add_row("compute", f"{report.device_name} · {report.dtype} · attention {report.attention} · NVFP4 {report.nvfp4_path}")
+    table.add_row("compute", f"{report.device_name} · {report.dtype} · attention {report.attention_kernel} · NVFP4 {report.nvfp4_path}")
     t = report.timings
     steps = report.step_seconds
     table.add_row(
@@ -43,7 +43,10 @@ def render_run(report, console: Console) -> None:
         f"(median step {median(steps) if steps else 0:.3f}s) · gather {t.get('gather', 0):.3f}s",
     )
     table.add_row("peak memory", " · ".join(f"r{r.rank} {gib(r.peak_memory_sampling_bytes)}" for r in report.ranks))
-    table.add_row("weights / rank", " · ".join(f"r{r.rank} {gib(r.weight_bytes_resident)} held, {gib(r.weight_bytes_read)} read" for r in report.ranks))
+    table.add_row(
+        "weights / rank",
+        " · ".join(f"r{r.rank} {gib(r.weights.resident)} held ({r.weights.block_share:.0%} of block linears), {gib(r.weights.read)} read" for r in report.ranks),
+    )
     if report.comm_total.kinds:
         table.add_row("collectives (sent, all ranks)", " · ".join(f"{k} {gib(c.bytes_sent)} in {c.calls} calls" for k, c in sorted(report.comm_total.kinds.items())))
     for name in ("video", "audio"):
@@ -73,7 +76,7 @@ def generate(
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="What to generate.")] = None,
     negative_prompt: Annotated[str, typer.Option("--negative-prompt", help="Unconditional prompt for guidance.")] = "",
     guidance: Annotated[float, typer.Option("--guidance", help="Classifier-free guidance scale (1 = off).")] = 1.0,
-    preset: Annotated[Optional[str], typer.Option("--preset", help="h3, narrow or tiny (default: tiny without --model, h3 with one).")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="h3, h3-2blocks, narrow or tiny (default: tiny without --model, h3 with one).")] = None,
     width: options.Width = None,
     height: options.Height = None,
     frames: options.Frames = None,
@@ -134,7 +137,7 @@ def generate(
     with progress:
         report = run_generate(request, output=output, save_latents=save_latents, benchmark=benchmark, parity=parity, on_step=on_step)
     out.result(report, lambda console: render_run(report, console))
-    if report.parity is not None and not report.parity.passed:
+    if report is not None and report.parity is not None and not report.parity.passed:
         p = report.parity
         raise CheckFailed(f"latent parity failed: relative error {p.relative:.3g} > tolerance {p.tolerance:g} vs {p.reference} (report: {report.files.report})")
 

@@ -1,11 +1,13 @@
 """One output object per command: rich tables for people, JSON for programs.
 
-Only the process that runs the CLI prints; distributed workers report back to it.
+Only the process that runs the CLI prints; distributed workers report back to it. Under
+torchrun every rank runs the CLI, and only rank 0 talks (the others' consoles are quiet).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -14,14 +16,23 @@ from rich.console import Console
 from rich.markup import escape
 
 
+def is_rank_zero() -> bool:
+    """False only in a torchrun-launched process whose global rank is not 0."""
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
 class Output:
     def __init__(self, json_mode: bool = False):
         self.json_mode = json_mode
-        self.console = Console(highlight=False)
-        self.err = Console(stderr=True, highlight=False)
+        quiet = not is_rank_zero()
+        self.quiet = quiet
+        self.console = Console(highlight=False, quiet=quiet)
+        self.err = Console(stderr=True, highlight=False, quiet=quiet)
 
-    def result(self, value: BaseModel | dict | list, render: Callable[[Console], Any] | None = None) -> None:
+    def result(self, value: BaseModel | dict | list | None, render: Callable[[Console], Any] | None = None) -> None:
         """Print `value` as JSON in --json mode, else call `render` with the console."""
+        if self.quiet or value is None:
+            return
         if self.json_mode:
             data = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
             sys.stdout.write(json.dumps(data, indent=2) + "\n")

@@ -25,14 +25,22 @@ def _render(plan: ParallelPlan, console: Console) -> None:
         title=f"{plan.preset} · {plan.mode.value} · {plan.world_size} rank(s) · {plan.num_tokens} tokens ({seg_text})",
         title_justify="left",
     )
-    for col in ("rank", "heads", "tokens", "local segments"):
+    w = plan.weights
+    if w is not None:
+        table.caption = (
+            f"{plan.preset}: {w.parameters / 1e9:.2f} B weights, checkpoint {w.checkpoint_bytes:,} bytes "
+            f"({w.nvfp4_bytes:,} NVFP4); tensor mode splits the {w.block_linears_bytes:,} bytes of block linears"
+        )
+        table.caption_justify = "left"
+    for col in ("rank", "heads", "tokens", "local segments", "weights held"):
         table.add_column(col)
-    for r in plan.ranks:
+    for i, r in enumerate(plan.ranks):
         table.add_row(
             str(r.rank),
             f"{r.heads.stop - r.heads.start}  [{_fmt(r.heads)}]",
             f"{r.tokens.stop - r.tokens.start}  [{_fmt(r.tokens)}]",
             "  ".join(f"{s.kind}[{s.start}:{s.stop}]" for s in r.segments),
+            f"{w.per_rank[i] / 2**30:.2f} GiB" if w else "",
         )
     console.print(table)
     if plan.mode is not Mode.TENSOR:
@@ -74,6 +82,9 @@ def plan(
     )
     world = resolve_world_size(count)
     result = ParallelPlan.build(cfg, world, mode, segments)
+    from h3core.checkpoint import weight_bytes  # torch: only once the partition is known to be valid
+
+    result = result.model_copy(update={"weights": weight_bytes(cfg, result)})
     Output(json).result(result, lambda console: _render(result, console))
 
 

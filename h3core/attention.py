@@ -82,6 +82,25 @@ def check_backend(name: str, device_type: str) -> None:
         raise BackendUnavailable(f"attention backend {name!r} runs on CUDA only; use sdpa or math on {device_type}")
 
 
+def kernel_name(backend: str, device: torch.device, dtype: torch.dtype, heads: int, head_dim: int) -> str:
+    """Which kernel `backend` runs for this device, dtype and head shape, where it can be known.
+
+    For `sdpa` this asks PyTorch's own dispatcher (`torch._fused_sdp_choice`, private, so a
+    failure is reported as unknown rather than guessed); the other backends are one kernel each.
+    """
+    if backend != "sdpa":
+        return {"math": "h3 math (fp32 softmax)", "sage2": "SageAttention2", "flash": "flash-attn"}[backend]
+    try:
+        from torch.nn.attention import SDPBackend
+
+        probe = torch.zeros(1, heads, 16, head_dim, device=device, dtype=dtype)
+        choice = int(torch._fused_sdp_choice(probe, probe, probe))
+        names = {int(getattr(SDPBackend, n)): n.lower() for n in dir(SDPBackend) if n.isupper()}
+        return f"sdpa:{names.get(choice, choice)}"
+    except Exception as err:  # private API: absent or changed in this torch
+        return f"sdpa:unknown ({type(err).__name__})"
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
     """Full attention. q, k, v: [S, H, Dh] (same S for all three) -> [S, H, Dh]."""
     return _IMPLS[backend](q, k, v)

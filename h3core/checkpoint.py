@@ -20,6 +20,7 @@ on disk: a second run with the same config and seed reads it instead of rebuildi
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import zlib
 from dataclasses import dataclass
@@ -66,6 +67,54 @@ def schema(config: ModelConfig) -> list[TensorSpec]:
         packed = name.startswith(quantized) and not name.endswith(".bias")
         specs.append(TensorSpec(name, tuple(tensor.shape), tensor.dtype, packed))
     return specs
+
+
+def _stored_bytes(spec: TensorSpec) -> int:
+    """Bytes of a tensor as the contract stores it (dense ones in bf16)."""
+    return math.prod(spec.shape) * (spec.dtype.itemsize if spec.nvfp4 else 2)
+
+
+def _parameters(spec: TensorSpec) -> int:
+    """Weights a tensor holds: packed NVFP4 bytes hold two each, scales hold none."""
+    from h3core.nvfp4 import layout
+
+    if spec.name.endswith(("weight_scale", "weight_scale_2")):
+        return 0
+    n = math.prod(spec.shape)
+    return n * layout.ELEMENTS_PER_BYTE if spec.nvfp4 else n
+
+
+def weight_bytes(config: ModelConfig, plan: "ParallelPlan") -> "WeightBytes":
+    """The checkpoint's size for `config`, and what each rank of `plan` holds of it."""
+    from h3core.nvfp4 import layout
+    from h3core.parallel.tensor import sharded_prefixes
+    from h3core.plan import Mode, WeightBytes
+
+    specs = schema(config)
+    block = sharded_prefixes(config.num_blocks)
+    total = sum(_stored_bytes(s) for s in specs)
+    block_full = sum(_stored_bytes(s) for s in specs if s.name.startswith(block))
+    per_rank = [total] * plan.world_size
+    if plan.mode is Mode.TENSOR:
+        d, bias = config.hidden, 2  # bf16 biases
+        per_rank = []
+        for r in plan.ranks:
+            heads = (r.heads.stop - r.heads.start) * config.head_dim
+            f = r.tensor.fc2_columns.elements.stop - r.tensor.fc2_columns.elements.start
+            shard = (
+                layout.storage_bytes(3 * heads, d) + 3 * heads * bias  # QKV rows of my heads, bias sliced
+                + layout.storage_bytes(d, heads) + d * bias  # Out columns of my heads, full bias
+                + layout.storage_bytes(2 * f, d) + 2 * f * bias  # FC1 gate and value rows
+                + layout.storage_bytes(d, f) + d * bias  # FC2 columns, full bias
+            )
+            per_rank.append(total - block_full + config.num_blocks * shard)
+    return WeightBytes(
+        parameters=sum(_parameters(s) for s in specs),
+        checkpoint_bytes=total,
+        nvfp4_bytes=sum(_stored_bytes(s) for s in specs if s.nvfp4),
+        block_linears_bytes=block_full,
+        per_rank=per_rank,
+    )
 
 
 # --- config in metadata --------------------------------------------------------------------------
@@ -152,6 +201,14 @@ class Checkpoint:
     @property
     def size_bytes(self) -> int:
         return self.path.stat().st_size
+
+    def bytes_under(self, prefixes: tuple[str, ...]) -> int:
+        """Stored bytes of every tensor whose name starts with one of `prefixes`."""
+        return sum(
+            math.prod(self.reader.shape(name)) * self.reader.dtype(name).itemsize
+            for name in self.reader.keys()
+            if name.startswith(prefixes)
+        )
 
     def validate(self) -> list[TensorSpec]:
         """Check every tensor of the contract against the file; raise on the first missing or mismatched one."""

@@ -145,6 +145,13 @@ PRESETS: dict[str, ModelConfig] = {
         video_channels=48, audio_channels=64,
         width=864, height=480, frames=141, steps=12, text_tokens=128,
     ),
+    # The real widths, sequence and resolution with 2 of the 50 blocks: per-block time and memory
+    # on a GPU without the 12.5 GB checkpoint (its synthetic checkpoint is about 0.7 GB).
+    "h3-2blocks": ModelConfig(
+        name="h3-2blocks", num_heads=56, head_dim=128, num_blocks=2, mlp_width=10752, text_dim=5120,
+        video_channels=48, audio_channels=64,
+        width=864, height=480, frames=141, steps=12, text_tokens=128,
+    ),
     # The real 56 heads on a narrow width: ragged heads (56 over 6) and ragged NVFP4 blocks
     # (74 over 6) on a CPU. Its default token count, 120 video + 10 audio + 17 text = 147,
     # divides by none of 2, 4, 6, 8.

@@ -26,7 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from h3core import partition
-from h3core.attention import check_backend
+from h3core.attention import check_backend, kernel_name
 from h3core.checkpoint import Checkpoint, synthetic_checkpoint, SYNTHETIC
 from h3core.collectives import CommStats
 from h3core.config import ModelConfig, preset as get_preset
@@ -45,6 +45,7 @@ from h3core.model import (
     unpatchify_video,
 )
 from h3core.partition import Segment, SegmentKind, Span
+from h3core.parallel.tensor import block_linears, sharded_prefixes
 from h3core.plan import Mode, ParallelPlan
 from h3core.parity import LatentParity, latent_parity, tolerance
 from h3core.preview import write_preview
@@ -105,15 +106,14 @@ class ResolvedRun(BaseModel):
 
 
 def resolve(request: GenerateRequest) -> ResolvedRun:
-    """Pick the config (checkpoint wins over preset), sizes and checkpoint; validate before spawning."""
+    """Pick the config (checkpoint wins over preset), sizes and checkpoint; validate before spawning.
+
+    Cheap checks run first (sizes, backend, partition, text encoder headers); the synthetic
+    checkpoint is built last, so a bad request fails in well under a second.
+    """
     base = get_preset(request.preset or ("h3" if request.model_path else "tiny"))
-    if request.model_path is not None:
-        ckpt = Checkpoint.open(request.model_path, base)
-        config, path, synthetic = ckpt.config, request.model_path, ckpt.weights == SYNTHETIC
-        ckpt.validate()
-    else:
-        path, _ = synthetic_checkpoint(base, seed=0)
-        config, synthetic = base, True
+    ckpt = Checkpoint.open(request.model_path, base) if request.model_path is not None else None
+    config = ckpt.config if ckpt else base
     width, height = request.width or config.width, request.height or config.height
     frames, steps = request.frames or config.frames, request.steps or config.steps
     shape = RunShape(
@@ -126,6 +126,15 @@ def resolve(request: GenerateRequest) -> ResolvedRun:
     # The prompt's length is known only once rank 0 tokenizes it; an empty prompt is the shortest
     # sequence, so a plan that holds for it holds for every prompt.
     ParallelPlan.build(config, request.world_size, request.mode, config.segments(width, height, frames, 0))
+    if request.text_encoder_path is not None:
+        from h3core.text import check_text_encoder
+
+        check_text_encoder(request.text_encoder_path, hidden_size=config.text_dim)
+    if ckpt is not None:
+        ckpt.validate()
+        path, synthetic = request.model_path, ckpt.weights == SYNTHETIC
+    else:
+        path, synthetic = synthetic_checkpoint(base, seed=0)[0], True
     return ResolvedRun(request=request, config=config, checkpoint=Path(path), synthetic=synthetic, shape=shape)
 
 
@@ -165,6 +174,21 @@ class StepDone(BaseModel):
 StepCallback = Callable[[StepDone], None]
 
 
+class WeightBytes(BaseModel):
+    """Weight memory of one rank: the per-block linears tensor mode shards, and everything else."""
+
+    resident: int = Field(description="Bytes of every parameter and buffer the rank holds.")
+    read: int = Field(description="Bytes this rank read from the checkpoint.")
+    block_linears_resident: int = Field(description="Held bytes of the blocks' QKV/Out/FC1/FC2 (with their biases).")
+    block_linears_read: int = Field(description="Bytes of those linears read from disk.")
+    block_linears_full: int = Field(description="Their size in the checkpoint: what one unsharded rank holds.")
+
+    @property
+    def block_share(self) -> float:
+        """Held fraction of the full block linears (tensor mode at N ranks: about 1/N)."""
+        return self.block_linears_resident / self.block_linears_full if self.block_linears_full else 1.0
+
+
 class RankOutcome(BaseModel):
     """What one rank reports back to the launching process."""
 
@@ -174,24 +198,23 @@ class RankOutcome(BaseModel):
     step_seconds: list[float]
     peak_memory_text: int
     peak_memory_sampling: int
-    weight_bytes_resident: int
-    weight_bytes_read: int
+    weights: WeightBytes
     comm: CommStats
     linear_path: str
+    attention_kernel: str
     plan: ParallelPlan | None = None  # rank 0: the partition actually used (after tokenizing)
     text_encoder: dict | None = None  # rank 0
     video: torch.Tensor | None = None  # rank 0: [C, T, H, W] float32
     audio: torch.Tensor | None = None  # rank 0: [C, L] float32
 
 
-def _load_model(run: ResolvedRun, runtime, device: torch.device, dtype: torch.dtype, distributed: bool = True) -> tuple[H3Model, Checkpoint]:
+def _load_model(run: ResolvedRun, runtime, device: torch.device, dtype: torch.dtype, distributed: bool = True) -> tuple[H3Model, Checkpoint, int]:
     """Load the model for this rank and apply the mode; tensor mode reads only this rank's slices.
 
     `distributed=False` (one rank only) loads the plain model with no mode applied: the baseline
     that measures what the distributed layer costs at world size 1.
     """
     from h3core.parallel import CheckpointWeights, apply_tensor, apply_ulysses
-    from h3core.parallel.tensor import sharded_prefixes
 
     ckpt = Checkpoint.open(run.checkpoint, run.config)
     tensor_mode = run.request.mode is Mode.TENSOR and distributed
@@ -199,11 +222,13 @@ def _load_model(run: ResolvedRun, runtime, device: torch.device, dtype: torch.dt
     model = ckpt.load(device=device, dtype=dtype, skip=skip)
     for block in model.blocks:
         block.attn.core.backend = run.request.attention
-    if tensor_mode:
-        apply_tensor(model, runtime, CheckpointWeights(ckpt, device, dtype))
-    elif distributed:
-        apply_ulysses(model, runtime)
-    return model, ckpt
+    if not tensor_mode:
+        if distributed:
+            apply_ulysses(model, runtime)
+        return model, ckpt, ckpt.bytes_under(sharded_prefixes(run.config.num_blocks))
+    before = ckpt.reader.bytes_read
+    apply_tensor(model, runtime, CheckpointWeights(ckpt, device, dtype))
+    return model, ckpt, ckpt.reader.bytes_read - before
 
 
 def _encode_prompts(run: ResolvedRun, device: torch.device, dtype: torch.dtype) -> tuple[list[torch.Tensor], dict]:
@@ -255,8 +280,15 @@ def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcom
     with dev.Stopwatch(device) as watch:
         if not distributed and ctx.world_size != 1:
             raise ValueError("the plain (non-distributed) pipeline runs on one rank only")
-        model, ckpt = _load_model(run, runtime, device, dtype, distributed)
+        model, ckpt, block_read = _load_model(run, runtime, device, dtype, distributed)
     timings["load"] = watch.seconds
+    weights = WeightBytes(
+        resident=resident_bytes(model),
+        read=ckpt.reader.bytes_read,
+        block_linears_resident=sum(resident_bytes(m) for m in block_linears(model)),
+        block_linears_read=block_read,
+        block_linears_full=ckpt.bytes_under(sharded_prefixes(cfg.num_blocks)),
+    )
 
     # 3. The prompt's sequence (and the negative prompt's), split over ranks; this rank's noise rows.
     sequences = [build_sequence(cfg, shape, t.to(device)) for t in texts]
@@ -318,10 +350,10 @@ def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcom
         step_seconds=step_seconds,
         peak_memory_text=peak_text,
         peak_memory_sampling=peak_sampling,
-        weight_bytes_resident=resident_bytes(model),
-        weight_bytes_read=ckpt.reader.bytes_read,
+        weights=weights,
         comm=runtime.stats,
         linear_path=model.blocks[0].attn.qkv.path,
+        attention_kernel=kernel_name(req.attention, device, dtype, len(runtime.heads[ctx.rank]), cfg.head_dim),
     )
     if ctx.rank == 0:
         outcome.plan = plans[0]
@@ -346,8 +378,7 @@ class RankStats(BaseModel):
     rank: int
     peak_memory_text_bytes: int
     peak_memory_sampling_bytes: int
-    weight_bytes_resident: int
-    weight_bytes_read: int
+    weights: WeightBytes
     comm: CommStats
     sampling_seconds: float
 
@@ -373,6 +404,7 @@ class RunReport(BaseModel):
     dist_backend: str
     dtype: str
     attention: str
+    attention_kernel: str
     nvfp4_path: str
     weights: str  # "synthetic", or the checkpoint path and its size
     checkpoint: str
@@ -417,8 +449,9 @@ def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
         device_name=dev.device_name(req.device),
         ranks_on=_ranks_on(req.world_size, req.device),
         dist_backend="none" if req.world_size == 1 else ("nccl" if req.device == "cuda" else "gloo"),
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=dev.dtype_name(dtype),
         attention=req.attention,
+        attention_kernel=first.attention_kernel,
         nvfp4_path=first.linear_path,
         weights=SYNTHETIC if run.synthetic else f"{run.checkpoint} ({run.checkpoint.stat().st_size:,} bytes)",
         checkpoint=str(run.checkpoint),
@@ -438,8 +471,7 @@ def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
                 rank=o.rank,
                 peak_memory_text_bytes=o.peak_memory_text,
                 peak_memory_sampling_bytes=o.peak_memory_sampling,
-                weight_bytes_resident=o.weight_bytes_resident,
-                weight_bytes_read=o.weight_bytes_read,
+                weights=o.weights,
                 comm=o.comm,
                 sampling_seconds=o.timings.get("sampling", 0.0),
             )
@@ -507,12 +539,16 @@ def reference_parity(run: ResolvedRun, outcome: RankOutcome) -> LatentParity:
     return latent_parity(_latents(outcome), _latents(reference), tol, name)
 
 
-def execute(run: ResolvedRun, on_step: StepCallback | None = None) -> list[RankOutcome]:
-    """Run every rank of `run` in a fresh World; rank 0's outcome (first) carries the latents."""
+def execute(run: ResolvedRun, on_step: StepCallback | None = None) -> list[RankOutcome] | None:
+    """Run every rank of `run` in a fresh World; rank 0's outcome (first) carries the latents.
+
+    Under torchrun every process calls this; only rank 0 gets the outcomes, the others None.
+    """
     from h3core.launch import World
 
     with World(run.request.world_size, run.request.device, on_progress=on_step) as world:
-        return world.run(rank_generate, run)
+        outcomes = world.run(rank_generate, run)
+        return outcomes if world.is_main else None
 
 
 def generate(
@@ -523,10 +559,19 @@ def generate(
     benchmark: Path | None = None,
     parity: bool = False,
     on_step: StepCallback | None = None,
-) -> RunReport:
-    """Resolve, launch every rank, and write the report (only after every rank succeeded)."""
+) -> RunReport | None:
+    """Resolve, launch every rank, and write the report (only after every rank succeeded).
+
+    Returns None on the ranks of a torchrun launch other than rank 0 (which writes everything).
+    """
+    from h3core.launch import under_torchrun
+
+    if parity and under_torchrun():
+        raise ConfigError("--parity runs a one-rank reference in the launching process; run it without torchrun, or use `h3 verify parity`")
     run = resolve(request)
     outcomes = execute(run, on_step)
+    if outcomes is None:
+        return None
     report = build_report(run, outcomes)
     if parity:
         report.parity = reference_parity(run, outcomes[0])

@@ -88,6 +88,21 @@ class RankPlan(BaseModel):
     tensor: TensorShards | None = None
 
 
+class WeightBytes(BaseModel):
+    """Checkpoint bytes of a model, and what each rank of a plan holds of them."""
+
+    model_config = ConfigDict(frozen=True)
+    parameters: int
+    """Weights (NVFP4 elements + dense values)."""
+    checkpoint_bytes: int
+    """Tensor bytes of the checkpoint (NVFP4 packed codes and scales, dense tensors in bf16)."""
+    nvfp4_bytes: int
+    block_linears_bytes: int
+    """The per-block QKV/Out/FC1/FC2 (with biases): what tensor mode splits."""
+    per_rank: list[int]
+    """Bytes each rank holds: all of it in Ulysses mode; replicated parts + its shards in tensor mode."""
+
+
 class ParallelPlan(BaseModel):
     model_config = ConfigDict(frozen=True)
     mode: Mode
@@ -103,6 +118,8 @@ class ParallelPlan(BaseModel):
     tokens: list[int]
     """Tokens per rank."""
     ranks: list[RankPlan]
+    weights: WeightBytes | None = None
+    """Filled by `h3 plan` (needs the model's schema); None inside a run."""
 
     @classmethod
     def build(cls, config: ModelConfig, world_size: int, mode: Mode, segments: list[Segment]) -> "ParallelPlan":

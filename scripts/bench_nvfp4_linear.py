@@ -14,8 +14,10 @@ The weight is random codes and scales (quantizing 154M elements would dominate t
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -64,11 +66,15 @@ def bench_shape(name: str, out: int, inp: int, args: argparse.Namespace, device:
     x = torch.randn(args.tokens, inp, device=device, dtype=dense_dtype)
     dense_ms = median_ms(lambda: F.linear(x, dense), args.repeat, device)
     nvfp4_ms = median_ms(lambda: linear(x), args.repeat, device)
+    flops = 2 * args.tokens * inp * out
     return {
         "name": name,
         "shape": f"{inp}->{out}",
+        "tokens": args.tokens,
         "dense_ms": dense_ms,
         "nvfp4_ms": nvfp4_ms,
+        "dense_tflops": flops / dense_ms / 1e9,
+        "nvfp4_tflops": flops / nvfp4_ms / 1e9,
         "dense_mib": dense.numel() * dense.element_size() / 2**20,
         "nvfp4_mib": linear.resident_bytes / 2**20,
         "path": linear.path,
@@ -81,12 +87,13 @@ def print_table(rows: list[dict[str, object]], args: argparse.Namespace, device:
     print(f"device {device} | tokens {args.tokens} | median of {args.repeat} after 1 warm-up "
           f"| torch {torch.__version__} | threads {torch.get_num_threads()}")
     header = (f"{'layer':<10} {'in->out':<12} {'F.linear ' + dtype:>16} {'NVFP4Linear':>12} {'time x':>7} "
-              f"{'weight ' + dtype:>14} {'NVFP4':>9} {'memory x':>9}  path")
+              f"{'TFLOP/s dense':>14} {'NVFP4':>7} {'weight ' + dtype:>14} {'NVFP4':>9} {'memory x':>9}  path")
     print(header)
     print("-" * len(header))
     for r in rows:
         print(f"{r['name']:<10} {r['shape']:<12} {r['dense_ms']:>13.1f} ms {r['nvfp4_ms']:>9.1f} ms "
-              f"{r['nvfp4_ms'] / r['dense_ms']:>7.2f} {r['dense_mib']:>10.0f} MiB {r['nvfp4_mib']:>5.0f} MiB "
+              f"{r['nvfp4_ms'] / r['dense_ms']:>7.2f} {r['dense_tflops']:>14.2f} {r['nvfp4_tflops']:>7.2f} "
+              f"{r['dense_mib']:>10.0f} MiB {r['nvfp4_mib']:>5.0f} MiB "
               f"{r['nvfp4_mib'] / r['dense_mib']:>9.3f}  {r['path']}")
     print("time x = NVFP4Linear / F.linear (above 1: slower); memory x = resident NVFP4 bytes / dense weight bytes")
 
@@ -97,6 +104,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="rows of the activation (default 128)")
     parser.add_argument("--repeat", type=int, default=3, help="timed repeats per measurement; the median is shown")
     parser.add_argument("--only", choices=sorted(H3_SHAPES), help="benchmark one layer shape")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON to this file")
     parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice); 1 is steadiest "
                         "on a shared machine, where waking a busy thread pool dominates small kernels")
     args = parser.parse_args()
@@ -111,6 +119,9 @@ def main() -> None:
     with torch.inference_mode():
         rows = [bench_shape(name, out, inp, args, device) for name, (out, inp) in shapes.items()]
     print_table(rows, args, device)
+    if args.json:
+        info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__}
+        args.json.write_text(json.dumps({**info, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,11 @@ def sharded_prefixes(num_blocks: int) -> tuple[str, ...]:
     return tuple(f"blocks.{i}.{name}." for i in range(num_blocks) for name in SHARDED_LINEARS)
 
 
+def block_linears(model: H3Model) -> list[nn.Module]:
+    """The modules tensor mode shards: each block's QKV, Out, FC1, FC2 (biases of Out/FC2 sit on attn/mlp)."""
+    return [block.get_submodule(name) for block in model.blocks for name in SHARDED_LINEARS]
+
+
 class WeightSource(Protocol):
     def column_parallel(self, prefix: str, rows: list[Span]) -> NVFP4Linear: ...
     def row_parallel(self, prefix: str, columns: ColumnSlice) -> tuple[NVFP4Linear, torch.Tensor | None]: ...

@@ -3,9 +3,10 @@
 from h3core.text.encoder import (
     TextEncoder,
     TextEncoderInfo,
+    check_text_encoder,
     load_text_encoder,
     release_text_encoder,
     resolve_output_layer,
 )
 
-__all__ = ["TextEncoder", "TextEncoderInfo", "load_text_encoder", "release_text_encoder", "resolve_output_layer"]
+__all__ = ["TextEncoder", "TextEncoderInfo", "check_text_encoder", "load_text_encoder", "release_text_encoder", "resolve_output_layer"]

@@ -22,6 +22,8 @@ the encoder stays allocated (its states come back on the CPU) and the CUDA cache
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gc
 from pathlib import Path
 from typing import Literal
@@ -190,37 +192,72 @@ class CheckpointWeights:
         return DenseLinear(self.tensor(f"{name}.weight"), bias)
 
 
-def _load_checkpoint(
-    path: Path, hidden_size: int, device: torch.device, dtype: torch.dtype, output_layer: int | None
-) -> TextEncoder:
+@dataclass
+class _Inspected:
+    """A text-encoder checkpoint checked from its headers, config and tokenizer; no weight read yet."""
+
+    files: list[Path]
+    reader: SafetensorsReader
+    headers: dict
+    kind: str
+    prefix: str
+    config: Qwen3TextConfig
+    config_source: str
+    layer: int
+    final_norm: bool
+    tokenizer: FileTokenizer
+
+
+def _inspect(path: Path, hidden_size: int, output_layer: int | None) -> _Inspected:
     files = checkpoint_files(path)
     folder = path if path.is_dir() else path.parent
     reader = SafetensorsReader(files)  # parses every header: a truncated shard fails here
-    headers = read_headers(reader)
-    kind, prefix = find_layout(headers, path)
-    config, config_source = resolve_config(headers, prefix, kind, folder, path)
-    if config.hidden_size != hidden_size:
-        raise CheckpointError(
-            f"text encoder {path} has hidden size {config.hidden_size} but the denoiser takes text "
-            f"of width {hidden_size}: the encoder does not match the denoiser"
-        )
-    layer = resolve_output_layer(output_layer, config.num_layers)
-    final_norm = layer == config.num_layers
-    check_tensors(headers, prefix, config, layer, final_norm=final_norm)
-    tokenizer = FileTokenizer(folder / TOKENIZER_FILE)  # before any weight is read: fail fast
-    source = CheckpointWeights(reader, headers, device)
     try:
-        model = assemble(source, prefix, config, layers=layer, final_norm=final_norm, dtype=dtype)
+        headers = read_headers(reader)
+        kind, prefix = find_layout(headers, path)
+        config, config_source = resolve_config(headers, prefix, kind, folder, path)
+        if config.hidden_size != hidden_size:
+            raise CheckpointError(
+                f"text encoder {path} has hidden size {config.hidden_size} but the denoiser takes text "
+                f"of width {hidden_size}: the encoder does not match the denoiser"
+            )
+        layer = resolve_output_layer(output_layer, config.num_layers)
+        final_norm = layer == config.num_layers
+        check_tensors(headers, prefix, config, layer, final_norm=final_norm)
+        tokenizer = FileTokenizer(folder / TOKENIZER_FILE)  # before any weight is read: fail fast
+    except BaseException:
+        reader.close()
+        raise
+    return _Inspected(files, reader, headers, kind, prefix, config, config_source, layer, final_norm, tokenizer)
+
+
+def check_text_encoder(path: str | Path, *, hidden_size: int, output_layer: int | None = None) -> None:
+    """Everything `load_text_encoder` checks before reading weights (files, config, shapes, tokenizer).
+
+    Cheap: headers only. The launcher calls it before spawning ranks, so a bad path is one line
+    from the launching process rather than a rank failure.
+    """
+    _inspect(Path(path), hidden_size, output_layer).reader.close()
+
+
+def _load_checkpoint(
+    path: Path, hidden_size: int, device: torch.device, dtype: torch.dtype, output_layer: int | None
+) -> TextEncoder:
+    found = _inspect(path, hidden_size, output_layer)
+    reader, config, layer = found.reader, found.config, found.layer
+    source = CheckpointWeights(reader, found.headers, device)
+    try:
+        model = assemble(source, found.prefix, config, layers=layer, final_norm=found.final_norm, dtype=dtype)
     finally:
         reader.close()
     info = TextEncoderInfo(
-        kind=kind, path=str(path), bytes_on_disk=sum(f.stat().st_size for f in files),
+        kind=found.kind, path=str(path), bytes_on_disk=sum(f.stat().st_size for f in found.files),
         bytes_read=reader.bytes_read, resident_bytes=resident_bytes(model), layers=layer,
         checkpoint_layers=config.num_layers, hidden_size=config.hidden_size, output_layer=layer,
-        tokenizer=tokenizer.name, linears=_linear_kind(source.kinds), config_source=config_source,
+        tokenizer=found.tokenizer.name, linears=_linear_kind(source.kinds), config_source=found.config_source,
         device=str(device), dtype=str(dtype).removeprefix("torch."),
     )
-    return TextEncoder(model, tokenizer, info, device)
+    return TextEncoder(model, found.tokenizer, info, device)
 
 
 def _linear_kind(kinds: set[str]) -> Literal["nvfp4", "dense", "mixed"]:

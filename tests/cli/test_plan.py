@@ -63,3 +63,16 @@ def test_debug_variable_shows_the_traceback():
 def test_version_and_help():
     assert runner.invoke(app, ["--version"]).stdout.startswith("h3 ")
     assert "plan" in runner.invoke(app, ["--help"]).stdout
+
+
+def test_plan_reports_model_size_and_weights_per_rank():
+    tensor = json.loads(runner.invoke(app, ["plan", "6", "--mode", "tensor", "--json"]).stdout)["weights"]
+    ulysses = json.loads(runner.invoke(app, ["plan", "6", "--json"]).stdout)["weights"]
+    assert tensor["parameters"] == 22_247_936_768
+    assert tensor["checkpoint_bytes"] == ulysses["checkpoint_bytes"] == 12_533_360_944
+    assert ulysses["per_rank"] == [12_533_360_944] * 6
+    replicated = tensor["checkpoint_bytes"] - tensor["block_linears_bytes"]
+    shares = [(b - replicated) / tensor["block_linears_bytes"] for b in tensor["per_rank"]]
+    # 56 heads and 672 FC blocks over 6 ranks: ranks 0-1 own 10 heads, the others 9
+    assert shares[0] == shares[1] > shares[2] == shares[5]
+    assert 1 / 6 * 0.97 < shares[5] < 1 / 6 < shares[0] < 1.05 / 6

@@ -128,3 +128,22 @@ def test_atomic_write_leaves_nothing_when_interrupted(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         write_checkpoint({"x": torch.zeros(2)}, tmp_path / "c.safetensors", {})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_report_write_is_atomic(tmp_path, monkeypatch):
+    import os
+
+    from h3core import report
+
+    target = tmp_path / "report.json"
+    report.write_report(target, report.Versions())
+    before = target.read_text()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        report.write_report(target, report.Versions(h3="changed"))
+    assert target.read_text() == before  # the old report is intact
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # no temp file left behind

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""What the distributed layer costs, measured side by side in one run on this machine.
+
+1. World size 1: the distributed pipeline (Ulysses and tensor mode applied, group of one) vs
+   the plain pipeline (no mode applied) on the same inputs -> overhead ratio (target <= 1.05).
+2. 2 ranks vs 1 rank (Gloo on the CPU, or NCCL on 2 GPUs) -> speedup.
+
+Runs alternate (plain, ulysses, tensor, in a rotating order) so that drift on a shared machine hits all
+variants alike; each figure is the median of --repeat runs of the sampling loop.
+
+    python scripts/bench_distributed.py --preset narrow --steps 4 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from rich.console import Console
+from rich.table import Table
+
+from h3core.device import cpu_threads, cpu_threads_per_rank, resolve_device
+from h3core.launch import World
+from h3core.pipeline import GenerateRequest, rank_generate, resolve
+from h3core.plan import Mode
+
+
+def sampling_seconds(world: World, run, distributed: bool = True) -> float:
+    return world.run(rank_generate, run, distributed=distributed)[0].timings["sampling"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="narrow")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args()
+    device = resolve_device(args.device)
+    console = Console()
+
+    def request(mode: Mode, world_size: int):
+        return resolve(GenerateRequest(preset=args.preset, steps=args.steps, mode=mode, world_size=world_size, device=device))
+
+    one = {mode: request(mode, 1) for mode in Mode}
+    times: dict[str, list[float]] = {"plain": [], "ulysses x1": [], "tensor x1": []}
+    # All one-rank variants at the 2-rank per-rank thread count, so that 1 vs 2 ranks compares
+    # equal cores per rank on the CPU (and the overhead ratio is not about threading).
+    with World(1, device) as world, cpu_threads(cpu_threads_per_rank(2)):
+        variants = [("plain", one[Mode.ULYSSES], False), ("ulysses x1", one[Mode.ULYSSES], True), ("tensor x1", one[Mode.TENSOR], True)]
+        for _, run, distributed in variants:  # warm-up
+            sampling_seconds(world, run, distributed)
+        for i in range(args.repeat):
+            for name, run, distributed in variants[i % 3 :] + variants[: i % 3]:  # rotate: no variant always goes first
+                times[name].append(sampling_seconds(world, run, distributed))
+    for mode in Mode:
+        with World(2, device) as world:
+            run = request(mode, 2)
+            sampling_seconds(world, run)  # warm-up
+            times[f"{mode.value} x2"] = [sampling_seconds(world, run) for _ in range(args.repeat)]
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    table = Table(title=f"{args.preset}, {args.steps} steps, {device}, median of {args.repeat} (sampling loop only)", title_justify="left")
+    for col in ("variant", "median s", "runs s", "ratio"):
+        table.add_column(col)
+    ratio = {
+        "plain": "1.000 (baseline)",
+        "ulysses x1": f"{med['ulysses x1'] / med['plain']:.3f} vs plain (overhead)",
+        "tensor x1": f"{med['tensor x1'] / med['plain']:.3f} vs plain (overhead)",
+        "ulysses x2": f"{med['ulysses x1'] / med['ulysses x2']:.2f}x speedup vs ulysses x1",
+        "tensor x2": f"{med['tensor x1'] / med['tensor x2']:.2f}x speedup vs tensor x1",
+    }
+    for name, runs in times.items():
+        table.add_row(name, f"{med[name]:.3f}", " ".join(f"{t:.3f}" for t in runs), ratio[name])
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
