@@ -39,13 +39,14 @@ def _root(
 
 
 def _register() -> None:
-    from h3cli import bench_transport, generate, matrix, plan, pod
+    from h3cli import bench_transport, generate, matrix, plan, pod, verify
 
     generate.register(app)
     plan.register(app)
     bench_transport.register(app)
     matrix.register(app)
     pod.register(app)
+    verify.register(app)
 
 
 _register()

@@ -1,0 +1,100 @@
+"""Checks of distributed layers against the same layer on one rank, on the spec's synthetic model:
+
+- `sdpa`: `UlyssesAttention` around the model's `AttentionCore` vs `attend` on every token;
+- `projection`: the `FinalLayer` on each rank's rows, gathered per latent kind, vs the whole sequence;
+- `tp`: every block's attention and MLP sharded by `apply_tensor` (NVFP4 shards cut by
+  `ModelWeights`, ragged heads and NVFP4 blocks, gather and reduce-scatter hooks) vs the unsharded block.
+
+Tolerances are `h3core.parity.tolerance`: Ulysses-style checks (only data moves) get the Ulysses
+bound, tensor parallelism (partials summed in another order than one GEMM) the tensor bound.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from h3core import collectives
+from h3core.attention import attend
+from h3core.device import Stopwatch
+from h3core.launch import RankContext
+from h3core.model import AttentionCore, rope_table, token_positions
+from h3core.parallel import ModelWeights, ParallelRuntime, apply_tensor
+from h3core.parallel.tensor import sharded_prefixes
+from h3core.parallel.ulysses import UlyssesAttention
+from h3core.parity import tolerance
+from h3core.partition import clip_segments, kind_spans, token_spans
+from h3core.plan import Mode
+from h3core.verify.compare import load_model, measure, measure_all, seeded, spec_dtype
+from h3core.verify.rows import Measure
+from h3core.verify.spec import VerifySpec
+
+SDPA_VARIANTS = ("ulysses",)
+PROJECTION_VARIANTS = ("final layer",)
+TP_VARIANTS = ("attention", "mlp")
+
+
+def measure_sdpa(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
+    """Ulysses attention (seq->head, SDPA on this rank's heads, head->seq) vs SDPA on everything."""
+    cfg, dtype = spec.config, spec_dtype(spec)
+    tokens = token_spans(spec.num_tokens, ctx.world_size)
+    rows = tokens[ctx.rank]
+    runtime = ParallelRuntime(ctx.group, ctx.rank, ctx.world_size, cfg.num_heads)
+    attention = UlyssesAttention(AttentionCore("sdpa"), runtime)
+    shape = (spec.num_tokens, cfg.num_heads, cfg.head_dim)
+    with Stopwatch(ctx.device) as watch, torch.inference_mode():
+        q, k, v = (seeded(shape, spec.seed + i, dtype, ctx.device) for i in (1, 2, 3))  # [S, H, Dh] each
+        with runtime.sequence(tokens):
+            out = attention(q[rows.start : rows.stop], k[rows.start : rows.stop], v[rows.start : rows.stop])  # [S_loc, H, Dh]
+        reference = attend(q, k, v, "sdpa")[rows.start : rows.stop]
+        result = measure(SDPA_VARIANTS[0], out, reference, tolerance(Mode.ULYSSES, dtype))
+    return [result.model_copy(update={"seconds": watch.seconds})]
+
+
+def measure_projection(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
+    """The final layer on this rank's rows, gathered per latent kind, vs the final layer on all rows."""
+    cfg, dtype, segments = spec.config, spec_dtype(spec), spec.segments
+    tokens = token_spans(spec.num_tokens, ctx.world_size)
+    rows = tokens[ctx.rank]
+    model = load_model(spec, ctx.device)
+    with Stopwatch(ctx.device) as watch, torch.inference_mode():
+        x = seeded((spec.num_tokens, cfg.hidden), spec.seed + 20, dtype, ctx.device)  # [S, D] last block's output
+        cond, _ = model.conditioning(torch.tensor(0.6, device=ctx.device))
+        local = model.final(x[rows.start : rows.stop], cond, clip_segments(segments, rows))  # {kind: [n_loc, P]}
+        reference = model.final(x, cond, segments)  # {kind: [n, P]}
+        pairs = []
+        for kind, expected in reference.items():
+            mine = local.get(kind, expected.new_empty(0, expected.shape[1]))  # a rank may hold none of a kind
+            gathered = collectives.gather_rows(mine, kind_spans(segments, tokens, kind), ctx.group)  # [n, P]
+            pairs.append((kind.value, gathered, expected))
+        result = measure_all(PROJECTION_VARIANTS[0], pairs, tolerance(Mode.ULYSSES, dtype))
+    return [result.model_copy(update={"seconds": watch.seconds})]
+
+
+def measure_tp(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
+    """Every block's attention and MLP in tensor mode (apply_tensor) vs the unsharded block."""
+    cfg, dtype, segments = spec.config, spec_dtype(spec), spec.segments
+    tokens = token_spans(spec.num_tokens, ctx.world_size)
+    rows = tokens[ctx.rank]
+    full = load_model(spec, ctx.device)
+    sharded = load_model(spec, ctx.device, skip=sharded_prefixes(cfg.num_blocks))  # block linears come as shards
+    runtime = ParallelRuntime(ctx.group, ctx.rank, ctx.world_size, cfg.num_heads)
+    apply_tensor(sharded, runtime, ModelWeights(full))
+    rope = rope_table(cfg, token_positions(segments, spec.video_grid)).to(ctx.device)
+    measures = []
+    with torch.inference_mode():
+        h = seeded((spec.num_tokens, cfg.hidden), spec.seed + 30, dtype, ctx.device)  # [S, D] modulated input
+        layers = {
+            "attention": lambda block, x, r: block.attn(x, rope.select(r)),
+            "mlp": lambda block, x, r: block.mlp(x),
+        }
+        for variant, forward in layers.items():
+            with Stopwatch(ctx.device) as watch:
+                pairs = []
+                for index, (one, shard) in enumerate(zip(full.blocks, sharded.blocks)):
+                    with runtime.sequence(tokens):
+                        out = forward(shard, h[rows.start : rows.stop], rows)  # [S_loc, D]
+                    expected = forward(one, h, rope.rows)[rows.start : rows.stop]
+                    pairs.append((f"block {index}", out, expected))
+                result = measure_all(variant, pairs, tolerance(Mode.TENSOR, dtype))
+            measures.append(result.model_copy(update={"seconds": watch.seconds}))
+    return measures

@@ -1,0 +1,147 @@
+"""`h3 verify`'s checks on spawned Gloo ranks: the same `Check.run` the command calls, on one shared
+World, at 2 and 6 ranks (56 heads and the narrow preset's 74 NVFP4 blocks are ragged over 6;
+its 147 tokens divide by neither). Broken pieces, patched inside the ranks, must make them fail."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+import h3core.collectives
+import h3core.parallel.tensor
+from h3core.launch import World
+from h3core.verify.checks import CHECKS
+from h3core.verify.runner import build_spec
+from h3core.verify.session import Session, at_each_count
+from h3core.verify.spec import VerifyConfig
+from h3core.verify.transport import measure_ragged
+from h3core.verify.layers import measure_tp
+
+COUNTS = [2, 6]
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return build_spec(VerifyConfig(device="cpu", steps=1), "cpu")
+
+
+@pytest.fixture(scope="module")
+def session(world6, spec):
+    return Session(world6, spec, COUNTS, unusable={})
+
+
+def run_check(session: Session, name: str):
+    return CHECKS[name].run(session, CHECKS[name])
+
+
+def assert_all_pass(rows, variants):
+    assert [(r.mode, r.count) for r in rows] == [(v, c) for c in COUNTS for v in variants]
+    for row in rows:
+        assert row.verdict == "pass", row
+        assert row.backend == "gloo" and row.dtype == "fp32"
+        assert math.isfinite(row.max_abs) and 0 <= row.relative <= row.tolerance
+        assert row.seconds > 0
+
+
+@pytest.mark.parametrize("name", ["transport", "ragged", "sdpa", "projection", "tp"])
+def test_check_passes_at_2_and_6_ranks(session, spec, name):
+    check = CHECKS[name]
+    rows = run_check(session, name)
+    assert_all_pass(rows, check.variants)
+    if name in ("transport", "ragged"):  # data movement: bitwise by contract
+        assert all(r.tolerance == 0 and r.max_abs == 0 for r in rows)
+    if name == "tp":
+        assert all(r.tolerance == 1e-5 for r in rows)
+
+
+def test_parity_both_modes_and_the_one_rank_identity(session):
+    rows = run_check(session, "parity")
+    identity, distributed = rows[0], rows[1:]
+    assert (identity.mode, identity.count, identity.backend) == ("tensor = ulysses", 1, "none")
+    assert identity.verdict == "pass" and identity.max_abs == 0 and identity.tolerance == 0
+    assert [(r.mode, r.count) for r in distributed] == [("ulysses", 2), ("tensor", 2), ("ulysses", 6), ("tensor", 6)]
+    for row in distributed:
+        assert row.verdict == "pass" and row.relative <= row.tolerance, row
+    assert {r.tolerance for r in distributed if r.mode == "tensor"} == {1e-5}
+
+
+def test_backends_math_runs_and_cuda_backends_are_skipped_with_the_reason(session):
+    rows = {r.mode: r for r in run_check(session, "backends")}
+    assert rows["math attention"].verdict == "pass" and rows["math latents"].verdict == "pass"
+    for name in ("sage2", "flash"):
+        for what in ("attention", "latents"):
+            row = rows[f"{name} {what}"]
+            assert row.verdict == "skip" and name in row.reason and row.max_abs is None
+
+
+# --- broken pieces, patched inside every rank -----------------------------------------------------------
+
+
+def _drop_last_rank(reduce_scatter):
+    """A reduce-scatter that loses the last rank's partial (the rank sends zeros instead)."""
+
+    def broken(x, rows, group=None, stats=None):
+        rank, size = h3core.collectives.group_rank_and_size(group)
+        if rank == size - 1:
+            x = torch.zeros_like(x)
+        return reduce_scatter(x, rows, group, stats)
+
+    return broken
+
+
+def _ragged_with_broken_reduce_scatter(ctx, spec):
+    real = h3core.collectives.reduce_scatter_rows
+    h3core.collectives.reduce_scatter_rows = _drop_last_rank(real)
+    try:
+        return measure_ragged(ctx, spec)
+    finally:
+        h3core.collectives.reduce_scatter_rows = real
+
+
+def _tp_with_broken_reduce_scatter(ctx, spec):
+    real = h3core.parallel.tensor.reduce_scatter_rows
+    h3core.parallel.tensor.reduce_scatter_rows = _drop_last_rank(real)
+    try:
+        return measure_tp(ctx, spec)
+    finally:
+        h3core.parallel.tensor.reduce_scatter_rows = real
+
+
+def test_a_reduce_scatter_that_drops_a_rank_fails_ragged_with_the_error(world6, spec):
+    session = Session(world6, spec, [2], unusable={})
+    broken = replace(CHECKS["ragged"], run=at_each_count(_ragged_with_broken_reduce_scatter))
+    gather, reduce_scatter = broken.run(session, broken)
+    assert gather.verdict == "pass"
+    assert reduce_scatter.verdict == "fail" and reduce_scatter.max_abs > 1 and reduce_scatter.relative > 0.1
+    assert "exceeds bitwise equality" in reduce_scatter.reason
+    # the World is intact after the patch: the real check passes again
+    assert all(r.verdict == "pass" for r in CHECKS["ragged"].run(session, CHECKS["ragged"]))
+
+
+def test_a_reduce_scatter_that_drops_a_rank_fails_tp(world6, spec):
+    session = Session(world6, spec, [2], unusable={})
+    broken = replace(CHECKS["tp"], run=at_each_count(_tp_with_broken_reduce_scatter))
+    rows = broken.run(session, broken)
+    assert [r.mode for r in rows] == ["attention", "mlp"]
+    for row in rows:
+        assert row.verdict == "fail" and row.relative > 1e-3 and "tolerance 1e-05" in row.reason, row
+
+
+# --- one GPU: only the one-rank rows run ------------------------------------------------------------------
+
+
+def test_counts_that_cannot_run_are_skipped_and_the_identity_row_still_runs(spec):
+    """What one GPU sees: counts above it skipped as 'needs N GPUs', the one-rank identity checked."""
+    unusable = {2: "needs 2 GPUs, 1 visible", 4: "needs 4 GPUs, 1 visible"}
+    with World(1, "cpu") as world:  # world size 1: runs in this process, nothing is spawned
+        session = Session(world, spec, [2, 4], unusable)
+        transport = run_check(session, "transport")
+        parity = run_check(session, "parity")
+    assert [(r.verdict, r.count, r.reason) for r in transport] == [("skip", 2, unusable[2]), ("skip", 4, unusable[4])]
+    assert parity[0].mode == "tensor = ulysses" and parity[0].verdict == "pass" and parity[0].max_abs == 0
+    assert [(r.mode, r.count, r.verdict) for r in parity[1:]] == [
+        ("ulysses", 2, "skip"), ("tensor", 2, "skip"), ("ulysses", 4, "skip"), ("tensor", 4, "skip"),
+    ]
