@@ -14,7 +14,6 @@ from rich.table import Table
 
 from h3cli import options
 from h3cli.output import Output
-from h3core import environment as env
 
 
 def _render(report, console: Console) -> None:
@@ -52,20 +51,20 @@ def _render(report, console: Console) -> None:
 def matrix(
     counts: Annotated[Optional[str], typer.Option("--counts", help="Rank counts, e.g. 1,2,4. Default: H3_GPU_COUNTS, else 1,2,4,6,8. The 1-rank baseline of each mode always runs.", show_default=False)] = None,
     modes: Annotated[Optional[str], typer.Option("--modes", help="Modes, e.g. ulysses,tensor. Default: H3_DISTRIBUTED_MODES, else both.", show_default=False)] = None,
-    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="What to generate.", show_default=False)] = None,
-    negative_prompt: Annotated[str, typer.Option("--negative-prompt", help="Unconditional prompt for guidance.")] = "",
-    guidance: Annotated[float, typer.Option("--guidance", help="Classifier-free guidance scale (1 = off).")] = 1.0,
-    preset: Annotated[Optional[str], typer.Option("--preset", help="h3, h3-2blocks, narrow or tiny (default: tiny without --model, h3 with one).")] = None,
+    prompt: options.Prompt = None,
+    negative_prompt: options.NegativePrompt = "",
+    guidance: options.Guidance = 1.0,
+    preset: options.RunPreset = None,
     width: options.Width = None,
     height: options.Height = None,
     frames: options.Frames = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", help="Denoising steps (default: the preset's).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Noise seed.")] = 440420,
+    steps: options.Steps = None,
+    seed: options.Seed = 440420,
     attention: Annotated[str, typer.Option("--attention", help="sdpa, math, sage2 or flash.")] = "sdpa",
-    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda (cpu: every count runs as Gloo ranks).")] = "auto",
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU).")] = None,
-    model: Annotated[Optional[Path], typer.Option("--model", envvar=env.MODEL_PATH, help="H3 checkpoint (.safetensors). Default: the embedded synthetic one.")] = None,
-    text_encoder: Annotated[Optional[Path], typer.Option("--text-encoder", envvar=env.TEXT_ENCODER_PATH, help="Qwen3-VL text encoder (file or folder). Default: synthetic.")] = None,
+    device: options.Device = "auto",
+    dtype: options.Dtype = None,
+    model: options.Model = None,
+    text_encoder: options.TextEncoder = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Report folder. Default: H3_DISTRIBUTED_OUTPUT, else outputs/<time>-matrix.", show_default=False)] = None,
     save_latents: Annotated[Optional[bool], typer.Option("--save-latents/--no-save-latents", help="Write each cell's latents. Default: H3_SAVE_LATENTS (0 = reports only), else yes.", show_default=False)] = None,
     benchmark: Annotated[Optional[Path], typer.Option("--benchmark", help="Also write the matrix JSON here. Default: H3_DISTRIBUTED_BENCHMARK.", show_default=False)] = None,

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+from h3core import environment as env
 
 Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 Preset = Annotated[str, typer.Option("--preset", help="Model preset: h3, h3-2blocks, narrow or tiny (a checkpoint's own config wins).")]
 Width = Annotated[Optional[int], typer.Option("--width", help="Video width in pixels (default: the preset's).")]
 Height = Annotated[Optional[int], typer.Option("--height", help="Video height in pixels (default: the preset's).")]
 Frames = Annotated[Optional[int], typer.Option("--frames", help="Video frames, 4k+1 (default: the preset's).")]
+
+# --- what a generate run takes (h3 generate, h3 matrix) -------------------------------------------
+Prompt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="What to generate.", show_default=False)]
+NegativePrompt = Annotated[str, typer.Option("--negative-prompt", help="Unconditional prompt for guidance.")]
+Guidance = Annotated[float, typer.Option("--guidance", help="Classifier-free guidance scale (1 = off).")]
+RunPreset = Annotated[Optional[str], typer.Option("--preset", help="h3, h3-2blocks, narrow or tiny (default: tiny without --model, h3 with one).")]
+Steps = Annotated[Optional[int], typer.Option("--steps", help="Denoising steps (default: the preset's).")]
+Seed = Annotated[int, typer.Option("--seed", help="Noise seed.")]
+Device = Annotated[str, typer.Option("--device", help="auto, cpu or cuda (cpu: ranks are Gloo processes).")]
+Dtype = Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU).")]
+Model = Annotated[Optional[Path], typer.Option("--model", envvar=env.MODEL_PATH, help="H3 checkpoint (.safetensors). Default: the embedded synthetic one.")]
+TextEncoder = Annotated[Optional[Path], typer.Option("--text-encoder", envvar=env.TEXT_ENCODER_PATH, help="Qwen3-VL text encoder (file or folder). Default: synthetic.")]

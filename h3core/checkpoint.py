@@ -25,6 +25,7 @@ import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from pydantic import ValidationError
@@ -37,6 +38,9 @@ from h3core.nvfp4.codec import quantize
 from h3core.nvfp4.io import SafetensorsReader, linear_tensors, read_linear
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.partition import ColumnSlice, Span
+
+if TYPE_CHECKING:
+    from h3core.plan import ParallelPlan, WeightBytes
 
 FORMAT = "h3-nvfp4"
 FORMAT_VERSION = "1"

@@ -39,7 +39,6 @@ from h3core.model import (
     patchify_audio,
     patchify_video,
     rope_table,
-    select_rows,
     token_positions,
     unpatchify_audio,
     unpatchify_video,
@@ -433,7 +432,6 @@ def _ranks_on(world_size: int, device: str) -> str:
 
 
 def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
-    import torch
 
     from h3core import device as dev
 

@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict
 
 from h3core import partition
 from h3core.config import ModelConfig
-from h3core.errors import PartitionError
 from h3core.partition import Segment, Span
 
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 
 from h3core.errors import NVFP4FormatError
 from h3core.nvfp4 import layout

@@ -22,9 +22,8 @@ the encoder stays allocated (its states come back on the CPU) and the CUDA cache
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import gc
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -35,6 +34,7 @@ from torch import nn
 from h3core.errors import CheckpointError, ConfigError
 from h3core.nvfp4.io import SafetensorsReader, read_linear
 from h3core.text.assemble import assemble
+from h3core.text.config import Qwen3TextConfig
 from h3core.text.checkpoint import (
     TensorHeader,
     check_tensors,

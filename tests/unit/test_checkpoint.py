@@ -1,12 +1,10 @@
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from h3core.checkpoint import Checkpoint, synthetic_checkpoint, synthetic_tensors, write_checkpoint, _metadata
+from h3core.checkpoint import Checkpoint, synthetic_checkpoint, synthetic_tensors, write_checkpoint
 from h3core.config import preset
 from h3core.errors import CheckpointError
 from h3core.model import rope_table, token_positions

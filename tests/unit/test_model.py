@@ -1,10 +1,8 @@
 import torch
-import pytest
 
 from h3core.config import preset
 from h3core.model import (
     H3Model,
-    KIND_INDEX,
     add_gated,
     modulate,
     patchify_audio,
@@ -15,7 +13,7 @@ from h3core.model import (
     unpatchify_video,
     apply_rope,
 )
-from h3core.partition import Segment, SegmentKind as K, Span, pack_segments
+from h3core.partition import SegmentKind as K, pack_segments
 
 
 def test_modulation_is_per_segment():

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from h3core.errors import CheckpointError
-from h3core.nvfp4.codec import NVFP4Weight, dequantize
+from h3core.nvfp4.codec import dequantize
 from h3core.nvfp4.io import SafetensorsReader, iter_prefixes, linear_tensors, read_linear, write_safetensors
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.shard import column_parallel, row_parallel

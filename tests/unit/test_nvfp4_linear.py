@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from h3core.errors import NVFP4FormatError
 from h3core.nvfp4 import layout
-from h3core.nvfp4.codec import dequantize, quantize
+from h3core.nvfp4.codec import dequantize
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.matmul import (
     PATH_CPU_DEQUANT,
