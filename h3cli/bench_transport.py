@@ -8,11 +8,11 @@ from typing import Annotated, Any, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from h3cli import options
-from h3cli.output import Output
+from h3cli.output import Output, progress_bar
 
 
 def _render(report: Any, path: Path | None, console: Console) -> None:
@@ -51,16 +51,11 @@ def _render(report: Any, path: Path | None, console: Console) -> None:
 @contextmanager
 def _progress(total_label: str) -> Iterator[Callable[[Any], None]]:
     """A transient bar on stderr fed by rank 0's ('iter', done, total) messages."""
-    console = Console(stderr=True)
-    with Progress(
-        TextColumn(total_label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True, disable=not console.is_terminal,
-    ) as bar:
-        task = bar.add_task(total_label, total=None)
+    with progress_bar(Console(stderr=True), TextColumn(total_label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
 
         def update(message: Any) -> None:
             if isinstance(message, tuple) and message[0] == "iter":
-                bar.update(task, completed=message[1], total=message[2])
+                bar(completed=message[1], total=message[2])
 
         yield update
 

@@ -12,11 +12,11 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from h3cli import options
-from h3cli.output import Output
+from h3cli.output import Output, progress_bar
 from h3core import environment as env
 from h3core.errors import CheckFailed, ConfigError
 from h3core.plan import Mode
@@ -29,7 +29,7 @@ def gib(n: int) -> str:
 def render_run(report, console: Console) -> None:
     table = Table(title=f"h3 generate · {report.mode.value} · {report.ranks_on} · weights: {report.weights}", title_justify="left", show_header=False)
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")
     s = report.shape
     table.add_row("request", f"{s.width}x{s.height}, {s.frames} frames, {s.steps} steps, seed {report.seed}, guidance {report.guidance_scale}")
     table.add_row("sequence", f"{report.num_tokens} tokens · " + ", ".join(f"{g.kind} {g.stop - g.start}" for g in report.partition.segments))
@@ -59,7 +59,7 @@ def render_run(report, console: Console) -> None:
         table.add_row("parity", f"vs {p.reference}: max abs {p.max_abs:.3g}, relative {p.relative:.3g} (tolerance {p.tolerance:g}) {verdict}")
     if report.files:
         f = report.files
-        table.add_row("files", "  ".join(x for x in (f.report, f.latents or "(latents not saved)", f.preview) if x))
+        table.add_row("files", "\n".join(x for x in (f.report, f.latents or "(latents not saved)", f.preview) if x))
     console.print(table)
 
 
@@ -125,17 +125,12 @@ def generate(
         text_encoder_path=text_encoder,
     )
     out = Output(json)
-    progress = Progress(
-        TextColumn("[bold]denoising"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[step]}"),
-        TimeElapsedColumn(), TimeRemainingColumn(), console=out.err if json else out.console, transient=True,
-    )
-    task = progress.add_task("steps", total=None, step="")
-
-    def on_step(msg) -> None:
-        progress.update(task, completed=msg.step, total=msg.steps, step=f"{msg.seconds:.2f}s/step")
-
-    with progress:
-        report = run_generate(request, output=output, save_latents=save_latents, benchmark=benchmark, parity=parity, on_step=on_step)
+    columns = (TextColumn("[bold]denoising"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with progress_bar(out.err if json else out.console, *columns) as update:
+        report = run_generate(
+            request, output=output, save_latents=save_latents, benchmark=benchmark, parity=parity,
+            on_step=lambda msg: update(completed=msg.step, total=msg.steps, description=f"{msg.seconds:.2f}s/step"),
+        )
     out.result(report, lambda console: render_run(report, console))
     if report is not None and report.parity is not None and not report.parity.passed:
         p = report.parity

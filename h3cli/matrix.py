@@ -9,11 +9,11 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from h3cli import options
-from h3cli.output import Output
+from h3cli.output import Output, progress_bar
 
 
 def _render(report, console: Console) -> None:
@@ -81,13 +81,9 @@ def matrix(
     )
     request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark)
     out = Output(json)
-    progress = Progress(
-        TextColumn("[bold]matrix[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-        TimeElapsedColumn(), TimeRemainingColumn(), console=out.err if json else out.console, transient=True,
-    )
-    task = progress.add_task("", total=None)
-    with progress:
-        report = run_matrix(request, lambda m: progress.update(task, completed=m.completed, total=m.total, description=escape(m.label)))
+    columns = (TextColumn("[bold]matrix[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TimeRemainingColumn())
+    with progress_bar(out.err if json else out.console, *columns) as update:
+        report = run_matrix(request, lambda m: update(completed=m.completed, total=m.total, description=escape(m.label)))
     out.result(report, lambda console: _render(report, console))
     check_matrix(report)
 

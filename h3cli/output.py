@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel
 from rich.console import Console
+from rich.progress import Progress, ProgressColumn
 from rich.markup import escape
 
 
@@ -46,3 +48,28 @@ class Output:
 
     def warn(self, message: str) -> None:
         self.err.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
+
+
+@contextmanager
+def progress_bar(console: Console, *columns: ProgressColumn | str) -> Iterator[Callable[..., None]]:
+    """A transient rich bar that first appears on the first update, so that a run that fails before
+    its first step prints nothing but its error line; off when `console` is not a terminal.
+
+    Yields `update(**fields)`, which takes `rich.progress.Progress.update`'s keywords.
+    """
+    bar = Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
+    task = bar.add_task("", total=None)
+    started = False
+
+    def update(**fields: Any) -> None:
+        nonlocal started
+        if not started:
+            bar.start()
+            started = True
+        bar.update(task, **fields)
+
+    try:
+        yield update
+    finally:
+        if started:
+            bar.stop()
