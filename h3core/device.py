@@ -205,6 +205,12 @@ class Stopwatch:
             self.seconds = time.perf_counter() - self._started
 
 
+def resident_bytes(module: "torch.nn.Module") -> int:
+    """Bytes of every parameter and buffer a module holds, each tensor once, meta tensors excluded."""
+    tensors = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values() if t.device.type != "meta")
+
+
 def reset_peak_memory(device: "torch.device | str") -> None:
     """Start a new peak-memory window (see the module docstring for what each device measures)."""
     import torch

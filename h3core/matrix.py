@@ -48,7 +48,7 @@ from h3core import device as dev
 from h3core import environment as env
 from h3core.errors import CheckFailed, ConfigError, H3Error, PartitionError
 from h3core.parity import LatentParity, latent_parity, tolerance
-from h3core.pipeline import GenerateRequest, ResolvedRun, RunReport, RunShape, StepDone, build_report, execute, resolve, write_outputs
+from h3core.pipeline import GenerateRequest, ResolvedRun, RunReport, RunShape, StepDone, build_report, execute, one_rank_latents, resolve, write_outputs
 from h3core.plan import Mode
 from h3core.report import Versions, timestamp, write_atomic, write_report
 
@@ -406,7 +406,7 @@ class _Matrix:
         finally:
             self.bar.finish(self.steps)
         report = build_report(run, outcomes)
-        latents = {"video": outcomes[0].video, "audio": outcomes[0].audio}
+        latents = outcomes[0].latents
         if count == 1:
             self.references[(mode, threads)] = latents
             self.baseline_seconds[mode] = steady_step_seconds(report.step_seconds)
@@ -432,16 +432,13 @@ class _Matrix:
 
     def _reference_run(self, run: ResolvedRun, threads: int | None) -> Latents | str:
         """One rank of `run`'s mode in this process, at `threads` intra-op threads (CPU only)."""
-        one = run.model_copy(update={"request": run.request.model_copy(update={"world_size": 1})})
         self.bar.start(f"{run.request.mode.value} x1 at {threads} thread(s): parity reference")
         try:
-            with dev.cpu_threads(threads) if threads else nullcontext():
-                (outcome,) = execute(one, self.bar.step)
+            return one_rank_latents(run, threads=threads, on_step=self.bar.step)
         except H3Error as err:
             return f"the 1-rank reference run failed: {err}"
         finally:
             self.bar.finish(self.steps)
-        return {"video": outcome.video, "audio": outcome.audio}
 
     def _expected_references(self) -> int:
         """Extra 1-rank runs parity will need: CPU thread counts that differ from the 1-rank cell's."""

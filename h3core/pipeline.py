@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from h3core import device as dev
 from h3core import partition
 from h3core.attention import check_backend, kernel_name
 from h3core.checkpoint import Checkpoint, synthetic_checkpoint, SYNTHETIC
@@ -206,6 +207,10 @@ class RankOutcome(BaseModel):
     video: torch.Tensor | None = None  # rank 0: [C, T, H, W] float32
     audio: torch.Tensor | None = None  # rank 0: [C, L] float32
 
+    @property
+    def latents(self) -> dict[str, torch.Tensor | None]:
+        return {"video": self.video, "audio": self.audio}
+
 
 def _load_model(run: ResolvedRun, runtime, device: torch.device, dtype: torch.dtype, distributed: bool = True) -> tuple[H3Model, Checkpoint, int]:
     """Load the model for this rank and apply the mode; tensor mode reads only this rank's slices.
@@ -257,7 +262,6 @@ def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcom
 
     `distributed=False` runs the plain model (no mode applied) and needs world size 1.
     """
-    from h3core import device as dev
     from h3core.collectives import broadcast_tensors, repartition_rows
     from h3core.launch import maybe_inject_fault
     from h3core.parallel import ParallelRuntime
@@ -282,9 +286,9 @@ def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcom
         model, ckpt, block_read = _load_model(run, runtime, device, dtype, distributed)
     timings["load"] = watch.seconds
     weights = WeightBytes(
-        resident=resident_bytes(model),
+        resident=dev.resident_bytes(model),
         read=ckpt.reader.bytes_read,
-        block_linears_resident=sum(resident_bytes(m) for m in block_linears(model)),
+        block_linears_resident=sum(dev.resident_bytes(m) for m in block_linears(model)),
         block_linears_read=block_read,
         block_linears_full=ckpt.bytes_under(sharded_prefixes(cfg.num_blocks)),
     )
@@ -364,12 +368,6 @@ def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcom
     return outcome
 
 
-def resident_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every parameter and buffer the model holds (meta tensors excluded)."""
-    tensors = list(model.parameters()) + list(model.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors if t.device.type != "meta")
-
-
 # --- the run around the ranks ----------------------------------------------------------------------
 
 
@@ -432,9 +430,6 @@ def _ranks_on(world_size: int, device: str) -> str:
 
 
 def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
-
-    from h3core import device as dev
-
     req, first = run.request, outcomes[0]
     phases = sorted({k for o in outcomes for k in o.timings})
     steps = len(first.step_seconds)
@@ -513,28 +508,32 @@ def default_output_dir(mode: Mode, world_size: int) -> Path:
     return Path("outputs") / f"{timestamp()}-generate-{mode.value}-{world_size}"
 
 
-def _latents(outcome: RankOutcome) -> dict[str, torch.Tensor | None]:
-    return {"video": outcome.video, "audio": outcome.audio}
+def one_rank_latents(
+    run: ResolvedRun, *, mode: Mode | None = None, threads: int | None = None, on_step: StepCallback | None = None
+) -> dict[str, torch.Tensor | None]:
+    """`run` on one rank in this process (in `mode` if given), at `threads` CPU intra-op threads.
+
+    The reference every parity figure is measured against. On the CPU pass the compared ranks'
+    thread count: kernels block by thread count, and the comparison is meant to isolate the
+    distribution, not the machine's threading.
+    """
+    update = {"world_size": 1} | ({"mode": mode} if mode is not None else {})
+    one = run.model_copy(update={"request": run.request.model_copy(update=update)})
+    with dev.cpu_threads(threads) if threads else nullcontext():
+        (outcome,) = execute(one, on_step)
+    return outcome.latents
 
 
 def reference_parity(run: ResolvedRun, outcome: RankOutcome) -> LatentParity:
-    """Run the single-rank reference in this process and compare (at one rank: the other mode)."""
-    from h3core import device as dev
-    from h3core.launch import World
-
+    """Compare with the single-rank reference (at one rank: the other mode, the identity path)."""
     req = run.request
-    if req.world_size == 1:
-        other = Mode.TENSOR if req.mode is Mode.ULYSSES else Mode.ULYSSES
-        ref_req, name = req.model_copy(update={"mode": other}), f"1 rank, {other.value} mode (the identity path)"
-    else:
-        ref_req, name = req.model_copy(update={"world_size": 1}), f"1 rank, {req.mode.value} mode"
-    # On the CPU, run the reference at the ranks' thread count: kernels block by thread count, and
-    # the comparison is meant to isolate the distribution, not the machine's threading.
+    other = Mode.TENSOR if req.mode is Mode.ULYSSES else Mode.ULYSSES
+    mode = other if req.world_size == 1 else req.mode
+    name = f"1 rank, {mode.value} mode" + (" (the identity path)" if req.world_size == 1 else "")
     threads = dev.cpu_threads_per_rank(req.world_size) if req.device == "cpu" else None
-    with World(1, req.device) as world, (dev.cpu_threads(threads) if threads else nullcontext()):
-        (reference,) = world.run(rank_generate, run.model_copy(update={"request": ref_req}))
+    reference = one_rank_latents(run, mode=mode, threads=threads)
     tol = tolerance(req.mode, dev.compute_dtype(req.device, req.dtype))
-    return latent_parity(_latents(outcome), _latents(reference), tol, name)
+    return latent_parity(outcome.latents, reference, tol, name)
 
 
 def execute(run: ResolvedRun, on_step: StepCallback | None = None) -> list[RankOutcome] | None:

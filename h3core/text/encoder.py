@@ -44,7 +44,8 @@ from h3core.text.checkpoint import (
     read_headers,
     resolve_config,
 )
-from h3core.text.model import DenseLinear, Qwen3TextModel, resident_bytes
+from h3core.device import resident_bytes
+from h3core.text.model import DenseLinear, Qwen3TextModel
 from h3core.text.synthetic import SYNTHETIC_PREFIX, SyntheticWeights, synthetic_config
 from h3core.text.tokenizer import TOKENIZER_FILE, ByteTokenizer, FileTokenizer, PromptTokenizer
 

@@ -168,9 +168,3 @@ class Qwen3TextModel(nn.Module):
         for layer in self.layers:
             h = layer(h, cos, sin)
         return h if self.final_norm is None else self.final_norm(h)
-
-
-def resident_bytes(module: nn.Module) -> int:
-    """Bytes of every tensor a module holds (parameters and buffers, each counted once)."""
-    tensors = {id(t): t for t in (*module.parameters(), *module.buffers())}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
