@@ -34,6 +34,7 @@ from safetensors.torch import save_file
 from h3core.config import ModelConfig
 from h3core.errors import CheckpointError
 from h3core.model import H3Model
+from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import quantize
 from h3core.nvfp4.io import SafetensorsReader, linear_tensors, read_linear
 from h3core.nvfp4.linear import NVFP4Linear
@@ -80,17 +81,14 @@ def _stored_bytes(spec: TensorSpec) -> int:
 
 def _parameters(spec: TensorSpec) -> int:
     """Weights a tensor holds: packed NVFP4 bytes hold two each, scales hold none."""
-    from h3core.nvfp4 import layout
-
     if spec.name.endswith(("weight_scale", "weight_scale_2")):
         return 0
     n = math.prod(spec.shape)
-    return n * layout.ELEMENTS_PER_BYTE if spec.nvfp4 else n
+    return layout.unpacked_width(n) if spec.nvfp4 else n
 
 
 def weight_bytes(config: ModelConfig, plan: "ParallelPlan") -> "WeightBytes":
     """The checkpoint's size for `config`, and what each rank of `plan` holds of it."""
-    from h3core.nvfp4 import layout
     from h3core.parallel.tensor import sharded_prefixes
     from h3core.plan import Mode, WeightBytes
 
@@ -101,15 +99,20 @@ def weight_bytes(config: ModelConfig, plan: "ParallelPlan") -> "WeightBytes":
     per_rank = [total] * plan.world_size
     if plan.mode is Mode.TENSOR:
         d, bias = config.hidden, 2  # bf16 biases
+
+        def width(spans) -> int:
+            return sum(x.stop - x.start for x in spans)
+
         per_rank = []
         for r in plan.ranks:
-            heads = (r.heads.stop - r.heads.start) * config.head_dim
-            f = r.tensor.fc2_columns.elements.stop - r.tensor.fc2_columns.elements.start
+            t = r.tensor
+            qkv, fc1 = width(t.qkv_rows), width(t.fc1_rows)  # column-parallel rows, biases sliced with them
+            out, fc2 = width([t.attn_out_columns.elements]), width([t.fc2_columns.elements])  # row-parallel columns, full bias
             shard = (
-                layout.storage_bytes(3 * heads, d) + 3 * heads * bias  # QKV rows of my heads, bias sliced
-                + layout.storage_bytes(d, heads) + d * bias  # Out columns of my heads, full bias
-                + layout.storage_bytes(2 * f, d) + 2 * f * bias  # FC1 gate and value rows
-                + layout.storage_bytes(d, f) + d * bias  # FC2 columns, full bias
+                layout.storage_bytes(qkv, d) + qkv * bias
+                + layout.storage_bytes(d, out) + d * bias
+                + layout.storage_bytes(fc1, d) + fc1 * bias
+                + layout.storage_bytes(d, fc2) + d * bias
             )
             per_rank.append(total - block_full + config.num_blocks * shard)
     return WeightBytes(
@@ -150,9 +153,9 @@ def infer_config(reader: SafetensorsReader, base: ModelConfig, source: Path) -> 
         num_heads=hidden // head_dim,
         head_dim=head_dim,
         num_blocks=num_blocks,
-        mlp_width=shape("blocks.0.mlp.fc2.weight")[1] * 2,
-        text_dim=shape("text_embed.weight")[1] * 2,
-        time_embed_dim=shape("time_in.weight")[1] * 2,
+        mlp_width=layout.unpacked_width(shape("blocks.0.mlp.fc2.weight")[1]),
+        text_dim=layout.unpacked_width(shape("text_embed.weight")[1]),
+        time_embed_dim=layout.unpacked_width(shape("time_in.weight")[1]),
         video_channels=shape("video_embed.weight")[1] // (pt * ph * pw),
         audio_channels=shape("audio_embed.weight")[1] // base.audio_patch,
     )
@@ -281,7 +284,7 @@ def synthetic_tensors(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]
     tensors: dict[str, torch.Tensor] = {}
     for prefix in prefixes:
         out_features, packed_cols = by_name[f"{prefix}.weight"].shape
-        in_features = packed_cols * 2
+        in_features = layout.unpacked_width(packed_cols)
         weight = torch.randn(out_features, in_features, generator=_generator(seed, f"{prefix}.weight")) / in_features**0.5
         bias_spec = by_name.get(f"{prefix}.bias")
         bias = _synthetic_dense(bias_spec, seed) if bias_spec else None

@@ -360,13 +360,10 @@ def repartition_rows(
     features = tuple(x.shape[1:])
     row_numel = math.prod(features)
 
-    def overlap(a: Span, b: Span) -> int:
-        return max(0, min(a.stop, b.stop) - max(a.start, b.start))
-
     mine, wanted = source[rank], target[rank]
     # The targets tile every row, so the pieces for peers 0..W-1 are x's rows in order: x is the send buffer.
-    send_rows = [overlap(mine, t) for t in target]
-    recv_rows = [overlap(s, wanted) for s in source]
+    send_rows = [mine.overlap(t) for t in target]
+    recv_rows = [s.overlap(wanted) for s in source]
     out = x.new_empty(len(wanted), *features)
     send_sizes = [n * row_numel for n in send_rows]
     recv_sizes = [n * row_numel for n in recv_rows]

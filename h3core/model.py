@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from h3core.attention import attend
 from h3core.config import ModelConfig
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.partition import Segment, SegmentKind, Span, clip_segments, kind_rows
+from h3core.partition import Segment, SegmentKind, Span
 
 KINDS = (SegmentKind.TEXT, SegmentKind.VIDEO, SegmentKind.AUDIO)
 KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
@@ -122,20 +122,6 @@ class PackedSequence:
     segments: list[Segment]
     features: dict[SegmentKind, torch.Tensor]
     rope: Rope
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.rope.rows)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.rope.num_tokens
-
-
-def select_rows(segments: list[Segment], features: dict[SegmentKind, torch.Tensor], rope: Rope, rows: Span) -> PackedSequence:
-    """The `rows` of a whole packed sequence, given its segments, per-kind features and RoPE table."""
-    picked = {kind: features[kind][span.start : span.stop] for kind, span in kind_rows(segments, rows).items()}
-    return PackedSequence(segments=clip_segments(segments, rows), features=picked, rope=rope.select(rows))
 
 
 # --- patches -------------------------------------------------------------------------------------

@@ -38,6 +38,10 @@ class Span:
     def shifted(self, offset: int) -> "Span":
         return Span(self.start + offset, self.stop + offset)
 
+    def overlap(self, other: "Span") -> int:
+        """How many items the two spans share."""
+        return max(0, min(self.stop, other.stop) - max(self.start, other.start))
+
     def as_list(self) -> list[int]:
         return [self.start, self.stop]
 

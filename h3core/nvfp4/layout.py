@@ -45,6 +45,11 @@ def packed_bytes(elements: int) -> int:
     return elements // ELEMENTS_PER_BYTE
 
 
+def unpacked_width(packed_columns: int) -> int:
+    """The input width of a linear whose packed `weight` has `packed_columns` byte columns."""
+    return packed_columns * ELEMENTS_PER_BYTE
+
+
 def scale_columns(elements: int) -> int:
     """Block-scale columns covering `elements` codes of one row (block aligned)."""
     check_column_cut(elements, "element count")

@@ -159,3 +159,9 @@ def test_kind_spans_tile_each_kind_and_agree_with_kind_rows(n_text, n_video, n_a
         assert all(a.stop == b.start for a, b in zip(spans, spans[1:]))
         for rank, span in enumerate(spans):
             assert partition.kind_rows(segs, tokens[rank]).get(seg.kind, Span(span.start, span.start)) == span or len(span) == 0
+
+
+def test_span_overlap():
+    assert Span(0, 10).overlap(Span(5, 20)) == 5
+    assert Span(0, 10).overlap(Span(10, 20)) == 0
+    assert Span(3, 4).overlap(Span(0, 100)) == 1
