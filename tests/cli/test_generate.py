@@ -124,12 +124,18 @@ def test_a_failing_rank_stops_the_run_with_its_error_and_no_survivors(tmp_path, 
 
 
 def test_tensor_mode_on_six_ranks_with_ragged_heads_matches_one_rank(tmp_path, cache):
-    proc = h3("generate", "--mode", "tensor", "--gpus", "6", "--preset", "narrow", "--steps", "2", "--parity", "--json", "--output", str(tmp_path / "run"), env=cache)
+    # guidance with a negative prompt of another length: the latent rows are re-split between the
+    # two sequences' partitions every step (repartition_rows)
+    proc = h3(
+        "generate", "--mode", "tensor", "--gpus", "6", "--preset", "narrow", "--steps", "2", "--parity", "--json",
+        "--guidance", "3", "--negative-prompt", "blurry", "--output", str(tmp_path / "run"), env=cache,
+    )
     assert proc.returncode == 0, proc.stderr
     report = RunReport.model_validate_json(proc.stdout)
     assert report.partition.heads == [10, 10, 9, 9, 9, 9]
     assert report.ranks_on == "6 CPU ranks (Gloo)"
     assert report.parity.relative <= 1e-5 and report.parity.passed
+    assert report.comm_total.kinds["repartition_rows"].calls > 0
     full = report.ranks[0].weights.block_linears_full
     # No rank holds more than its partition share (heads for QKV/Out, NVFP4 blocks for FC1/FC2), and
     # together they hold the block linears once (plus the replicated Out/FC2 biases).

@@ -7,8 +7,8 @@ every count; token counts divide by no rank count; some row splits give ranks a 
 import pytest
 import torch
 
-from h3core.collectives import CommStats, gather_rows, head_to_seq, reduce_scatter_rows, seq_to_head
-from h3core.partition import balanced_spans, head_spans, token_spans
+from h3core.collectives import CommStats, broadcast_tensors, gather_rows, head_to_seq, reduce_scatter_rows, repartition_rows, seq_to_head
+from h3core.partition import Span, balanced_spans, head_spans, token_spans
 
 COUNTS = [2, 4, 6, 8]
 HEAD_DIM = 4
@@ -54,6 +54,30 @@ def _reduce_scatter(ctx, size, num_rows, features, dtype):
     partial = _full(100 + sub.rank, (num_rows, *features), dtype)  # this rank's partial of every row
     stats = CommStats()
     return {"out": reduce_scatter_rows(partial, rows, sub.group, stats), "stats": stats}
+
+
+def _shifted_spans(num_rows, size, shift):
+    """A second ragged split of the same rows: boundaries moved by `shift` (empty spans allowed)."""
+    cuts = [0] + [min(num_rows, max(0, s.stop + shift)) for s in balanced_spans(num_rows, size)[:-1]] + [num_rows]
+    return [Span(a, b) for a, b in zip(cuts, cuts[1:])]
+
+
+def _repartition(ctx, size, num_rows, shift):
+    sub = ctx.first_ranks(size)
+    if sub is None:
+        return None
+    source, target = balanced_spans(num_rows, size), _shifted_spans(num_rows, size, shift)
+    full = _full(21, (num_rows, 3), "fp32")
+    mine = source[sub.rank]
+    return repartition_rows(full[mine.start : mine.stop], source, target, sub.group, CommStats())
+
+
+def _broadcast(ctx, size):
+    sub = ctx.first_ranks(size)
+    if sub is None:
+        return None
+    tensors = [_full(31, (5, 4), "fp32"), _full(32, (0, 4), "fp32"), torch.arange(3)] if sub.rank == 0 else None
+    return broadcast_tensors(tensors, src=0, group=sub.group, device=sub.device, stats=CommStats())
 
 
 # --- Ulysses all-to-all ------------------------------------------------------------------------------
@@ -136,3 +160,23 @@ def test_reduce_scatter_rows_sums_in_rank_order(world8, size, dtype):
             counts = result["stats"].kinds["reduce_scatter_rows"]
             itemsize = partials[0].element_size()
             assert counts.bytes_sent == (num_rows - len(rows[rank])) * partials[0][0].numel() * itemsize
+
+
+# --- re-splitting and broadcasting --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", COUNTS)
+@pytest.mark.parametrize("shift", [-3, 2, 40])
+def test_repartition_rows_moves_rows_to_the_other_split(world8, size, shift):
+    num_rows = 3 * size + 1
+    results = world8.run(_repartition, size, num_rows, shift)[:size]
+    full = _full(21, (num_rows, 3), "fp32")
+    for rank, span in enumerate(_shifted_spans(num_rows, size, shift)):
+        assert torch.equal(results[rank], full[span.start : span.stop])  # some targets are empty
+
+
+@pytest.mark.parametrize("size", [2, 8])
+def test_broadcast_tensors_reaches_every_rank(world8, size):
+    expected = [_full(31, (5, 4), "fp32"), _full(32, (0, 4), "fp32"), torch.arange(3)]
+    for result in world8.run(_broadcast, size)[:size]:
+        assert len(result) == 3 and all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(result, expected))
