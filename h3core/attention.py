@@ -1,23 +1,34 @@
-"""Attention backends behind one function.
+"""Attention backends behind one function, and a record of the kernels that really ran.
 
 Layout everywhere in h3 is sequence-first without a batch dimension: `q, k, v: [S, H, Dh]`,
 full bidirectional attention over the packed sequence (no mask: segments are packed with no
 padding, so there is nothing to mask). Backends:
 
-- `sdpa`  (default) `torch.nn.functional.scaled_dot_product_attention`; on CUDA PyTorch picks the
-  flash or memory-efficient kernel.
+- `sdpa`  (default) `torch.nn.functional.scaled_dot_product_attention` on 4-D `[1, H, S, Dh]`
+  views of the inputs (no copy). PyTorch's fused kernels (flash, memory-efficient and cuDNN on
+  CUDA; flash on the CPU) take 4-D input only: 3-D input silently runs the math kernel, which on
+  CUDA upcasts to fp32 and materialises `[H, S, S]` scores (49 GB per copy at 56 x 14,855).
 - `math`  the reference: softmax(q k^T / sqrt(Dh)) v in float32, then cast back.
-- `sage2` SageAttention 2 (package `sageattention`), CUDA only.
-- `flash` FlashAttention (package `flash-attn`, module `flash_attn`), CUDA only.
+- `sage2` SageAttention 2 (`sageattn`, built from github.com/thu-ml/SageAttention), CUDA only.
+- `flash` FlashAttention 2 (package `flash-attn`, function `flash_attn.flash_attn_func`), CUDA only.
 
-Asking for a backend that is not installed or cannot run on the device is a `BackendUnavailable`
-error that says what to install, never a silent fallback.
+`check_backend` refuses, before any rank starts, a backend that is not installed, is the wrong
+version, or cannot run this device, head width or dtype: one `BackendUnavailable` line that says
+what to install or use instead, never a silent fallback.
+
+What ran: every `attend` call adds one to its kernel's count in a per-process record
+(`kernels_run`, cleared by `reset_kernel_record`). For `sdpa` the kernel is PyTorch's own
+dispatch decision (`torch._fused_sdp_choice`) on the very tensors of the call, decided once per
+call signature (shapes, strides, dtype, device and the enabled-backend flags) and cached; a
+report built from the record names the kernels the run used, not those of a probe.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import math
+from collections import Counter
 from typing import Callable
 
 import torch
@@ -27,24 +38,38 @@ from h3core.errors import BackendUnavailable
 
 BACKENDS = ("sdpa", "math", "sage2", "flash")
 
-_PACKAGES = {"sage2": ("sageattention", "sageattention"), "flash": ("flash_attn", "flash-attn")}
+SAGE2_ARCHS = ((8, 0), (8, 6), (8, 9), (9, 0), (12, 0))
+"""Compute capabilities `sageattention.sageattn` (SageAttention 2.x) dispatches; it raises on others (e.g. sm_100)."""
+
+SAGE2_MAX_HEAD_DIM = 128
+"""SageAttention 2 pads head widths up to 64 or 128 and refuses wider heads."""
+
+FLASH_MIN_CAPABILITY = (8, 0)
+"""FlashAttention 2 runs on Ampere and later."""
+
+FLASH_MAX_HEAD_DIM = 256
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+"""The only dtypes the `sage2` and `flash` kernels take."""
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    # [S, H, Dh] -> [H, S, Dh] for SDPA's (..., L, E) convention, and back.
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1))
-    return out.transpose(0, 1)
+    q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, H, S, Dh] views, no copy
+    _record(sdpa_kernel_of(q4, k4, v4))
+    return F.scaled_dot_product_attention(q4, k4, v4)[0].transpose(0, 1)  # [S, H, Dh]
 
 
 def _math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     qf, kf, vf = (t.float().transpose(0, 1) for t in (q, k, v))  # [H, S, Dh]
     scores = qf @ kf.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [H, S, S]
+    _record(KERNEL_NAMES["math"])
     return (scores.softmax(dim=-1) @ vf).transpose(0, 1).to(q.dtype)
 
 
 def _sage2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     from sageattention import sageattn
 
+    _record(KERNEL_NAMES["sage2"])
     # "NHD" = [batch, seq, heads, dim]
     return sageattn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), tensor_layout="NHD", is_causal=False)[0]
 
@@ -52,6 +77,7 @@ def _sage2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     from flash_attn import flash_attn_func
 
+    _record(KERNEL_NAMES["flash"])
     # [batch, seq, heads, dim]
     return flash_attn_func(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), causal=False)[0]
 
@@ -63,44 +89,153 @@ _IMPLS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Ten
     "flash": _flash,
 }
 
-
-def check_backend(name: str, device_type: str) -> None:
-    """Raise `BackendUnavailable` unless backend `name` can run on `device_type` ('cpu' or 'cuda')."""
-    if name not in _IMPLS:
-        raise BackendUnavailable(f"unknown attention backend {name!r}; choose one of: {', '.join(BACKENDS)}")
-    if name not in _PACKAGES:
-        return
-    module, package = _PACKAGES[name]
-    try:
-        importlib.import_module(module)
-    except Exception as err:  # ImportError, or a broken binary wheel raising OSError/RuntimeError
-        raise BackendUnavailable(
-            f"attention backend {name!r} needs the {package!r} package, which does not import here "
-            f"({type(err).__name__}); `pip install {package}` on a CUDA machine, or use --attention sdpa"
-        ) from None
-    if device_type != "cuda":
-        raise BackendUnavailable(f"attention backend {name!r} runs on CUDA only; use sdpa or math on {device_type}")
+KERNEL_NAMES = {"math": "h3 math (fp32 softmax)", "sage2": "SageAttention2", "flash": "flash-attn"}
+"""The kernel each non-sdpa backend runs (one each)."""
 
 
-def kernel_name(backend: str, device: torch.device, dtype: torch.dtype, heads: int, head_dim: int) -> str:
-    """Which kernel `backend` runs for this device, dtype and head shape, where it can be known.
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
+    """Full attention. q, k, v: [S, H, Dh] (same S for all three) -> [S, H, Dh]."""
+    return _IMPLS[backend](q, k, v)
 
-    For `sdpa` this asks PyTorch's own dispatcher (`torch._fused_sdp_choice`, private, so a
-    failure is reported as unknown rather than guessed); the other backends are one kernel each.
+
+# --- what ran --------------------------------------------------------------------------------------
+
+_calls: Counter[str] = Counter()
+_sdpa_choices: dict[tuple, str] = {}
+
+
+def kernels_run() -> dict[str, int]:
+    """Attention kernels run by this process since the last `reset_kernel_record`: {name: calls}."""
+    return dict(sorted(_calls.items()))
+
+
+def reset_kernel_record() -> None:
+    """Start a new record (e.g. at the start of a run's denoising loop)."""
+    _calls.clear()
+
+
+def _record(kernel: str) -> None:
+    _calls[kernel] += 1
+
+
+def sdpa_kernel_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    """`sdpa:<kernel>` that `scaled_dot_product_attention(q, k, v)` dispatches to for these tensors.
+
+    Asks PyTorch's dispatcher (`torch._fused_sdp_choice`, private: a failure is reported as
+    unknown, never guessed) once per call signature; the enabled-backend flags are part of the
+    signature, so `torch.nn.attention.sdpa_kernel` contexts are honoured.
     """
-    if backend != "sdpa":
-        return {"math": "h3 math (fp32 softmax)", "sage2": "SageAttention2", "flash": "flash-attn"}[backend]
+    key = (*(_signature(t) for t in (q, k, v)), _enabled_sdp_flags())
+    if key not in _sdpa_choices:
+        _sdpa_choices[key] = _dispatch_choice(q, k, v)
+    return _sdpa_choices[key]
+
+
+def _signature(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.storage_offset() % 16)
+
+
+def _enabled_sdp_flags() -> tuple[bool, ...]:
+    cuda = torch.backends.cuda
+    return (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(), cuda.cudnn_sdp_enabled())
+
+
+def _dispatch_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
     try:
         from torch.nn.attention import SDPBackend
 
-        probe = torch.zeros(1, heads, 16, head_dim, device=device, dtype=dtype)
-        choice = int(torch._fused_sdp_choice(probe, probe, probe))
+        choice = int(torch._fused_sdp_choice(q, k, v))
         names = {int(getattr(SDPBackend, n)): n.lower() for n in dir(SDPBackend) if n.isupper()}
         return f"sdpa:{names.get(choice, choice)}"
     except Exception as err:  # private API: absent or changed in this torch
         return f"sdpa:unknown ({type(err).__name__})"
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
-    """Full attention. q, k, v: [S, H, Dh] (same S for all three) -> [S, H, Dh]."""
-    return _IMPLS[backend](q, k, v)
+def is_math_kernel(kernel: str) -> bool:
+    """True for the unfused kernels: sdpa's math fallback and h3's own fp32 reference."""
+    return kernel in ("sdpa:math", KERNEL_NAMES["math"])
+
+
+# --- can a backend run here? -------------------------------------------------------------------------
+
+
+def check_backend(
+    name: str,
+    device_type: str,
+    *,
+    head_dim: int | None = None,
+    dtype: torch.dtype | None = None,
+    capability: tuple[int, int] | None = None,
+) -> None:
+    """Raise `BackendUnavailable` unless backend `name` can run on `device_type` ('cpu' or 'cuda')
+    at this head width and compute dtype. `capability`: the GPU's compute capability (default:
+    that of cuda:0, read without starting CUDA work). Called before any rank starts."""
+    if name not in _IMPLS:
+        raise BackendUnavailable(f"unknown attention backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    if name in ("sdpa", "math"):
+        return
+    if name == "sage2":
+        _check_sage2(device_type, head_dim, dtype, capability)
+    else:
+        _check_flash(device_type, head_dim, dtype, capability)
+
+
+def _check_sage2(device_type: str, head_dim: int | None, dtype: torch.dtype | None, capability: tuple[int, int] | None) -> None:
+    fix = "install SageAttention 2 from source (github.com/thu-ml/SageAttention; the PyPI wheel is version 1), or use --attention sdpa"
+    module = _import_or_refuse("sage2", "sageattention", fix)
+    version = _installed_version("sageattention")
+    if version is None or not version.split(".")[0].isdigit() or int(version.split(".")[0]) < 2:
+        raise BackendUnavailable(f"attention backend 'sage2' needs SageAttention 2, but sageattention {version or '(unknown version)'} is installed; {fix}")
+    if not hasattr(module, "sageattn"):
+        raise BackendUnavailable(f"sageattention {version} has no `sageattn` function; {fix}")
+    _check_cuda("sage2", device_type)
+    arch = capability or _gpu_capability()
+    if arch is not None and tuple(arch) not in SAGE2_ARCHS:
+        supported = ", ".join(f"sm_{a}{b}" for a, b in SAGE2_ARCHS)
+        raise BackendUnavailable(f"SageAttention 2 does not run on this GPU (sm_{arch[0]}{arch[1]}; it supports {supported}); use --attention sdpa")
+    if head_dim is not None and head_dim > SAGE2_MAX_HEAD_DIM:
+        raise BackendUnavailable(f"SageAttention 2 takes head widths up to {SAGE2_MAX_HEAD_DIM}, this model has {head_dim}; use --attention sdpa")
+    _check_half("sage2", dtype)
+
+
+def _check_flash(device_type: str, head_dim: int | None, dtype: torch.dtype | None, capability: tuple[int, int] | None) -> None:
+    fix = "`pip install flash-attn` (FlashAttention 2) on a CUDA machine, or use --attention sdpa"
+    module = _import_or_refuse("flash", "flash_attn", fix)
+    if not hasattr(module, "flash_attn_func"):
+        version = _installed_version("flash-attn") or _installed_version("flash_attn") or "this version"
+        raise BackendUnavailable(f"flash_attn ({version}) has no `flash_attn_func` (FlashAttention 4 installs differ); {fix}")
+    _check_cuda("flash", device_type)
+    arch = capability or _gpu_capability()
+    if arch is not None and tuple(arch) < FLASH_MIN_CAPABILITY:
+        raise BackendUnavailable(f"FlashAttention 2 needs compute capability 8.0 or newer, this GPU has {arch[0]}.{arch[1]}; use --attention sdpa")
+    if head_dim is not None and (head_dim % 8 or head_dim > FLASH_MAX_HEAD_DIM):
+        raise BackendUnavailable(f"FlashAttention takes head widths that are multiples of 8 up to {FLASH_MAX_HEAD_DIM}, this model has {head_dim}; use --attention sdpa")
+    _check_half("flash", dtype)
+
+
+def _import_or_refuse(name: str, module: str, fix: str):  # type: ignore[no-untyped-def]
+    try:
+        return importlib.import_module(module)
+    except Exception as err:  # ImportError, or a broken binary wheel raising OSError/RuntimeError
+        raise BackendUnavailable(f"attention backend {name!r} needs the {module!r} module, which does not import here ({type(err).__name__}); {fix}") from None
+
+
+def _installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _check_cuda(name: str, device_type: str) -> None:
+    if device_type != "cuda":
+        raise BackendUnavailable(f"attention backend {name!r} runs on CUDA only; use sdpa or math on {device_type}")
+
+
+def _check_half(name: str, dtype: torch.dtype | None) -> None:
+    if dtype is not None and dtype not in HALF_DTYPES:
+        raise BackendUnavailable(f"attention backend {name!r} computes in fp16 or bf16 only, not {str(dtype).removeprefix('torch.')}; drop --dtype fp32 or use --attention sdpa")
+
+
+def _gpu_capability() -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability(0) if torch.cuda.is_available() else None

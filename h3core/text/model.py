@@ -107,9 +107,9 @@ class Qwen3Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         group = self.num_heads // self.num_kv_heads  # query heads served by one kv head
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [L, H, Dh]
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
-        )  # [H, L, Dh]
+        # 4-D [1, H, L, Dh] views: SDPA's fused kernels take 4-D input only (3-D runs the math kernel)
+        q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True)[0]  # [H, L, Dh]
         return self.o_proj(out.transpose(0, 1).reshape(length, self.num_heads * self.head_dim))
 
 
