@@ -4,7 +4,9 @@
 Each row times, in one run and alternating, a dense `F.linear` (fp32 on the CPU; bf16 on CUDA)
 and `NVFP4Linear.forward` on the same weight (the dense one is the NVFP4 weight decoded, so both
 compute the same product), and prints the median of N repeats after one warm-up, with ratios.
-The weight is random codes and scales (quantizing 154M elements would dominate the run).
+The weight is random codes and scales (quantizing 154M elements would dominate the run). Weights
+are built under `torch.inference_mode()`, as in the pipeline; each linear is prepared for its path
+before timing (on Blackwell: the swizzled scales, counted in the NVFP4 bytes), as the loaders do.
 
     python scripts/bench_nvfp4_linear.py                    # CPU, 128 tokens, median of 3
     python scripts/bench_nvfp4_linear.py --threads 1          # steadier on a shared CPU
@@ -62,6 +64,7 @@ def bench_shape(name: str, out: int, inp: int, args: argparse.Namespace, device:
     dense_dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     weight = random_weight(out, inp, device, seed=out + inp)
     linear = NVFP4Linear(weight)
+    linear.prepare()  # the fp4 GEMM's operands, built once as the loaders do (counted in nvfp4_mib)
     dense = dequantize(weight, dense_dtype)  # [out, in]
     x = torch.randn(args.tokens, inp, device=device, dtype=dense_dtype)
     dense_ms = median_ms(lambda: F.linear(x, dense), args.repeat, device)

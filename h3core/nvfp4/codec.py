@@ -158,6 +158,12 @@ def global_scale_for(*weights: torch.Tensor) -> torch.Tensor:
     if not weights:
         raise ValueError("global_scale_for needs at least one weight")
     amax = torch.stack([w.detach().abs().amax().float() for w in weights]).amax()
+    return global_scale_from_amax(amax)
+
+
+def global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """`amax / (6 * 448)` as a float32 0-dim tensor; 1.0 for an amax of 0 (no host sync)."""
+    amax = amax.float().reshape(())
     return torch.where(amax > 0, amax / GLOBAL_SCALE_DIVISOR, torch.ones_like(amax))
 
 
@@ -181,14 +187,23 @@ def quantize(weight: torch.Tensor, global_scale: torch.Tensor | None = None) -> 
     return quantize_unchecked(weight, global_scale)
 
 
-def quantize_unchecked(weight: torch.Tensor, global_scale: torch.Tensor) -> NVFP4Weight:
-    """`quantize` without the input checks (no host sync): for activations on the hot path."""
+def quantize_unchecked(weight: torch.Tensor, global_scale: torch.Tensor, padded_width: int | None = None) -> NVFP4Weight:
+    """`quantize` without the input checks (no host sync): for activations on the hot path.
+
+    `padded_width` (a block multiple >= the width): the result is that wide, the extra blocks
+    zero codes with zero scales, so they contribute exactly nothing to a product.
+    """
     rows, cols = weight.shape
+    width = cols if padded_width is None else padded_width
     global_scale = global_scale.detach().to(torch.float32).reshape(())
-    packed = torch.empty(rows, layout.packed_bytes(cols), dtype=torch.uint8, device=weight.device)
-    scale = torch.empty(rows, layout.scale_columns(cols), dtype=torch.float8_e4m3fn, device=weight.device)
+    packed = torch.empty(rows, layout.packed_bytes(width), dtype=torch.uint8, device=weight.device)
+    scale = torch.empty(rows, layout.scale_columns(width), dtype=torch.float8_e4m3fn, device=weight.device)
+    if width != cols:
+        packed[:, layout.packed_bytes(cols) :] = 0
+        scale.view(torch.uint8)[:, layout.scale_columns(cols) :] = 0  # fp8 +0.0
+    real_bytes, real_scales = layout.packed_bytes(cols), layout.scale_columns(cols)
     for chunk in _row_chunks(rows, cols):
-        packed[chunk], scale[chunk] = _encode_rows(weight[chunk].float(), global_scale)
+        packed[chunk, :real_bytes], scale[chunk, :real_scales] = _encode_rows(weight[chunk].float(), global_scale)
     return NVFP4Weight(packed, scale, global_scale)
 
 

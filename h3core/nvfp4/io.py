@@ -295,7 +295,10 @@ def read_linear(
     pre_scale = _read_optional(reader, f"{prefix}.{PRE_QUANT_SCALE}", None, columns.elements if columns else None)
     input_scale = _read_optional(reader, f"{prefix}.{INPUT_SCALE}", None, None)
     linear = NVFP4Linear(weight, bias, pre_scale, input_scale)
-    return linear if device is None else linear.to(device)
+    if device is not None:
+        linear = linear.to(device)
+    linear.prepare()  # the fp4 GEMM's operands, built here at load and never in the denoising loop
+    return linear
 
 
 def _read_weight(

@@ -12,29 +12,45 @@ Its tensors are buffers named exactly as ModelOpt names them in a checkpoint, so
 | `pre_quant_scale` (optional) | `[in]` | float, AWQ activation pre-scale, multiplies `x` first |
 | `input_scale` (optional) | `[]` | float32, static activation global scale (fp4 path only) |
 
-`forward` takes one of three paths (see `h3core.nvfp4.matmul`); `path` says which and
-`path_reason` why. On the fp4 path the swizzled block scales are built once per device and kept
-as a non-persistent buffer (counted in `resident_bytes`, absent from `state_dict`).
+`forward` takes one of the paths of `h3core.nvfp4.matmul`; `path` says which and `path_reason`
+why, and every forward adds one to that path's count in the per-process record
+(`matmul.paths_run`). On the fp4 paths (`cuda-fp4-scaled-mm`, `cpu-fp4-emulated`):
+
+- the GEMM's operands (the swizzled block scales, and a zero-padded copy of the packed weight
+  only when its shape is not a whole number of GEMM tiles) are built by `prepare()`, which the
+  loaders call once at load; they are non-persistent buffers (counted in `resident_bytes`,
+  absent from `state_dict`). A module that was never prepared (built by hand, moved to another
+  device) prepares on its first forward. After changing the weight in place, call `prepare()`.
+- the activation global scale is `input_scale` when the checkpoint has one; otherwise the amax
+  of the whole logical input: a parallel plan whose ranks each hold part of this linear's input
+  sets `agree_amax` (an all-reduce MAX over them), so every rank and the one-rank run use one value.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import nn
 
 from h3core.errors import NVFP4FormatError
 from h3core.nvfp4 import layout
-from h3core.nvfp4.codec import NVFP4Weight, quantize
+from h3core.nvfp4.codec import NVFP4Weight, global_scale_from_amax, quantize
 from h3core.nvfp4.matmul import (
+    FP4_PATHS,
     PATH_CUDA_BF16,
     PATH_CUDA_FP4,
     PathChoice,
     choose_path,
     dequant_linear,
+    emulate_fp4_from_env,
+    emulated_scaled_mm_fp4,
     fp4_kernel_problem,
     fp4_linear,
+    prepare_fp4_weight,
+    record_path,
+    scaled_mm_fp4,
 )
-from h3core.nvfp4.swizzle import swizzle_block_scales
 
 
 _FORMAT_BUFFERS = ("weight_scale", "weight_scale_2", "input_scale", "swizzled_weight_scale")
@@ -46,7 +62,11 @@ class NVFP4Linear(nn.Module):
 
     fp4_matmul: bool = True
     """Allow the `cuda-fp4-scaled-mm` path where the device has it. Set False (on an instance or the
-    class) to keep activations unquantized (weight-only bf16) on Blackwell too, e.g. for parity runs."""
+    class) to keep activations unquantized (weight-only bf16) on Blackwell too."""
+
+    emulate_fp4: bool | None = None
+    """On a non-CUDA device, take `cpu-fp4-emulated` instead of `cpu-dequant`. None (default):
+    follow the `H3_EMULATE_FP4` environment variable (which spawned ranks inherit)."""
 
     def __init__(
         self,
@@ -62,8 +82,12 @@ class NVFP4Linear(nn.Module):
         self.register_buffer("bias", _checked_vector(bias, weight.out_features, "bias"))
         self.register_buffer("pre_quant_scale", _checked_vector(pre_quant_scale, weight.in_features, "pre_quant_scale"))
         self.register_buffer("input_scale", _checked_scalar(input_scale, "input_scale"))
+        self.register_buffer("fp4_weight", None, persistent=False)  # [N, K/2] zero-padded; None: `weight` fits
         self.register_buffer("swizzled_weight_scale", None, persistent=False)
-        self._swizzled_from: tuple[int, int, torch.device] | None = None
+        self.agree_amax: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """Set by a parallel plan whose ranks each hold part of this linear's input: the max of a
+        0-dim amax over those ranks. Every rank must then call `forward` (or, holding no rows,
+        `join_amax_agreement`) equally often; the fp4 paths without `input_scale` call it."""
 
     @classmethod
     def from_float(
@@ -119,18 +143,18 @@ class NVFP4Linear(nn.Module):
     def path_choice(self) -> PathChoice:
         device = self.weight.device
         capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+        emulate = self.emulate_fp4 if self.emulate_fp4 is not None else emulate_fp4_from_env()
         return choose_path(
             device.type,
             capability,
-            self.in_features,
-            self.out_features,
             fp4_enabled=self.fp4_matmul,
+            emulate_fp4=emulate,
             fp4_kernel_problem=lambda: fp4_kernel_problem(device),
         )
 
     @property
     def path(self) -> str:
-        """`cpu-dequant`, `cuda-dequant-bf16` or `cuda-fp4-scaled-mm`: what `forward` does on this device."""
+        """What `forward` does on this device: one of `matmul.PATHS`."""
         return self.path_choice.path
 
     @property
@@ -139,13 +163,39 @@ class NVFP4Linear(nn.Module):
 
     @property
     def resident_bytes(self) -> int:
-        """Bytes of every buffer this module holds (packed weight, scales, vectors, swizzled scales)."""
+        """Bytes of every buffer this module holds (packed weight, scales, vectors, the fp4 GEMM's operands)."""
         return sum(buf.numel() * buf.element_size() for buf in self.buffers())
 
     def prepare(self) -> None:
-        """Build what the current device's path needs (the swizzled scales on the fp4 path) now."""
-        if self.path == PATH_CUDA_FP4:
-            self._swizzled_scale()
+        """Build what this device's path needs, once (the loaders call it at load): on the fp4
+        paths the GEMM's operands; elsewhere nothing (and drop operands built for another path)."""
+        if self.weight.device.type == "meta":
+            return
+        if self.path in FP4_PATHS:
+            self.fp4_weight, self.swizzled_weight_scale = prepare_fp4_weight(self.nvfp4)
+        else:
+            self.fp4_weight = self.swizzled_weight_scale = None
+
+    @property
+    def prepared(self) -> bool:
+        """True when the fp4 GEMM's operands exist on the weight's device."""
+        scale = self.swizzled_weight_scale
+        return scale is not None and scale.device == self.weight.device
+
+    def activation_global_scale(self, x: torch.Tensor) -> torch.Tensor:
+        """The fp4 paths' activation global scale for input rows `x` [M, in] (pre-scaled): 0-dim float32."""
+        if self.input_scale is not None:
+            return self.input_scale
+        amax = x.abs().amax().float() if x.numel() else torch.zeros((), device=x.device)
+        if self.agree_amax is not None:
+            amax = self.agree_amax(amax)
+        return global_scale_from_amax(amax)
+
+    def join_amax_agreement(self) -> None:
+        """Take part, with an amax of 0, in the scale agreement of a forward this rank does not run
+        (it holds none of the input's rows); a no-op wherever `forward` would not agree either."""
+        if self.agree_amax is not None and self.input_scale is None and self.path in FP4_PATHS:
+            self.agree_amax(torch.zeros((), device=self.weight.device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features or not x.is_floating_point():
@@ -156,20 +206,26 @@ class NVFP4Linear(nn.Module):
         if self.pre_quant_scale is not None:
             x2 = x2 * self.pre_quant_scale.to(x2.dtype)
         path = self.path
-        if path == PATH_CUDA_FP4:
-            y = fp4_linear(x2, self.nvfp4, self._swizzled_scale(), self.bias, self.input_scale)
+        record_path(path)
+        if path in FP4_PATHS:
+            y = self._fp4_forward(x2, path)
         elif path == PATH_CUDA_BF16:
             y = dequant_linear(x2.to(torch.bfloat16), self.nvfp4, self.bias)
         else:
             y = dequant_linear(x2, self.nvfp4, self.bias)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # [..., out]
 
-    def _swizzled_scale(self) -> torch.Tensor:
-        source = (self.weight_scale.data_ptr(), self.weight_scale._version, self.weight_scale.device)
-        if self.swizzled_weight_scale is None or self._swizzled_from != source:
-            self.swizzled_weight_scale = swizzle_block_scales(self.weight_scale)
-            self._swizzled_from = source
-        return self.swizzled_weight_scale
+    def _fp4_forward(self, x2: torch.Tensor, path: str) -> torch.Tensor:
+        act_global = self.activation_global_scale(x2)  # before any early return: peers may wait on it
+        if x2.shape[0] == 0:
+            return x2.new_empty(0, self.out_features)
+        if not self.prepared:
+            self.prepare()
+        weight = self.fp4_weight if self.fp4_weight is not None else self.weight
+        gemm, out_dtype = (scaled_mm_fp4, torch.bfloat16) if path == PATH_CUDA_FP4 else (emulated_scaled_mm_fp4, x2.dtype)
+        return fp4_linear(
+            x2, self.nvfp4, weight, self.swizzled_weight_scale, self.bias, act_global, out_dtype=out_dtype, gemm=gemm
+        )
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         """`.to(device)` moves every buffer; `.to(dtype)` / `.half()` / `.bfloat16()` cast only `bias` and

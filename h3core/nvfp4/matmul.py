@@ -1,35 +1,60 @@
-"""The matmul paths of an NVFP4 linear, and which one a device takes.
+"""The matmul paths of an NVFP4 linear, which one a device takes, and a record of what ran.
 
 - `cpu-dequant` (any non-CUDA device): decode the weight to the activations' dtype, `F.linear`.
-- `cuda-dequant-bf16` (CUDA before compute capability 10, or a shape/kernel the fp4 GEMM cannot
-  take): decode to bf16 and multiply with bf16 activations. Weight-only: activations stay bf16.
-- `cuda-fp4-scaled-mm` (compute capability >= 10): quantize the activations to NVFP4 too (their
-  global scale is `input_scale` when the checkpoint has one, else the amax of this call's input)
-  and run `torch._scaled_mm` on `float4_e2m1fn_x2` operands with 128x4-swizzled fp8 block scales;
-  the two global scales multiply the bf16 result afterwards. cuBLAS needs `in % 32 == 0` and
-  `out % 16 == 0`; other shapes (e.g. a row shard with an odd number of blocks) take the bf16 path.
+- `cuda-dequant-bf16` (CUDA before compute capability 10, or the fp4 GEMM disabled or not
+  runnable here): decode to bf16 and multiply with bf16 activations. Weight-only.
+- `cuda-fp4-scaled-mm` (compute capability >= 10): quantize the activations to NVFP4 too and run
+  `torch._scaled_mm` on `float4_e2m1fn_x2` operands with 128x4-swizzled fp8 block scales; the two
+  global scales multiply the bf16 result afterwards.
+- `cpu-fp4-emulated` (any non-CUDA device, when switched on: `NVFP4Linear.emulate_fp4` or
+  `H3_EMULATE_FP4=1`): the fp4 path step for step — same activation global scale, same padded
+  operands, same swizzled scales — with the GEMM emulated from exactly the bytes cuBLAS would read
+  (`emulated_scaled_mm_fp4`), accumulated in float32 and returned in the activations' dtype. It
+  lets the Gloo tier prove the fp4 path's parity on a CPU.
 
-The dequant paths decode the weight in row chunks of at most `DEQUANT_CHUNK_ELEMENTS` and write
-each chunk's output columns, so the transient dense weight is bounded however large the layer is
-(peak extra memory: one chunk, not the whole dense weight).
+Activation global scale (fp4 paths): the checkpoint's `input_scale` where it has one, else
+`amax / (6 * 448)` of the whole logical input, agreed by the ranks that each hold part of it
+(`NVFP4Linear.agree_amax`): so it is the same on every rank and in the one-rank run.
+
+Shapes: cuBLAS's NVFP4 GEMM wants K (input width) a multiple of 32 and N (output rows) a multiple
+of 16. Other shapes (a row-parallel shard with an odd number of 16-element blocks, which ragged
+splits produce) are padded with zero blocks — zero codes with zero scales, exact — so every shape
+takes the same path and no reduction mixes fp4 and bf16 partials. The padded weight (only when
+padding is needed) and the swizzled weight scales are built once at load (`prepare_fp4_weight`,
+counted in the module's resident bytes), never in the denoising loop.
+
+The dequant paths decode the weight in row chunks whose starts are multiples of 128 rows (so the
+chunk GEMM's output pitch stays 16-byte aligned and cuBLAS keeps its fast kernels); a tail of
+fewer than 128 rows joins the chunk before it, so no chunk GEMM is narrower than 128 rows. On this
+project's CPU every chunking then gives bitwise the output of one whole GEMM (tests prove it).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from h3core.errors import ConfigError
 from h3core.nvfp4 import layout
-from h3core.nvfp4.codec import NVFP4Weight, decode_rows, global_scale_for, quantize_unchecked, row_chunk_size
-from h3core.nvfp4.swizzle import swizzle_block_scales
+from h3core.nvfp4.codec import NVFP4Weight, decode_rows, quantize_unchecked
+from h3core.nvfp4.swizzle import swizzle_block_scales, unswizzle_block_scales
 
 PATH_CPU_DEQUANT = "cpu-dequant"
+PATH_CPU_FP4_EMULATED = "cpu-fp4-emulated"
 PATH_CUDA_BF16 = "cuda-dequant-bf16"
 PATH_CUDA_FP4 = "cuda-fp4-scaled-mm"
-PATHS = (PATH_CPU_DEQUANT, PATH_CUDA_BF16, PATH_CUDA_FP4)
+PATHS = (PATH_CPU_DEQUANT, PATH_CPU_FP4_EMULATED, PATH_CUDA_BF16, PATH_CUDA_FP4)
+FP4_PATHS = (PATH_CUDA_FP4, PATH_CPU_FP4_EMULATED)
+"""The paths that quantize activations (and so need an activation global scale)."""
+
+EMULATE_FP4_ENV = "H3_EMULATE_FP4"
+"""1: linears on the CPU take `cpu-fp4-emulated` instead of `cpu-dequant` (also in spawned ranks)."""
 
 FP4_MIN_CAPABILITY = (10, 0)
 """Blackwell (B200 10.0, RTX PRO 6000 12.0) and later have block-scaled FP4 tensor cores."""
@@ -45,6 +70,9 @@ DEQUANT_CHUNK_ELEMENTS = {"cuda": 1 << 24, "cpu": 1 << 22}
 temporaries on CUDA (ten chunks for a 7168 x 21504 weight keep the GEMMs large), 16 MiB on the CPU
 (cache-sized chunks measured fastest there; whole-weight decoding was ~1.5x slower)."""
 
+DEQUANT_CHUNK_ROWS = 128
+"""Chunks start on multiples of this many rows and are never narrower (see the module docstring)."""
+
 
 @dataclass(frozen=True)
 class PathChoice:
@@ -57,29 +85,72 @@ class PathChoice:
 def choose_path(
     device_type: str,
     capability: tuple[int, int] | None,
-    in_features: int,
-    out_features: int,
     *,
     fp4_enabled: bool,
+    emulate_fp4: bool,
     fp4_kernel_problem: Callable[[], str | None],
 ) -> PathChoice:
-    """Pick the path for a linear of `out x in` on a device. `fp4_kernel_problem` is asked last, lazily."""
+    """Pick the path of a linear on a device. Shape plays no part: the fp4 GEMM's operands are padded.
+    `fp4_kernel_problem` is asked last, lazily."""
     if device_type != "cuda":
+        if emulate_fp4:
+            return PathChoice(PATH_CPU_FP4_EMULATED, f"device type {device_type!r}, fp4 emulation on: the fp4 path with an emulated GEMM")
         return PathChoice(PATH_CPU_DEQUANT, f"device type {device_type!r}: decode and F.linear")
     if capability is None or tuple(capability) < FP4_MIN_CAPABILITY:
         return PathChoice(PATH_CUDA_BF16, f"compute capability {capability} < {FP4_MIN_CAPABILITY}: weight-only bf16")
     if not fp4_enabled:
         return PathChoice(PATH_CUDA_BF16, "fp4 matmul disabled on this linear (fp4_matmul=False)")
-    if in_features % FP4_IN_MULTIPLE or out_features % FP4_OUT_MULTIPLE:
-        return PathChoice(
-            PATH_CUDA_BF16,
-            f"shape {out_features}x{in_features}: the fp4 GEMM needs in % {FP4_IN_MULTIPLE} == 0 "
-            f"and out % {FP4_OUT_MULTIPLE} == 0",
-        )
     problem = fp4_kernel_problem()
     if problem is not None:
         return PathChoice(PATH_CUDA_BF16, f"fp4 _scaled_mm unavailable here: {problem}")
     return PathChoice(PATH_CUDA_FP4, f"compute capability {capability}: NVFP4 x NVFP4 torch._scaled_mm")
+
+
+def emulate_fp4_from_env() -> bool:
+    """`H3_EMULATE_FP4` as a bool (unset: False); a malformed value is a ConfigError naming it."""
+    return _parse_emulate(os.environ.get(EMULATE_FP4_ENV, ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_emulate(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{EMULATE_FP4_ENV}={text!r} is not a boolean; use 1 or 0, or unset it")
+
+
+# --- what ran ----------------------------------------------------------------------------------------
+
+_paths_run: Counter[str] = Counter()
+
+
+def record_path(path: str) -> None:
+    _paths_run[path] += 1
+
+
+def paths_run() -> dict[str, int]:
+    """NVFP4 matmul paths this process ran since the last `reset_path_record`: {path: forward calls}."""
+    return dict(sorted(_paths_run.items()))
+
+
+def reset_path_record() -> None:
+    _paths_run.clear()
+
+
+# --- the dequant paths -------------------------------------------------------------------------------
+
+
+def dequant_row_chunks(out_features: int, in_features: int, budget_elements: int) -> list[slice]:
+    """Row ranges to decode one at a time: `budget_elements // in_features` rows rounded down to a
+    multiple of 128 (at least 128); a tail of fewer than 128 rows joins the chunk before it."""
+    step = max(DEQUANT_CHUNK_ROWS, budget_elements // max(1, in_features) // DEQUANT_CHUNK_ROWS * DEQUANT_CHUNK_ROWS)
+    starts = list(range(0, out_features, step))
+    if len(starts) > 1 and out_features - starts[-1] < DEQUANT_CHUNK_ROWS:
+        starts.pop()
+    stops = starts[1:] + [out_features]
+    return [slice(a, b) for a, b in zip(starts, stops)]
 
 
 def dequant_linear(
@@ -88,20 +159,20 @@ def dequant_linear(
     """`(x @ dequantize(w).T) + bias` in `x.dtype`, decoding `w` in row chunks.  x: [M, in] -> [M, out]"""
     if chunk_elements is None:
         chunk_elements = DEQUANT_CHUNK_ELEMENTS.get(x.device.type, DEQUANT_CHUNK_ELEMENTS["cpu"])
-    step = min(row_chunk_size(w.in_features, chunk_elements), w.out_features)
-    index = torch.empty(step * w.packed.shape[1], dtype=torch.int32, device=x.device)
-    decoded = torch.empty(step * w.in_features, dtype=torch.float32, device=x.device)
-    dense = decoded if x.dtype == torch.float32 else torch.empty(step * w.in_features, dtype=x.dtype, device=x.device)
-    if step == w.out_features:
-        out = F.linear(x, _decode_chunk(w, slice(0, step), index, decoded, dense))
+    chunks = dequant_row_chunks(w.out_features, w.in_features, chunk_elements)
+    rows = max(c.stop - c.start for c in chunks)
+    index = torch.empty(rows * w.packed.shape[1], dtype=torch.int32, device=x.device)
+    decoded = torch.empty(rows * w.in_features, dtype=torch.float32, device=x.device)
+    dense = decoded if x.dtype == torch.float32 else torch.empty(rows * w.in_features, dtype=x.dtype, device=x.device)
+    if len(chunks) == 1:
+        out = F.linear(x, _decode_chunk(w, chunks[0], index, decoded, dense))
     else:
         out = torch.empty(x.shape[0], w.out_features, dtype=x.dtype, device=x.device)
-        for start in range(0, w.out_features, step):
-            rows = slice(start, min(w.out_features, start + step))
-            out[:, rows] = F.linear(x, _decode_chunk(w, rows, index, decoded, dense))
+        for chunk in chunks:
+            out[:, chunk] = F.linear(x, _decode_chunk(w, chunk, index, decoded, dense))
     # The bias is added after the GEMM, never fused into it: tensor mode adds a row-parallel
     # layer's bias after the reduction, and one rank must round exactly as that does.
-    return out if bias is None else out.add_(_cast(bias, x.dtype))
+    return out if bias is None else out.add_(bias.to(x.dtype))
 
 
 def _decode_chunk(
@@ -115,29 +186,65 @@ def _decode_chunk(
     return target.copy_(values)
 
 
-def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    return None if t is None else t.to(dtype)
+# --- the fp4 paths -------------------------------------------------------------------------------------
+
+
+def fp4_gemm_shape(out_features: int, in_features: int) -> tuple[int, int]:
+    """(N, K) of the fp4 GEMM for a linear `out x in`: each rounded up to cuBLAS's multiple."""
+    return _ceil_to(out_features, FP4_OUT_MULTIPLE), _ceil_to(in_features, FP4_IN_MULTIPLE)
+
+
+def prepare_fp4_weight(w: NVFP4Weight) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The weight as the fp4 GEMM reads it, built once at load.
+
+    Returns (packed weight zero-padded to `[N, K/2]` of `fp4_gemm_shape`, or None when the shape
+    already fits and the module's own `weight` serves; the flat 128x4-swizzled block scales of
+    the zero-padded `[N, K/16]` scale matrix).
+    """
+    rows, width = fp4_gemm_shape(w.out_features, w.in_features)
+    packed = None
+    scale = w.scale
+    if (rows, width) != (w.out_features, w.in_features):
+        packed = w.packed.new_zeros(rows, layout.packed_bytes(width))
+        packed[: w.out_features, : w.packed.shape[1]] = w.packed
+        padded = torch.zeros(rows, layout.scale_columns(width), dtype=torch.uint8, device=w.scale.device)
+        padded[: w.out_features, : w.scale.shape[1]] = w.scale.view(torch.uint8)
+        scale = padded.view(torch.float8_e4m3fn)
+    return packed, swizzle_block_scales(scale)
 
 
 def fp4_linear(
     x: torch.Tensor,
     w: NVFP4Weight,
-    swizzled_weight_scale: torch.Tensor,
+    gemm_weight: torch.Tensor,
+    gemm_weight_scale: torch.Tensor,
     bias: torch.Tensor | None,
-    input_scale: torch.Tensor | None,
+    act_global: torch.Tensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    gemm: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """NVFP4 x NVFP4 GEMM on Blackwell; returns bf16.  x: [M, in] -> [M, out]"""
-    act_global = input_scale if input_scale is not None else global_scale_for(x)
-    xq = quantize_unchecked(x, act_global)
-    out = scaled_mm_fp4(xq.packed, swizzle_block_scales(xq.scale), w.packed, swizzled_weight_scale)
-    out = out * (xq.global_scale * w.global_scale)  # [M, out] bf16, product taken in fp32
+    """NVFP4 x NVFP4 product of `x` with `w`, in `out_dtype`.  x: [M, in] -> [M, out]
+
+    `gemm_weight`, `gemm_weight_scale`: `w` as `prepare_fp4_weight` laid it out (padded packed
+    codes, or `w.packed` itself; swizzled scales). `act_global`: the activation global scale.
+    `gemm`: `scaled_mm_fp4` (default, CUDA) or `emulated_scaled_mm_fp4`.
+    """
+    _, width = fp4_gemm_shape(w.out_features, w.in_features)
+    act = quantize_unchecked(x, act_global, padded_width=width)  # packed [M, K/2], scale [M, K/16]
+    out = (gemm or scaled_mm_fp4)(act.packed, swizzle_block_scales(act.scale), gemm_weight, gemm_weight_scale, out_dtype)
+    out = out[:, : w.out_features] * (act.global_scale * w.global_scale)  # [M, out]; scalar taken in fp32
     return out if bias is None else out + bias.to(out.dtype)
 
 
 def scaled_mm_fp4(
-    a_packed: torch.Tensor, a_scale_swizzled: torch.Tensor, b_packed: torch.Tensor, b_scale_swizzled: torch.Tensor
+    a_packed: torch.Tensor,
+    a_scale_swizzled: torch.Tensor,
+    b_packed: torch.Tensor,
+    b_scale_swizzled: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """`A @ B.T` of two NVFP4 matrices with block scales only (no global scales), in bf16.
+    """`A @ B.T` of two NVFP4 matrices with block scales only (no global scales).
 
     a_packed: [M, K/2] uint8 (activations), b_packed: [N, K/2] uint8 (weight), both row-major;
     scales: flat 128x4-swizzled fp8 of their `[M, K/16]` and `[N, K/16]` matrices. cuBLAS wants
@@ -148,8 +255,29 @@ def scaled_mm_fp4(
         b_packed.view(torch.float4_e2m1fn_x2).t(),  # [K/2, N] column-major
         a_scale_swizzled,
         b_scale_swizzled,
-        out_dtype=torch.bfloat16,
+        out_dtype=out_dtype,
     )
+
+
+def emulated_scaled_mm_fp4(
+    a_packed: torch.Tensor,
+    a_scale_swizzled: torch.Tensor,
+    b_packed: torch.Tensor,
+    b_scale_swizzled: torch.Tensor,
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """What `scaled_mm_fp4` computes, on any device, from the very bytes it would read.
+
+    Both operands are decoded exactly (E2M1 x e4m3 products fit float32) with their block scales
+    read back from the swizzled layout as cuBLAS defines it, then multiplied in float32 (the
+    weight decoded chunk by chunk, as on the dequant paths).  -> [M, N] in `out_dtype`
+    """
+    rows_a, rows_b, width = a_packed.shape[0], b_packed.shape[0], layout.unpacked_width(a_packed.shape[1])
+    one = torch.ones((), dtype=torch.float32, device=a_packed.device)
+    a_scale = unswizzle_block_scales(a_scale_swizzled, rows_a, layout.scale_columns(width))
+    b_scale = unswizzle_block_scales(b_scale_swizzled, rows_b, layout.scale_columns(width))
+    a = decode_rows(a_packed, a_scale, one)  # [M, K] float32
+    return dequant_linear(a, NVFP4Weight(b_packed, b_scale, one), None).to(out_dtype)
 
 
 _kernel_problems: dict[torch.device, str | None] = {}
@@ -175,3 +303,7 @@ def _probe_fp4_kernel(device: torch.device) -> str | None:
     except (RuntimeError, NotImplementedError, TypeError) as err:
         return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     return None
+
+
+def _ceil_to(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple

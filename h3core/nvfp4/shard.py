@@ -6,7 +6,9 @@ A shard is made of the very bytes of the full tensors: rows of `weight` and `wei
 `dequantize(shard)` is exactly the matching slice of `dequantize(full)`.
 
 Ranges always come from `h3core.partition` (`Span`, `ColumnSlice`); nothing here decides a split.
-Every shard owns compact copies of its bytes, so dropping the full tensors frees their memory.
+Every shard owns compact copies of its bytes, so dropping the full tensors frees their memory,
+and is prepared for its device's matmul path (`NVFP4Linear.prepare`) before it is returned. The
+input scale is the full linear's: one value for the whole logical input, on every rank.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ def column_parallel(linear: NVFP4Linear, rows: Sequence[Span]) -> NVFP4Linear:
     """The output rows `rows` of `linear`: weight, scales and bias sliced; pre-scale and input scale whole."""
     check_rows(rows, linear.out_features)
     bias = None if linear.bias is None else take_rows(linear.bias, rows)
-    return NVFP4Linear(select_rows(linear.nvfp4, rows), bias, _copy(linear.pre_quant_scale), _copy(linear.input_scale))
+    shard = NVFP4Linear(select_rows(linear.nvfp4, rows), bias, _copy(linear.pre_quant_scale), _copy(linear.input_scale))
+    shard.prepare()
+    return shard
 
 
 def row_parallel(linear: NVFP4Linear, cols: ColumnSlice) -> tuple[NVFP4Linear, torch.Tensor | None]:
@@ -51,6 +55,7 @@ def row_parallel(linear: NVFP4Linear, cols: ColumnSlice) -> tuple[NVFP4Linear, t
     check_columns(cols, linear.in_features)
     pre_scale = None if linear.pre_quant_scale is None else take_columns(linear.pre_quant_scale, cols.elements)
     shard = NVFP4Linear(select_columns(linear.nvfp4, cols), None, pre_scale, _copy(linear.input_scale))
+    shard.prepare()
     return shard, _copy(linear.bias)
 
 

@@ -6,12 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from h3core.errors import NVFP4FormatError
+from h3core.errors import ConfigError, NVFP4FormatError
 from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import dequantize
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.matmul import (
     PATH_CPU_DEQUANT,
+    PATH_CPU_FP4_EMULATED,
     PATH_CUDA_BF16,
     PATH_CUDA_FP4,
     choose_path,
@@ -35,12 +36,30 @@ def test_forward_is_f_linear_on_the_decoded_weight():
     assert torch.equal(linear(x), expected)
 
 
-def test_chunked_dequant_matches_one_shot():
-    linear = make_linear(out=100, inp=64)
-    x = torch.randn(9, 64)
-    whole = dequant_linear(x, linear.nvfp4, linear.bias)
-    chunked = dequant_linear(x, linear.nvfp4, linear.bias, chunk_elements=64 * 7)  # 7 rows a chunk, ragged tail
-    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)  # summation order differs
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out, inp", [(1031, 448), (777, 1184), (300, 64), (2048, 16)])
+@pytest.mark.parametrize("tokens", [1, 3, 5, 37])
+def test_every_chunking_gives_bitwise_the_whole_product(dtype, out, inp, tokens):
+    """Chunks start on multiples of 128 rows and a tail under 128 rows joins the chunk before it:
+    then no chunk GEMM is narrow, and every budget gives the bits of one whole GEMM (CPU MKL
+    computes narrow GEMMs (< 16 columns) another way: 128-row chunks with a 9-row tail did not)."""
+    w = make_linear(out=out, inp=inp, bias=False, seed=out).nvfp4
+    x = torch.randn(tokens, inp, generator=torch.Generator().manual_seed(tokens)).to(dtype)
+    whole = dequant_linear(x, w, None, chunk_elements=out * inp)
+    for rows in (1, 128, 256, 384, 512):
+        chunked = dequant_linear(x, w, None, chunk_elements=rows * inp)
+        assert torch.equal(chunked, whole), (rows, (chunked - whole).abs().max())
+
+
+def test_dequant_chunks_start_on_multiples_of_128_rows():
+    from h3core.nvfp4.matmul import dequant_row_chunks
+
+    assert dequant_row_chunks(2340 * 3, 7168, 1 << 24) == [slice(0, 2304), slice(2304, 4608), slice(4608, 7020)]
+    for out, budget_rows in [(777, 128), (1031, 256), (21504, 2340), (100, 7), (129, 128)]:
+        chunks = dequant_row_chunks(out, 64, budget_rows * 64)
+        assert chunks[0].start == 0 and chunks[-1].stop == out
+        assert all(a.stop == b.start for a, b in zip(chunks, chunks[1:]))
+        assert all(c.start % 128 == 0 and c.stop - c.start >= min(out, 128) for c in chunks), chunks
 
 
 def test_bf16_input_gives_bf16_output():
@@ -154,24 +173,37 @@ def kernel_must_not_be_asked() -> None:
 
 
 @pytest.mark.parametrize(
-    "device, capability, inp, out, enabled, probe, path, reason",
+    "device, capability, enabled, emulate, probe, path, reason",
     [
-        ("cpu", None, 64, 48, True, kernel_must_not_be_asked, PATH_CPU_DEQUANT, "device type 'cpu'"),
-        ("meta", None, 64, 48, True, kernel_must_not_be_asked, PATH_CPU_DEQUANT, "device type 'meta'"),
-        ("cuda", (8, 0), 64, 48, True, kernel_must_not_be_asked, PATH_CUDA_BF16, "< (10, 0)"),
-        ("cuda", (9, 0), 7168, 21504, True, kernel_must_not_be_asked, PATH_CUDA_BF16, "< (10, 0)"),
-        ("cuda", (10, 0), 7168, 21504, True, kernel_ok, PATH_CUDA_FP4, "torch._scaled_mm"),
-        ("cuda", (12, 0), 7168, 21504, True, kernel_ok, PATH_CUDA_FP4, "torch._scaled_mm"),
-        ("cuda", (10, 0), 7168, 21504, False, kernel_must_not_be_asked, PATH_CUDA_BF16, "disabled"),
-        ("cuda", (10, 0), 2160, 7168, True, kernel_must_not_be_asked, PATH_CUDA_BF16, "in % 32"),  # 135 blocks
-        ("cuda", (10, 0), 7168, 24, True, kernel_must_not_be_asked, PATH_CUDA_BF16, "out % 16"),
-        ("cuda", (10, 0), 7168, 7168, True, lambda: "RuntimeError: no cuBLASLt", PATH_CUDA_BF16, "no cuBLASLt"),
+        ("cpu", None, True, False, kernel_must_not_be_asked, PATH_CPU_DEQUANT, "device type 'cpu'"),
+        ("cpu", None, True, True, kernel_must_not_be_asked, PATH_CPU_FP4_EMULATED, "emulated GEMM"),
+        ("meta", None, True, False, kernel_must_not_be_asked, PATH_CPU_DEQUANT, "device type 'meta'"),
+        ("cuda", (8, 0), True, False, kernel_must_not_be_asked, PATH_CUDA_BF16, "< (10, 0)"),
+        ("cuda", (9, 0), True, True, kernel_must_not_be_asked, PATH_CUDA_BF16, "< (10, 0)"),  # emulation is for CPUs
+        ("cuda", (10, 0), True, False, kernel_ok, PATH_CUDA_FP4, "torch._scaled_mm"),
+        ("cuda", (12, 0), True, False, kernel_ok, PATH_CUDA_FP4, "torch._scaled_mm"),
+        ("cuda", (10, 0), False, False, kernel_must_not_be_asked, PATH_CUDA_BF16, "disabled"),
+        ("cuda", (10, 0), True, False, lambda: "RuntimeError: no cuBLASLt", PATH_CUDA_BF16, "no cuBLASLt"),
     ],
 )
-def test_choose_path(device, capability, inp, out, enabled, probe, path, reason):
-    choice = choose_path(device, capability, inp, out, fp4_enabled=enabled, fp4_kernel_problem=probe)
+def test_choose_path(device, capability, enabled, emulate, probe, path, reason):
+    # Shape plays no part: every shape takes the fp4 GEMM (padded), so all ranks take one path.
+    choice = choose_path(device, capability, fp4_enabled=enabled, emulate_fp4=emulate, fp4_kernel_problem=probe)
     assert choice.path == path
     assert reason in choice.reason
+
+
+def test_emulation_follows_the_class_flag_then_the_environment(monkeypatch):
+    linear = make_linear()
+    monkeypatch.delenv("H3_EMULATE_FP4", raising=False)
+    assert linear.path == PATH_CPU_DEQUANT
+    monkeypatch.setenv("H3_EMULATE_FP4", "1")
+    assert linear.path == PATH_CPU_FP4_EMULATED
+    linear.emulate_fp4 = False  # an explicit flag beats the variable
+    assert linear.path == PATH_CPU_DEQUANT
+    monkeypatch.setenv("H3_EMULATE_FP4", "maybe")
+    with pytest.raises(ConfigError, match="H3_EMULATE_FP4='maybe' is not a boolean"):
+        make_linear().path
 
 
 def test_module_path_follows_its_flag_and_device():
@@ -180,3 +212,80 @@ def test_module_path_follows_its_flag_and_device():
     linear.fp4_matmul = False
     assert linear.path == PATH_CPU_DEQUANT
     assert NVFP4Linear.fp4_matmul is True  # the instance flag does not leak to the class
+
+
+# --- the fp4 paths' activation global scale -------------------------------------------------------
+
+
+def emulated(out=48, inp=64, seed=0, input_scale=None) -> NVFP4Linear:
+    base = make_linear(out=out, inp=inp, bias=False, seed=seed)
+    linear = NVFP4Linear(base.nvfp4, None, None, input_scale)
+    linear.emulate_fp4 = True
+    return linear
+
+
+def test_activation_scale_is_the_checkpoints_else_the_agreed_amax():
+    from h3core.nvfp4.codec import global_scale_for
+
+    linear = emulated()
+    x = torch.randn(5, 64)
+    assert torch.equal(linear.activation_global_scale(x), global_scale_for(x))  # alone: this input's amax
+    seen = []
+    linear.agree_amax = lambda amax: seen.append(float(amax)) or torch.tensor(10.0)
+    assert float(linear.activation_global_scale(x)) == pytest.approx(10 / 2688)  # the agreed amax
+    assert seen == [float(x.abs().amax())]
+    seen.clear()
+    linear.input_scale = torch.tensor(0.25)
+    assert float(linear.activation_global_scale(x)) == 0.25 and seen == []  # static: nothing to agree on
+
+
+def test_a_rank_without_rows_joins_the_agreement_only_where_forward_would():
+    seen = []
+    linear = emulated()
+    linear.agree_amax = lambda amax: seen.append(float(amax)) or amax
+    linear.join_amax_agreement()
+    assert seen == [0.0]
+    linear(torch.randn(0, 64))  # zero rows: still agrees, then returns nothing
+    assert seen == [0.0, 0.0]
+    linear.emulate_fp4 = False  # cpu-dequant: quantizes nothing, agrees on nothing
+    linear.join_amax_agreement()
+    linear.emulate_fp4, linear.input_scale = True, torch.tensor(0.1)
+    linear.join_amax_agreement()
+    assert seen == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("parts", [2, 5])
+def test_split_rows_with_the_agreed_scale_give_the_one_rank_rows(parts):
+    """Ulysses in one process: each part's rows quantized with the whole input's amax give the
+    whole product's rows; with their own amax (the bug) they are off by the quantization error."""
+    linear = emulated(out=96, inp=128, seed=1)
+    x = torch.randn(23, 128) * torch.logspace(-1, 1, 23).unsqueeze(1)  # rows of different sizes
+    whole = linear(x)
+    pieces = x.tensor_split(parts)
+    linear.agree_amax = lambda amax: x.abs().amax()  # what the all-reduce MAX over the parts returns
+    agreed = torch.cat([linear(p) for p in pieces])
+    linear.agree_amax = None
+    alone = torch.cat([linear(p) for p in pieces])
+    scale = whole.abs().max()
+    assert ((agreed - whole).abs().max() / scale).item() < 1e-6  # GEMM rounding of fewer rows only
+    assert ((alone - whole).abs().max() / scale).item() > 1e-3
+
+
+def test_split_columns_with_the_agreed_scale_sum_to_the_one_rank_product():
+    """Tensor mode's row-parallel shards (ragged: 5 ranks over 13 blocks, odd counts padded)."""
+    from h3core.nvfp4.shard import row_parallel
+    from h3core.partition import nvfp4_column_slices
+
+    full = emulated(out=64, inp=13 * 16, seed=2)
+    x = torch.randn(9, full.in_features)
+    whole = full(x)
+    for agree in (True, False):
+        total = torch.zeros_like(whole)
+        for cols in nvfp4_column_slices(full.in_features, 5):
+            shard, _ = row_parallel(full, cols)
+            shard.emulate_fp4 = True
+            if agree:
+                shard.agree_amax = lambda amax: x.abs().amax()
+            total += shard(x[:, cols.elements.start : cols.elements.stop])
+        relative = ((total - whole).abs().max() / whole.abs().max()).item()
+        assert relative < 1e-6 if agree else relative > 1e-3, (agree, relative)

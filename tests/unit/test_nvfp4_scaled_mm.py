@@ -10,7 +10,15 @@ import torch.nn.functional as F
 from h3core.nvfp4 import linear as linear_module
 from h3core.nvfp4.codec import NVFP4Weight, dequantize, global_scale_for, quantize
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.nvfp4.matmul import PATH_CUDA_FP4, PathChoice, fp4_linear, scaled_mm_fp4
+from h3core.nvfp4.matmul import (
+    PATH_CPU_FP4_EMULATED,
+    PATH_CUDA_FP4,
+    PathChoice,
+    emulated_scaled_mm_fp4,
+    fp4_linear,
+    prepare_fp4_weight,
+    scaled_mm_fp4,
+)
 from h3core.nvfp4.swizzle import swizzle_block_scales, unswizzle_block_scales
 
 
@@ -31,13 +39,17 @@ def test_unswizzled_scales_break_the_contract():
         scaled_mm_fp4(weight.packed[:100], unswizzled, weight.packed, swizzle_block_scales(weight.scale))
 
 
-def test_full_fp4_linear_runs_on_meta():
-    weight = quantize(torch.randn(96, 64)).to("meta")
-    x = torch.empty(7, 64, dtype=torch.bfloat16, device="meta")
-    bias = torch.empty(96, dtype=torch.bfloat16, device="meta")
-    for input_scale in (None, torch.tensor(0.01, device="meta")):
-        y = fp4_linear(x, weight, swizzle_block_scales(weight.scale), bias, input_scale)
-        assert y.shape == (7, 96) and y.dtype == torch.bfloat16
+@pytest.mark.parametrize("out, inp", [(96, 64), (40, 208), (7168, 16 * 13)])  # 13 blocks: K padded to 224
+def test_full_fp4_linear_runs_on_meta(out, inp):
+    # The padded operands (K to a multiple of 32, N of 16) satisfy the kernel contract too.
+    weight = quantize(torch.randn(out, inp)).to("meta")
+    packed, swizzled = prepare_fp4_weight(weight)
+    gemm_weight = weight.packed if packed is None else packed
+    assert (packed is None) == (out % 16 == 0 and inp % 32 == 0)
+    x = torch.empty(7, inp, dtype=torch.bfloat16, device="meta")
+    bias = torch.empty(out, dtype=torch.bfloat16, device="meta")
+    y = fp4_linear(x, weight, gemm_weight, swizzled, bias, torch.tensor(0.01, device="meta"))
+    assert y.shape == (7, out) and y.dtype == torch.bfloat16
 
 
 def emulated_scaled_mm(a, b, scale_a, scale_b, out_dtype):
@@ -52,21 +64,60 @@ def emulated_scaled_mm(a, b, scale_a, scale_b, out_dtype):
     return (dequantize(NVFP4Weight(a_packed, sa, one)) @ dequantize(NVFP4Weight(b_packed, sb, one)).T).to(out_dtype)
 
 
+@pytest.mark.parametrize("out, inp", [(160, 192), (40, 208), (24, 16)])  # 208, 16: odd block counts; 40, 24: N % 16 != 0
 @pytest.mark.parametrize("static_input_scale", [False, True])
-def test_fp4_path_end_to_end_against_the_emulated_gemm(monkeypatch, static_input_scale):
+def test_fp4_path_end_to_end_against_the_emulated_gemm(monkeypatch, out, inp, static_input_scale):
     monkeypatch.setattr(torch, "_scaled_mm", emulated_scaled_mm)
     monkeypatch.setattr(linear_module, "choose_path", lambda *a, **k: PathChoice(PATH_CUDA_FP4, "forced for the test"))
     gen = torch.Generator().manual_seed(5)
-    weight = torch.randn(160, 192, generator=gen) * torch.logspace(-2, 1, 160).unsqueeze(1)  # varied block scales
-    base = NVFP4Linear.from_float(weight, torch.randn(160, generator=gen))
-    x = torch.randn(2, 67, 192, generator=gen)
+    weight = torch.randn(out, inp, generator=gen) * torch.logspace(-2, 1, out).unsqueeze(1)  # varied block scales
+    base = NVFP4Linear.from_float(weight, torch.randn(out, generator=gen))
+    x = torch.randn(2, 67, inp, generator=gen)
     input_scale = global_scale_for(x) * 2 if static_input_scale else None
     linear = NVFP4Linear(base.nvfp4, base.bias, None, input_scale)
     assert linear.path == PATH_CUDA_FP4
     got = linear(x)
-    act = quantize(x.reshape(-1, 192), input_scale if input_scale is not None else global_scale_for(x))
-    want = F.linear(dequantize(act), dequantize(base.nvfp4), base.bias).reshape(2, 67, 160)
-    assert got.dtype == torch.float32 and got.shape == (2, 67, 160)
+    act = quantize(x.reshape(-1, inp), input_scale if input_scale is not None else global_scale_for(x))
+    want = F.linear(dequantize(act), dequantize(base.nvfp4), base.bias).reshape(2, 67, out)
+    assert got.dtype == torch.float32 and got.shape == (2, 67, out)
     rel = ((got - want).norm() / want.norm()).item()
     assert rel < 1e-2, rel  # bf16 GEMM output; a transposed or misplaced scale gives errors near 1
     assert linear.swizzled_weight_scale is not None and "swizzled_weight_scale" not in linear.state_dict()
+    padded = out % 16 or inp % 32
+    assert (linear.fp4_weight is not None) == bool(padded) and "fp4_weight" not in linear.state_dict()
+
+
+@pytest.mark.parametrize("out, inp", [(160, 192), (40, 208), (24, 16), (256, 13 * 16)])
+def test_h3_emulation_reads_what_the_documented_gemm_reads(out, inp):
+    """h3's `emulated_scaled_mm_fp4` (the `cpu-fp4-emulated` path's GEMM) against this file's
+    independent reading of cuBLAS's documented layout, on the padded operands the path builds."""
+    gen = torch.Generator().manual_seed(out + inp)
+    weight = quantize(torch.randn(out, inp, generator=gen) * torch.logspace(-2, 1, out).unsqueeze(1))
+    packed, swizzled = prepare_fp4_weight(weight)
+    packed = weight.packed if packed is None else packed
+    rows, width = packed.shape[0], packed.shape[1] * 2
+    act = quantize(torch.randn(33, width, generator=gen))
+    a_scale = swizzle_block_scales(act.scale)
+    ours = emulated_scaled_mm_fp4(act.packed, a_scale, packed, swizzled, torch.float32)
+    documented = emulated_scaled_mm(
+        act.packed.view(torch.float4_e2m1fn_x2), packed.view(torch.float4_e2m1fn_x2).t(), a_scale, swizzled, torch.bfloat16
+    )
+    assert ours.shape == (33, rows)
+    assert torch.equal(ours.bfloat16(), documented)
+
+
+@pytest.mark.parametrize("out, inp", [(160, 192), (40, 208), (256, 13 * 16)])
+def test_emulated_path_is_the_quantized_product(out, inp):
+    """`cpu-fp4-emulated`: activations quantized with the activation global scale, decoded, times
+    the decoded weight; padding changes nothing (zero blocks), so it equals the unpadded product."""
+    gen = torch.Generator().manual_seed(7)
+    base = NVFP4Linear.from_float(torch.randn(out, inp, generator=gen), torch.randn(out, generator=gen))
+    linear = NVFP4Linear(base.nvfp4, base.bias, None, torch.tensor(0.003))
+    linear.emulate_fp4 = True
+    assert linear.path == PATH_CPU_FP4_EMULATED
+    x = torch.randn(19, inp, generator=gen)
+    want = F.linear(dequantize(quantize(x, torch.tensor(0.003))), dequantize(base.nvfp4)) + base.bias
+    got = linear(x)
+    # Global scales multiply after the GEMM here, before it in `want`: fp32 rounding only.
+    assert ((got - want).abs().max() / want.abs().max()).item() < 2e-6
+    assert linear.prepared and (linear.fp4_weight is not None) == bool(out % 16 or inp % 32)
