@@ -12,9 +12,19 @@ Loading builds the model on the meta device and assigns each tensor read from di
 it (`load_state_dict(assign=True)`): there is never a second copy of a weight. Parts can be left
 out (`skip`) so that tensor mode reads only its own slices of the big per-block linears.
 
+Every NVFP4 linear may also carry ModelOpt's optional `.input_scale` (F32 `[]`, the static
+activation global scale `amax / (6 * 448)` the fp4 GEMM quantizes its input with); the loader
+keeps it, and prepares each linear for its device's matmul path (`NVFP4Linear.prepare`) once,
+at load.
+
 The synthetic checkpoint is deterministic from (config, seed): every tensor is drawn from its own
-generator seeded by (seed, tensor name), so the file does not depend on write order. It is cached
-on disk: a second run with the same config and seed reads it instead of rebuilding it.
+generator seeded by (seed, tensor name), so the file does not depend on write order. Like a
+ModelOpt export it carries an `input_scale` for every NVFP4 linear, calibrated as ModelOpt does:
+the amax of the linear's input over a calibration pass (the synthetic text encoder on a fixed
+prompt, seeded noise at the preset's size with one latent frame, 4 Euler steps), rounded up to
+3 significant bits (so that the last-bit differences of another machine's GEMMs do not change
+the file), divided by 6 * 448. It is cached on disk: a second run with the same config and seed
+reads it instead of rebuilding it.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ from h3core.config import ModelConfig
 from h3core.errors import CheckpointError
 from h3core.model import H3Model
 from h3core.nvfp4 import layout
-from h3core.nvfp4.codec import quantize
+from h3core.nvfp4.codec import GLOBAL_SCALE_DIVISOR, quantize
 from h3core.nvfp4.io import SafetensorsReader, linear_tensors, read_linear
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.partition import ColumnSlice, Span
@@ -47,7 +57,9 @@ FORMAT = "h3-nvfp4"
 FORMAT_VERSION = "1"
 SYNTHETIC = "synthetic"
 _DENSE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_SYNTHETIC_GENERATOR_VERSION = "1"  # bump when the synthetic weights change, to invalidate caches
+_SYNTHETIC_GENERATOR_VERSION = "2"  # bump when the synthetic weights change, to invalidate caches (2: input_scale)
+_NVFP4_EXTRAS = ("input_scale", "pre_quant_scale")
+"""Optional per-linear tensors of a ModelOpt export, outside the model's own state dict."""
 
 
 def nvfp4_prefixes(model: torch.nn.Module) -> list[str]:
@@ -229,7 +241,24 @@ class Checkpoint:
                 raise CheckpointError(f"{self.path}: tensor {spec.name!r} has shape {list(found_shape)}, expected {list(spec.shape)}")
             if spec.nvfp4 and found_dtype != spec.dtype or not spec.nvfp4 and found_dtype not in _DENSE_DTYPES:
                 raise CheckpointError(f"{self.path}: tensor {spec.name!r} has dtype {found_dtype}, expected {spec.dtype if spec.nvfp4 else 'bf16/fp16/fp32'}")
+        self._validate_extras(specs)
         return specs
+
+    def _validate_extras(self, specs: list[TensorSpec]) -> None:
+        """Optional `input_scale` (F32 scalar) and `pre_quant_scale` (float `[in]`) of the NVFP4 linears."""
+        for spec in specs:
+            if not spec.name.endswith(".weight_scale_2"):
+                continue
+            prefix = spec.name.removesuffix(".weight_scale_2")
+            in_features = layout.unpacked_width(self.reader.shape(f"{prefix}.weight")[1])
+            wanted = {"input_scale": ((torch.float32,), ((), (1,))), "pre_quant_scale": (_DENSE_DTYPES, ((in_features,),))}
+            for extra, (dtypes, shapes) in wanted.items():
+                name = f"{prefix}.{extra}"
+                if name in self.reader and (self.reader.dtype(name) not in dtypes or tuple(self.reader.shape(name)) not in shapes):
+                    raise CheckpointError(
+                        f"{self.path}: tensor {name!r} is {self.reader.dtype(name)} {list(self.reader.shape(name))}, "
+                        f"expected {'float32 []' if extra == 'input_scale' else f'a float vector of {in_features}'}"
+                    )
 
     def load(self, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, skip: tuple[str, ...] = ()) -> H3Model:
         """Build the model and assign its weights from disk; names under any `skip` prefix stay on meta."""
@@ -242,7 +271,28 @@ class Checkpoint:
             tensor = self.reader.get(spec.name).to(device)
             state[spec.name] = tensor if spec.nvfp4 else tensor.to(dtype)
         model.load_state_dict(state, strict=False, assign=True)
+        self._load_nvfp4_extras(model, device, skip)
+        prepare_nvfp4(model)
         return model.eval()
+
+    def _load_nvfp4_extras(self, model: H3Model, device: torch.device | str, skip: tuple[str, ...]) -> None:
+        """Each NVFP4 linear's optional `input_scale` / `pre_quant_scale`, where the file has them."""
+        for prefix in nvfp4_prefixes(model):
+            if f"{prefix}.".startswith(skip):
+                continue
+            linear = model.get_submodule(prefix)
+            for extra in _NVFP4_EXTRAS:
+                if f"{prefix}.{extra}" in self.reader:
+                    setattr(linear, extra, self._extra(prefix, extra).to(device))
+
+    def _extra(self, prefix: str, extra: str) -> torch.Tensor:
+        tensor = self.reader.get(f"{prefix}.{extra}")
+        if extra == "input_scale":
+            value = tensor.float().reshape(())
+            if not (0 < float(value) < math.inf):
+                raise CheckpointError(f"{self.path}: {prefix}.input_scale is {float(value)}; it must be positive and finite (corrupt file?)")
+            return value
+        return tensor
 
     def read_linear(self, prefix: str, *, rows: list[Span] | None = None, columns: ColumnSlice | None = None, device=None) -> NVFP4Linear:
         """One NVFP4 linear, or only its `rows` / block-aligned `columns`, read from disk."""
@@ -277,7 +327,8 @@ def _synthetic_dense(spec: TensorSpec, seed: int) -> torch.Tensor:
 
 
 def synthetic_tensors(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """All tensors of a synthetic checkpoint: NVFP4-quantized linears, bf16 everything else."""
+    """All tensors of a synthetic checkpoint: NVFP4-quantized linears with calibrated input scales,
+    bf16 everything else."""
     specs = schema(config)
     by_name = {s.name: s for s in specs}
     prefixes = nvfp4_prefixes(H3Model(config))
@@ -292,7 +343,82 @@ def synthetic_tensors(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]
     for spec in specs:
         if spec.name not in tensors:
             tensors[spec.name] = _synthetic_dense(spec, seed)
+    tensors.update(calibrated_input_scales(config, tensors))
     return tensors
+
+
+# --- calibration (ModelOpt's static activation scales) ------------------------------------------------
+
+CALIBRATION_PROMPT = "a red fox running through fresh snow at dawn, wind and crunching footsteps"
+CALIBRATION_STEPS = 4
+CALIBRATION_SEED = 0
+
+
+def calibrated_input_scales(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`{<linear>.input_scale: amax / (6 * 448)}` for every NVFP4 linear, from a calibration pass.
+
+    The model of `tensors` runs, in float32 on the CPU, the sampler's first `CALIBRATION_STEPS`
+    Euler steps on the synthetic text encoder's hidden states of `CALIBRATION_PROMPT` and seeded
+    noise at the preset's width and height with one latent frame; each linear's input amax over
+    all of them is rounded up to 3 significant bits (see the module docstring).
+    """
+    model = H3Model(config)
+    model.load_state_dict({name: t.float() if t.dtype == torch.bfloat16 else t for name, t in tensors.items()}, strict=False, assign=True)
+    amax: dict[str, float] = {}
+
+    def recorder(prefix: str):  # type: ignore[no-untyped-def]
+        def hook(module: torch.nn.Module, args: tuple) -> None:
+            x = args[0]
+            if x.numel():
+                amax[prefix] = max(amax.get(prefix, 0.0), float(x.detach().abs().amax()))
+
+        return hook
+
+    handles = [model.get_submodule(p).register_forward_pre_hook(recorder(p)) for p in nvfp4_prefixes(model)]
+    emulating, NVFP4Linear.emulate_fp4 = NVFP4Linear.emulate_fp4, False  # unquantized activations, whatever H3_EMULATE_FP4 says
+    try:
+        with torch.inference_mode():
+            _calibration_pass(config, model.eval())
+    finally:
+        NVFP4Linear.emulate_fp4 = emulating
+        for handle in handles:
+            handle.remove()
+    return {f"{p}.input_scale": _input_scale(amax.get(p, 0.0)) for p in nvfp4_prefixes(model)}
+
+
+def _input_scale(amax: float) -> torch.Tensor:
+    rounded = _round_up_3_bits(amax)
+    return torch.tensor(rounded / GLOBAL_SCALE_DIVISOR if rounded > 0 else 1.0, dtype=torch.float32)
+
+
+def _calibration_pass(config: ModelConfig, model: H3Model) -> None:
+    from h3core.model import PackedSequence, patchify_audio, patchify_video, rope_table, token_positions
+    from h3core.partition import SegmentKind
+    from h3core.sampler import FlowMatchEuler, initial_noise
+    from h3core.text import load_text_encoder, release_text_encoder
+
+    encoder = load_text_encoder(None, hidden_size=config.text_dim, seed=0)
+    text = encoder.encode(CALIBRATION_PROMPT, config.max_text_tokens).float()  # [L, text_dim]
+    release_text_encoder(encoder)
+    frames = 1
+    segments = config.segments(config.width, config.height, frames, text.shape[0])
+    grid = config.video_grid(config.width, config.height, frames)
+    rope = rope_table(config, token_positions(segments, grid))
+    shapes = {"video": config.video_latent_shape(config.width, config.height, frames), "audio": config.audio_latent_shape(frames)}
+    noise = initial_noise(CALIBRATION_SEED, shapes)
+    state = {SegmentKind.VIDEO: patchify_video(noise["video"], config.video_patch), SegmentKind.AUDIO: patchify_audio(noise["audio"], config.audio_patch)}
+    sampler = FlowMatchEuler(config.shift)
+    for i, sigma in enumerate(sampler.set_timesteps(CALIBRATION_STEPS)):
+        velocity = model(PackedSequence(segments=segments, features={SegmentKind.TEXT: text, **state}, rope=rope), sigma)
+        state = {kind: sampler.step(velocity[kind], i, state[kind]) for kind in state}
+
+
+def _round_up_3_bits(value: float) -> float:
+    """The smallest number with 3 significant bits that is >= `value` (0 stays 0)."""
+    if value <= 0:
+        return 0.0
+    mantissa, exponent = math.frexp(value)  # value = mantissa * 2**exponent, mantissa in [0.5, 1)
+    return math.ldexp(math.ceil(mantissa * 8) / 8, exponent)
 
 
 def write_checkpoint(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> Path:
@@ -305,6 +431,13 @@ def write_checkpoint(tensors: dict[str, torch.Tensor], path: Path, metadata: dic
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def prepare_nvfp4(model: torch.nn.Module) -> None:
+    """Build every NVFP4 linear's matmul operands for its device's path (once, at load)."""
+    for module in model.modules():
+        if isinstance(module, NVFP4Linear):
+            module.prepare()
 
 
 def cache_dir() -> Path:

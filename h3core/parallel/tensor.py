@@ -132,5 +132,9 @@ def apply_tensor(model: H3Model, runtime: ParallelRuntime, weights: WeightSource
         attn.register_forward_hook(_ReduceScatterBias(runtime, "out_bias"))
         mlp.register_forward_pre_hook(_GatherRows(runtime, whole_rope=False))
         mlp.register_forward_hook(_ReduceScatterBias(runtime, "fc2_bias"))
+    # Row-parallel shards see their columns of the full rows, the text embedding its token rows;
+    # QKV and FC1 see gathered full rows and the conditioning is replicated: no agreement needed.
+    row_parallel = [layer for block in model.blocks for layer in (block.attn.out, block.mlp.fc2)]
+    runtime.agree_activation_scales(model, [model.text_embed, *row_parallel])
     runtime.guard_rows(model)
     return model

@@ -38,5 +38,8 @@ def apply_ulysses(model: H3Model, runtime: ParallelRuntime) -> H3Model:
     """Wrap every block's attention core; the rest of the model already works on local rows."""
     for block in model.blocks:
         block.attn.core = UlyssesAttention(block.attn.core, runtime)
+    # Every NVFP4 linear but the conditioning's (whose input every rank holds whole) sees only its rows.
+    row_split = [block.get_submodule(name) for block in model.blocks for name in ("attn.qkv", "attn.out", "mlp.fc1", "mlp.fc2")]
+    runtime.agree_activation_scales(model, [model.text_embed, *row_split])
     runtime.guard_rows(model)
     return model

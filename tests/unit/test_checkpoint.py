@@ -44,9 +44,14 @@ def test_written_checkpoint_reproduces_the_in_memory_model(ckpt_path, tmp_path):
     from h3core.model import H3Model
 
     tensors = synthetic_tensors(CFG, seed=3)
+    input_scales = {k.removesuffix(".input_scale"): tensors.pop(k) for k in list(tensors) if k.endswith(".input_scale")}
     memory = H3Model(CFG)
     memory.load_state_dict({k: v if v.dtype in (torch.uint8, torch.float8_e4m3fn) or k.endswith("weight_scale_2") else v.float() for k, v in tensors.items()}, assign=True)
+    for prefix, scale in input_scales.items():
+        memory.get_submodule(prefix).input_scale = scale
     loaded = Checkpoint.open(ckpt_path, CFG).load()
+    for prefix, scale in input_scales.items():  # the loader keeps every linear's static activation scale
+        assert torch.equal(loaded.get_submodule(prefix).input_scale, scale)
     inputs = _inputs()
     with torch.inference_mode():
         a, b = memory(inputs, torch.tensor(0.5)), loaded(inputs, torch.tensor(0.5))
@@ -145,3 +150,77 @@ def test_report_write_is_atomic(tmp_path, monkeypatch):
         report.write_report(target, report.Versions(h3="changed"))
     assert target.read_text() == before  # the old report is intact
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # no temp file left behind
+
+
+def test_synthetic_input_scales_are_calibrated_amax_over_6x448(ckpt_path):
+    """Like a ModelOpt export: every NVFP4 linear has input_scale = amax / (6 * 448), the amax of
+    its input over the calibration pass rounded up to 3 significant bits."""
+    import math
+
+    from h3core.checkpoint import CALIBRATION_STEPS, nvfp4_prefixes
+
+    tensors = load_file(str(ckpt_path))
+    model = Checkpoint.open(ckpt_path, CFG).load()
+    prefixes = nvfp4_prefixes(model)
+    assert len(prefixes) == 4 + 4 * CFG.num_blocks and CALIBRATION_STEPS >= 1
+    for prefix in prefixes:
+        scale = tensors[f"{prefix}.input_scale"]
+        assert scale.dtype == torch.float32 and scale.shape == ()
+        amax = float(scale) * 6 * 448  # float32 rounding of the division: within 1e-6 of a 3-bit number
+        mantissa, exponent = math.frexp(amax)
+        three_bits = math.ldexp(round(mantissa * 8) / 8, exponent)
+        assert 0 < amax < 1e3 and torch.equal(scale, torch.tensor(three_bits / (6 * 448), dtype=torch.float32)), (prefix, amax)
+
+
+def test_a_bad_input_scale_is_named(ckpt_path, tmp_path):
+    def edit(t, m):
+        t["blocks.0.attn.out.input_scale"] = torch.zeros(2)
+
+    bad = _rewrite(ckpt_path, tmp_path / "bad.safetensors", edit)
+    with pytest.raises(CheckpointError, match=r"'blocks.0.attn.out.input_scale' is torch.float32 \[2\], expected float32 \[\]"):
+        Checkpoint.open(bad, CFG).validate()
+    negative = _rewrite(ckpt_path, tmp_path / "neg.safetensors", lambda t, m: t.update({"time_in.input_scale": torch.tensor(-1.0)}))
+    with pytest.raises(CheckpointError, match="time_in.input_scale is -1.0; it must be positive"):
+        Checkpoint.open(negative, CFG).load()
+
+
+def test_a_checkpoint_without_input_scales_still_loads(ckpt_path, tmp_path):
+    plain = _rewrite(ckpt_path, tmp_path / "plain.safetensors", lambda t, m: [t.pop(k) for k in list(t) if k.endswith(".input_scale")])
+    model = Checkpoint.open(plain, CFG).load()
+    assert all(module.input_scale is None for name, module in model.named_modules() if hasattr(module, "input_scale"))
+
+
+def test_fp4_operands_are_built_at_load_and_never_in_a_forward(ckpt_path, monkeypatch):
+    """On the fp4 paths the swizzled scales (and padded weights) exist once the loader returns,
+    are counted in the resident bytes, and a forward under inference_mode builds none."""
+    from h3core import device
+    from h3core.nvfp4 import linear as linear_module
+    from h3core.nvfp4.linear import NVFP4Linear
+
+    plain = Checkpoint.open(ckpt_path, CFG).load()
+    monkeypatch.setattr(NVFP4Linear, "emulate_fp4", True)
+    model = Checkpoint.open(ckpt_path, CFG).load()
+    linears = [m for m in model.modules() if isinstance(m, NVFP4Linear)]
+    assert linears and all(m.prepared for m in linears)
+    assert device.resident_bytes(model) > device.resident_bytes(plain)  # the swizzled scales are counted
+
+    def never(*args, **kwargs):
+        raise AssertionError("fp4 operands built inside a forward")
+
+    monkeypatch.setattr(linear_module, "prepare_fp4_weight", never)
+    with torch.inference_mode():
+        out = model(_inputs(), torch.tensor(0.5))
+    assert all(torch.isfinite(v).all() for v in out.values())
+
+
+def test_tensor_mode_shards_read_from_disk_are_prepared_and_padded(ckpt_path, monkeypatch):
+    from h3core.nvfp4.linear import NVFP4Linear
+    from h3core.partition import nvfp4_column_slices
+
+    monkeypatch.setattr(NVFP4Linear, "emulate_fp4", True)
+    ckpt = Checkpoint.open(ckpt_path, CFG)
+    odd = nvfp4_column_slices(CFG.mlp_width, 6)[-1]  # 22 blocks over 6: the last rank holds 3 (48 inputs)
+    shard = ckpt.read_linear("blocks.0.mlp.fc2", columns=odd)
+    assert odd.blocks % 2 and shard.prepared and shard.fp4_weight is not None
+    assert shard.fp4_weight.shape == (CFG.hidden, 32)  # K 48 -> 64: 32 packed bytes per row
+    assert shard.input_scale is not None  # the whole input's static scale, the same on every rank
