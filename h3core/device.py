@@ -13,6 +13,8 @@ Everything that depends on "CPU or CUDA" is decided here and nowhere else:
   caching allocator handed out, the seed's figure), and on the CPU the peak resident set size of
   the whole process (Linux `VmHWM`), which also counts Python, torch's code and allocator slack.
   `reset_peak_memory` resets both (the CPU one through `/proc/self/clear_refs`).
+  `release_memory` returns what a finished in-process run held: garbage collection, then on CUDA
+  the caching allocator's cached blocks and cuBLAS's workspaces.
 - NCCL: `nccl_environment` sets fail-fast defaults so that a dead rank does not hang the others.
 
 torch is imported lazily so that commands which only plan (`h3 plan`) start fast.
@@ -252,3 +254,20 @@ def _peak_rss_bytes() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kB
+
+
+def release_memory(device_type: str) -> None:
+    """After a run in this process: collect its garbage and, on CUDA, hand every cached block and
+    cuBLAS workspace back to the driver, so that later runs (and other processes' ranks on the same
+    GPU) find the memory free and their peaks are their own."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device_type == "cuda" and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            clear_workspaces()
+        torch.cuda.empty_cache()

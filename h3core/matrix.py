@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from h3core import device as dev
 from h3core import environment as env
 from h3core.errors import CheckFailed, ConfigError, H3Error, PartitionError
-from h3core.parity import LatentParity, latent_parity, tolerance
+from h3core.parity import LatentParity, latent_parity, run_tolerance
 from h3core.pipeline import GenerateRequest, ResolvedRun, RunReport, RunShape, StepDone, build_report, execute, one_rank_latents, resolve, write_outputs
 from h3core.plan import Mode
 from h3core.report import Versions, timestamp, write_atomic, write_report
@@ -412,13 +412,13 @@ class _Matrix:
             self.baseline_seconds[mode] = steady_step_seconds(report.step_seconds)
         parity_error = None
         if count > 1:
-            report.parity, parity_error = self._parity(run, latents, threads)
+            report.parity, parity_error = self._parity(run, latents, threads, outcomes[0].nvfp4_paths)
         write_outputs(report, outcomes[0], self.request.output / f"{mode.value}-{count}", self.request.save_latents, None)
         return summarise(planned, report, threads, self.baseline_seconds.get(mode), parity_error)
 
     # -- parity ---------------------------------------------------------------------------------
 
-    def _parity(self, run: ResolvedRun, latents: Latents, threads: int | None) -> tuple[LatentParity | None, str | None]:
+    def _parity(self, run: ResolvedRun, latents: Latents, threads: int | None, paths: dict[str, int]) -> tuple[LatentParity | None, str | None]:
         mode = run.request.mode
         key = (mode, threads)
         if key not in self.references:
@@ -426,7 +426,7 @@ class _Matrix:
         reference = self.references[key]
         if isinstance(reference, str):
             return None, reference
-        tol = tolerance(mode, dev.compute_dtype(self.device, run.request.dtype))
+        tol = run_tolerance(mode, dev.compute_dtype(self.device, run.request.dtype), paths)
         name = f"1 rank, {mode.value} mode" + (f", {threads} CPU thread{'s' if threads > 1 else ''} like each rank" if threads else "")
         return latent_parity(latents, reference, tol, name), None
 

@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from h3core import device as dev
 from h3core import partition
-from h3core.attention import check_backend, kernel_name
+from h3core import attention
+from h3core.nvfp4 import matmul as nvfp4_matmul
 from h3core.checkpoint import Checkpoint, synthetic_checkpoint, SYNTHETIC
 from h3core.collectives import CommStats
 from h3core.config import ModelConfig, preset as get_preset
@@ -47,7 +48,7 @@ from h3core.model import (
 from h3core.partition import Segment, SegmentKind, Span
 from h3core.parallel.tensor import block_linears, sharded_prefixes
 from h3core.plan import Mode, ParallelPlan
-from h3core.parity import LatentParity, latent_parity, tolerance
+from h3core.parity import LatentParity, latent_parity, run_tolerance
 from h3core.preview import write_preview
 from h3core.report import TensorChecksum, Versions, timestamp, write_atomic, write_report
 from h3core.sampler import FlowMatchEuler, guided_velocity, initial_noise
@@ -122,7 +123,7 @@ def resolve(request: GenerateRequest) -> ResolvedRun:
         audio_latent=config.audio_latent_shape(frames),
         video_grid=config.video_grid(width, height, frames),
     )
-    check_backend(request.attention, request.device)
+    attention.check_backend(request.attention, request.device, head_dim=config.head_dim, dtype=dev.compute_dtype(request.device, request.dtype))
     # The prompt's length is known only once rank 0 tokenizes it; an empty prompt is the shortest
     # sequence, so a plan that holds for it holds for every prompt.
     ParallelPlan.build(config, request.world_size, request.mode, config.segments(width, height, frames, 0))
@@ -200,8 +201,8 @@ class RankOutcome(BaseModel):
     peak_memory_sampling: int
     weights: WeightBytes
     comm: CommStats
-    linear_path: str
-    attention_kernel: str
+    nvfp4_paths: dict[str, int]  # NVFP4 matmul path -> forward calls in the denoising loop (what ran)
+    attention_kernels: dict[str, int]  # attention kernel -> calls in the denoising loop (what ran)
     plan: ParallelPlan | None = None  # rank 0: the partition actually used (after tokenizing)
     text_encoder: dict | None = None  # rank 0
     video: torch.Tensor | None = None  # rank 0: [C, T, H, W] float32
@@ -326,6 +327,8 @@ def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcom
     sampler = FlowMatchEuler(shape.shift)
     sigmas = sampler.set_timesteps(shape.steps)
     dev.reset_peak_memory(device)
+    attention.reset_kernel_record()
+    nvfp4_matmul.reset_path_record()
     step_seconds = []
     with torch.inference_mode():
         for i, sigma in enumerate(sigmas):
@@ -355,8 +358,8 @@ def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcom
         peak_memory_sampling=peak_sampling,
         weights=weights,
         comm=runtime.stats,
-        linear_path=model.blocks[0].attn.qkv.path,
-        attention_kernel=kernel_name(req.attention, device, dtype, len(runtime.heads[ctx.rank]), cfg.head_dim),
+        nvfp4_paths=nvfp4_matmul.paths_run(),
+        attention_kernels=attention.kernels_run(),
     )
     if ctx.rank == 0:
         outcome.plan = plans[0]
@@ -378,6 +381,8 @@ class RankStats(BaseModel):
     weights: WeightBytes
     comm: CommStats
     sampling_seconds: float
+    nvfp4_paths: dict[str, int] = Field(default_factory=dict, description="NVFP4 matmul path -> forward calls this rank ran in the denoising loop.")
+    attention_kernels: dict[str, int] = Field(default_factory=dict, description="Attention kernel -> calls this rank ran in the denoising loop.")
 
 
 class RunFiles(BaseModel):
@@ -401,8 +406,8 @@ class RunReport(BaseModel):
     dist_backend: str
     dtype: str
     attention: str
-    attention_kernel: str
-    nvfp4_path: str
+    attention_kernel: str  # the kernels every rank ran (per rank where they differ); see ranks[].attention_kernels
+    nvfp4_path: str  # the NVFP4 paths every rank ran (per rank where they differ); see ranks[].nvfp4_paths
     weights: str  # "synthetic", or the checkpoint path and its size
     checkpoint: str
     config: ModelConfig
@@ -444,8 +449,8 @@ def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
         dist_backend="none" if req.world_size == 1 else ("nccl" if req.device == "cuda" else "gloo"),
         dtype=dev.dtype_name(dtype),
         attention=req.attention,
-        attention_kernel=first.attention_kernel,
-        nvfp4_path=first.linear_path,
+        attention_kernel=per_rank_summary([o.attention_kernels for o in outcomes]),
+        nvfp4_path=per_rank_summary([o.nvfp4_paths for o in outcomes]),
         weights=SYNTHETIC if run.synthetic else f"{run.checkpoint} ({run.checkpoint.stat().st_size:,} bytes)",
         checkpoint=str(run.checkpoint),
         config=run.config,
@@ -467,6 +472,8 @@ def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
                 weights=o.weights,
                 comm=o.comm,
                 sampling_seconds=o.timings.get("sampling", 0.0),
+                nvfp4_paths=o.nvfp4_paths,
+                attention_kernels=o.attention_kernels,
             )
             for o in outcomes
         ],
@@ -475,6 +482,14 @@ def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
         audio=TensorChecksum.of(first.audio) if first.audio is not None else None,
         versions=Versions.collect(),
     )
+
+
+def per_rank_summary(records: list[dict[str, int]]) -> str:
+    """What ranks ran: 'a + b' when every rank ran the same set, else one 'rank r: ...' entry per rank."""
+    names = [" + ".join(sorted(record)) or "none" for record in records]
+    if len(set(names)) == 1:
+        return names[0]
+    return "; ".join(f"rank {rank}: {name}" for rank, name in enumerate(names))
 
 
 def write_outputs(report: RunReport, outcome: RankOutcome, directory: Path, save_latents: bool, benchmark: Path | None) -> RunFiles:
@@ -532,7 +547,7 @@ def reference_parity(run: ResolvedRun, outcome: RankOutcome) -> LatentParity:
     name = f"1 rank, {mode.value} mode" + (" (the identity path)" if req.world_size == 1 else "")
     threads = dev.cpu_threads_per_rank(req.world_size) if req.device == "cpu" else None
     reference = one_rank_latents(run, mode=mode, threads=threads)
-    tol = tolerance(req.mode, dev.compute_dtype(req.device, req.dtype))
+    tol = run_tolerance(req.mode, dev.compute_dtype(req.device, req.dtype), outcome.nvfp4_paths)
     return latent_parity(outcome.latents, reference, tol, name)
 
 
@@ -544,7 +559,11 @@ def execute(run: ResolvedRun, on_step: StepCallback | None = None) -> list[RankO
     from h3core.launch import World
 
     with World(run.request.world_size, run.request.device, on_progress=on_step) as world:
-        outcomes = world.run(rank_generate, run)
+        try:
+            outcomes = world.run(rank_generate, run)
+        finally:
+            if run.request.world_size == 1:  # it ran in this process: nothing of it may stay on a device
+                dev.release_memory(run.request.device)
         return outcomes if world.is_main else None
 
 

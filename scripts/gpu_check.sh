@@ -12,47 +12,46 @@
 #   6. h3 generate on the h3-2blocks preset (real widths and sequence, 2 of 50 blocks, synthetic
 #      weights), with --parity (at one GPU: Ulysses vs tensor mode, the identity path)
 # Sized to finish in under 8 minutes on one H200.
+#
+# JSON reports get stdout only (stderr, e.g. warnings, goes to the step's .log beside them), so
+# they always parse. The script exits 1 when a step failed or a check of the reports failed: SDPA
+# ran an unfused (math) kernel on any rank at H3's shapes, or an NVFP4 linear on any rank took
+# another path than the one this GPU should take (cuda-fp4-scaled-mm on compute capability >= 10
+# with a torch that has float4, else cuda-dequant-bf16).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-outputs/gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 summary="$out/summary.txt"
 : >"$summary"
-step() {  # step NAME LOGFILE COMMAND...: run, keep its output, record its exit code
-  local name=$1 log=$2
+failed=0
+record() {  # record NAME RC SECONDS WHERE
+  printf '%-16s rc=%-3s %4ss  %s\n' "$1" "$2" "$3" "$4" | tee -a "$summary"
+  [ "$2" -eq 0 ] || failed=1
+}
+step() {  # step NAME LOGFILE COMMAND...: run, keep its output (stdout and stderr), record its exit code
+  local name=$1 log=$2 start=$SECONDS
   shift 2
-  local start=$SECONDS
   "$@" >"$log" 2>&1
-  local rc=$?
-  printf '%-16s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - start))" "$log" | tee -a "$summary"
+  record "$name" $? "$((SECONDS - start))" "$log"
+}
+step_json() {  # step_json NAME JSONFILE COMMAND...: stdout to the JSON file, stderr to NAME.log
+  local name=$1 json=$2 start=$SECONDS
+  shift 2
+  "$@" >"$json" 2>"${json%.json}.log"
+  record "$name" $? "$((SECONDS - start))" "$json"
 }
 export PYTHONUNBUFFERED=1
 
 step environment "$out/environment.txt" bash -c 'nvidia-smi; python -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"gpus\", torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())], \"capability\", torch.cuda.get_device_capability(0))"'
 step gpu-tests "$out/gpu-tests.log" python -m pytest -q -rs tests/gpu
-step verify "$out/verify.json" h3 verify --device cuda --output "$out/verify" --json
-step bench-transport "$out/bench-transport.json" h3 bench-transport 1 sdpa --device cuda --width 864 --height 480 --frames 141 --iters 20 --json
+step_json verify "$out/verify.json" h3 verify --device cuda --output "$out/verify" --json
+step_json bench-transport "$out/bench-transport.json" h3 bench-transport 1 sdpa --device cuda --width 864 --height 480 --frames 141 --iters 20 --json
 step nvfp4-linear "$out/nvfp4-linear.log" python scripts/bench_nvfp4_linear.py --device cuda --tokens 4096 --repeat 20 --json "$out/nvfp4-linear.json"
-step generate "$out/generate.json" h3 generate --device cuda --preset h3-2blocks --steps 4 --parity --no-save-latents --output "$out/generate" --json
+step_json generate "$out/generate.json" h3 generate --device cuda --preset h3-2blocks --steps 4 --parity --no-save-latents --output "$out/generate" --json
 
-python - "$out" <<'PY' | tee -a "$summary"
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-def load(name):
-    try:
-        return json.loads((out / name).read_text())
-    except Exception as err:
-        return {"error": f"{type(err).__name__}: {err}"}
-nv = load("nvfp4-linear.json")
-for row in nv.get("rows", []):
-    print(f"nvfp4 {row['name']:<10} {row['shape']:<12} bf16 {row['dense_tflops']:.1f} TFLOP/s  nvfp4 {row['nvfp4_tflops']:.1f} TFLOP/s  ({row['path']})")
-gen = load("generate.json")
-if "timings" in gen:
-    steps = sorted(gen["step_seconds"])
-    print(f"generate {gen['config']['name']} on {gen['device_name']}: sampling {gen['timings']['sampling']:.2f}s, "
-          f"median step {steps[len(steps) // 2]:.3f}s, peak {max(r['peak_memory_sampling_bytes'] for r in gen['ranks']):,} bytes, "
-          f"attention {gen['attention_kernel']}, NVFP4 {gen['nvfp4_path']}, parity {gen.get('parity', {}) and gen['parity']['relative']}")
-else:
-    print("generate:", gen.get("error"))
-PY
+expected=$(python -c 'import torch; print("cuda-fp4-scaled-mm" if torch.cuda.get_device_capability(0) >= (10, 0) and hasattr(torch, "float4_e2m1fn_x2") else "cuda-dequant-bf16")')
+python -m h3core.verify.gpu_reports "$out" "$expected" | tee -a "$summary"
+[ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 echo "reports in $out"
+exit "$failed"

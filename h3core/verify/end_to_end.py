@@ -2,7 +2,7 @@
 
 - `parity`: final latents of both modes at every count vs the single-rank run with the same seed
   and prompt, plus the identity row: tensor mode at one rank must equal Ulysses at one rank bit
-  for bit (both are the identity path). Tolerances: `h3core.parity.tolerance(mode, dtype)`.
+  for bit (both are the identity path). Tolerances: `h3core.parity.run_tolerance(mode, dtype, paths)`.
 - `backends`: each other attention backend (`math`, `sage2`, `flash`) vs `sdpa`, on the same q|k|v
   and on the end-to-end latents of one rank. A backend that is not installed or cannot run on
   this device is skipped with the reason `check_backend` gives.
@@ -24,7 +24,7 @@ from h3core.attention import BACKENDS, attend, check_backend
 from h3core.device import Stopwatch
 from h3core.errors import BackendUnavailable
 from h3core.launch import RankContext
-from h3core.parity import latent_parity, tolerance
+from h3core.parity import latent_parity, run_tolerance
 from h3core.pipeline import GenerateRequest, ResolvedRun, rank_generate, resolve
 from h3core.plan import Mode
 from h3core.verify.compare import measure, seeded, spec_dtype
@@ -58,6 +58,7 @@ class LatentRun:
     latents: dict[str, torch.Tensor | None]
     seconds: float
     error: str = ""
+    nvfp4_paths: dict[str, int] | None = None  # what rank 0's linears ran (the fp4 paths get their own bound)
 
 
 def generate_on_first_ranks(ctx: RankContext, count: int, run: ResolvedRun) -> LatentRun | None:
@@ -83,7 +84,7 @@ def _generate(ctx: RankContext, run: ResolvedRun, catch: bool) -> LatentRun:
             if not catch:
                 raise
             return LatentRun({}, 0.0, f"{type(err).__name__}: {err}")
-    return LatentRun({"video": outcome.video, "audio": outcome.audio}, watch.seconds)
+    return LatentRun({"video": outcome.video, "audio": outcome.audio}, watch.seconds, nvfp4_paths=outcome.nvfp4_paths)
 
 
 def measure_backend_attention(ctx: RankContext, spec: VerifySpec, backend: str) -> Measure:
@@ -151,7 +152,7 @@ def run_parity(session: Session, check: Check) -> list[CheckRow]:
             started = time.perf_counter()
             result = session.world.run(generate_on_first_ranks, count, run)[0]
             result.seconds = time.perf_counter() - started
-            tol = tolerance(mode, spec_dtype(session.spec))
+            tol = run_tolerance(mode, spec_dtype(session.spec), result.nvfp4_paths or {})
             rows.append(latent_row(session, check.name, mode.value, count, result, reference, tol))
     return rows
 
@@ -162,7 +163,7 @@ def run_backends(session: Session, check: Check) -> list[CheckRow]:
     runnable = []
     for backend in (b for b in BACKENDS if b != "sdpa"):
         try:
-            check_backend(backend, spec.device)
+            check_backend(backend, spec.device, head_dim=spec.config.head_dim, dtype=spec_dtype(spec))
             runnable.append(backend)
         except BackendUnavailable as err:
             rows[backend] = [skipped(check.name, f"{backend} {what}", 1, dtype, str(err)) for what in ("attention", "latents")]

@@ -5,8 +5,9 @@
 - `tp`: every block's attention and MLP sharded by `apply_tensor` (NVFP4 shards cut by
   `ModelWeights`, ragged heads and NVFP4 blocks, gather and reduce-scatter hooks) vs the unsharded block.
 
-Tolerances are `h3core.parity.tolerance`: Ulysses-style checks (only data moves) get the Ulysses
-bound, tensor parallelism (partials summed in another order than one GEMM) the tensor bound.
+Tolerances are `h3core.parity.layer_tolerance` (one layer: one rounding source, nothing to amplify
+it): Ulysses-style checks (rows multiplied apart) get the Ulysses bound, tensor parallelism
+(partials summed in another order than one GEMM) the tensor bound.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from h3core.model import AttentionCore, rope_table, token_positions
 from h3core.parallel import ModelWeights, ParallelRuntime, apply_tensor
 from h3core.parallel.tensor import sharded_prefixes
 from h3core.parallel.ulysses import UlyssesAttention
-from h3core.parity import tolerance
+from h3core.parity import layer_tolerance
 from h3core.partition import clip_segments, kind_spans, token_spans
 from h3core.plan import Mode
 from h3core.verify.compare import load_model, measure, measure_all, seeded, spec_dtype
@@ -46,7 +47,7 @@ def measure_sdpa(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
         with runtime.sequence(tokens):
             out = attention(q[rows.start : rows.stop], k[rows.start : rows.stop], v[rows.start : rows.stop])  # [S_loc, H, Dh]
         reference = attend(q, k, v, "sdpa")[rows.start : rows.stop]
-        result = measure(SDPA_VARIANTS[0], out, reference, tolerance(Mode.ULYSSES, dtype))
+        result = measure(SDPA_VARIANTS[0], out, reference, layer_tolerance(Mode.ULYSSES, dtype))
     return [result.model_copy(update={"seconds": watch.seconds})]
 
 
@@ -66,7 +67,7 @@ def measure_projection(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
             mine = local.get(kind, expected.new_empty(0, expected.shape[1]))  # a rank may hold none of a kind
             gathered = collectives.gather_rows(mine, kind_spans(segments, tokens, kind), ctx.group)  # [n, P]
             pairs.append((kind.value, gathered, expected))
-        result = measure_all(PROJECTION_VARIANTS[0], pairs, tolerance(Mode.ULYSSES, dtype))
+        result = measure_all(PROJECTION_VARIANTS[0], pairs, layer_tolerance(Mode.ULYSSES, dtype))
     return [result.model_copy(update={"seconds": watch.seconds})]
 
 
@@ -95,6 +96,6 @@ def measure_tp(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
                         out = forward(shard, h[rows.start : rows.stop], rows)  # [S_loc, D]
                     expected = forward(one, h, rope.rows)[rows.start : rows.stop]
                     pairs.append((f"block {index}", out, expected))
-                result = measure_all(variant, pairs, tolerance(Mode.TENSOR, dtype))
+                result = measure_all(variant, pairs, layer_tolerance(Mode.TENSOR, dtype))
             measures.append(result.model_copy(update={"seconds": watch.seconds}))
     return measures

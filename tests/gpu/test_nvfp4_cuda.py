@@ -146,6 +146,38 @@ def test_fp4_path_builds_swizzled_scales_once():
 
 
 @needs_fp4
-def test_odd_block_count_shards_fall_back_to_bf16_on_blackwell():
-    full = make_linear(256, 13 * 16).to(CUDA)  # 13 blocks: 208 is not a multiple of 32
-    assert full.path == PATH_CUDA_BF16 and "in % 32" in full.path_reason
+@pytest.mark.parametrize("out, inp", [(256, 13 * 16), (40, 7 * 16)])  # K not a multiple of 32, N not of 16
+def test_odd_shapes_take_the_fp4_path_padded(out, inp):
+    """Every shard of every rank takes the same path: odd block counts are padded with zero blocks."""
+    base = make_linear(out, inp)
+    x = (torch.randn(33, inp, generator=torch.Generator().manual_seed(6))).bfloat16().float()
+    linear = NVFP4Linear(base.nvfp4, base.bias, None, global_scale_for(x)).to(CUDA)
+    linear.prepare()
+    assert linear.path == PATH_CUDA_FP4 and linear.fp4_weight is not None
+    act = quantize(x, global_scale_for(x))
+    want = F.linear(dequantize(act), dequantize(base.nvfp4), base.bias)
+    assert relative_error(linear(x.to(CUDA, torch.bfloat16)).cpu(), want) < 1e-2
+
+
+@needs_fp4
+def test_cuda_fp4_matches_h3s_cpu_emulation():
+    """The `cpu-fp4-emulated` path the dist tier proves parity with is what the GPU computes."""
+    base = make_linear(384, 7 * 64)
+    x = torch.randn(65, 7 * 64, generator=torch.Generator().manual_seed(8)).bfloat16().float()
+    scale = global_scale_for(x) * 1.25
+    cpu = NVFP4Linear(base.nvfp4, base.bias, None, scale)
+    cpu.emulate_fp4 = True
+    gpu = NVFP4Linear(base.nvfp4, base.bias, None, scale).to(CUDA)
+    gpu.prepare()
+    assert relative_error(gpu(x.to(CUDA, torch.bfloat16)).cpu(), cpu(x)) < 1e-2  # the GPU rounds its output to bf16
+
+
+@needs_fp4
+def test_fp4_operands_prepared_under_inference_mode():
+    """bench_nvfp4_linear builds its weights under inference_mode: inference tensors have no version
+    counter, and nothing on the fp4 path reads one."""
+    with torch.inference_mode():
+        linear = make_linear(256, 512).to(CUDA)
+        linear.prepare()
+        y = linear(torch.randn(5, 512, device=CUDA, dtype=torch.bfloat16))
+    assert y.shape == (5, 256) and linear.prepared

@@ -1,11 +1,14 @@
-"""The generate pipeline on CUDA: bf16, NCCL, peak memory. Skipped without a GPU."""
+"""The generate pipeline on CUDA: bf16, NCCL, fused attention, per-rank paths, memory released
+after in-process runs. Skipped without a GPU."""
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from h3core.attention import attend, is_math_kernel, kernels_run, reset_kernel_record
 from h3core.launch import World
-from h3core.parity import latent_parity, tolerance
-from h3core.pipeline import GenerateRequest, rank_generate, resolve
+from h3core.parity import latent_parity, run_tolerance
+from h3core.pipeline import GenerateRequest, execute, rank_generate, resolve
 from h3core.plan import Mode
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -21,8 +24,8 @@ def test_one_gpu_both_modes_are_bit_identical_in_bf16():
     (u,), (t,) = _run(Mode.ULYSSES, 1), _run(Mode.TENSOR, 1)
     assert torch.equal(u.video, t.video) and torch.equal(u.audio, t.audio)
     assert u.peak_memory_sampling > 0
-    assert u.linear_path.startswith("cuda-")
-    assert u.attention_kernel.startswith("sdpa:")
+    assert u.nvfp4_paths and all(path.startswith("cuda-") for path in u.nvfp4_paths)
+    assert u.attention_kernels and all(k.startswith("sdpa:") and not is_math_kernel(k) for k in u.attention_kernels)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
@@ -30,5 +33,35 @@ def test_one_gpu_both_modes_are_bit_identical_in_bf16():
 def test_two_gpus_match_one_within_the_bf16_tolerance(mode):
     (one,) = _run(mode, 1)
     two = _run(mode, 2)[0]
-    parity = latent_parity({"video": two.video, "audio": two.audio}, {"video": one.video, "audio": one.audio}, tolerance(mode, torch.bfloat16), "1 GPU")
+    tol = run_tolerance(mode, torch.bfloat16, two.nvfp4_paths)
+    parity = latent_parity({"video": two.video, "audio": two.audio}, {"video": one.video, "audio": one.audio}, tol, "1 GPU")
     assert parity.passed, parity
+
+
+FUSED_CUDA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+
+
+@pytest.mark.parametrize("heads", [56, 7])  # H3 at one rank and at 8 ranks
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_sdpa_runs_a_fused_kernel_at_h3_shapes_on_cuda(heads, dtype):
+    qkv = torch.randn(2048, 3, heads, 128, device="cuda", dtype=dtype)  # [S, 3, H, Dh] as Ulysses receives it
+    q, k, v = qkv.unbind(1)
+    reset_kernel_record()
+    with sdpa_kernel(FUSED_CUDA):  # a math fallback raises here
+        out = attend(q, k, v, "sdpa")
+    assert out.shape == q.shape and torch.isfinite(out).all()
+    (kernel,) = kernels_run()
+    assert not is_math_kernel(kernel), kernel
+
+
+def test_an_in_process_run_leaves_nothing_on_the_gpu():
+    """One-rank cells and parity references run in the launching process on cuda:0: afterwards its
+    allocations and the caching allocator's cache are back to what they were before."""
+    run = resolve(GenerateRequest(preset="narrow", steps=1, device="cuda"))
+    execute(run)  # warm-up: lookup tables and CUDA context that any process keeps
+    torch.cuda.synchronize()
+    allocated, reserved = torch.cuda.memory_allocated(0), torch.cuda.memory_reserved(0)
+    (outcome,) = execute(run)
+    assert outcome.peak_memory_sampling > 0
+    assert torch.cuda.memory_allocated(0) == allocated
+    assert torch.cuda.memory_reserved(0) <= reserved

@@ -1,0 +1,106 @@
+"""The fp4 path gives the one-rank result at every world size: Gloo ranks run the whole pipeline on
+the `cpu-fp4-emulated` path (activations quantized with the agreed global scale, padded operands,
+swizzled scales, an emulated GEMM) at 2, 4, 6 and 8 ranks in both modes, against one rank.
+
+Two checkpoints: the synthetic one, whose linears carry a calibrated `input_scale` (static
+activation scales, as a ModelOpt export), and the same without them (each linear's scale is the
+amax of its whole input, agreed by an all-reduce MAX over the ranks that split it). The tiny
+preset's shards are ragged: FC2's 22 blocks give odd block counts at 6 and 8 ranks (K padded to
+32), attention-out shards of one 16-wide head at 6 and 8 ranks. Errors are printed (`-s`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from h3core.nvfp4.linear import NVFP4Linear
+from h3core.nvfp4.matmul import PATH_CPU_FP4_EMULATED
+from h3core.parallel.runtime import ParallelRuntime
+from h3core.parity import latent_parity, tolerance
+from h3core.pipeline import GenerateRequest, rank_generate, resolve
+from h3core.plan import Mode
+from h3core.verify.session import as_world_of_one
+
+COUNTS = [2, 4, 6, 8]
+GUIDED = dict(preset="tiny", steps=1, guidance_scale=3.0, negative_prompt="blurry, low quality, distorted")
+
+
+# --- rank side -----------------------------------------------------------------------------------
+
+
+def _emulated_generate(ctx, count, run, agree=True):
+    """World task: the pipeline on ranks 0..count-1 with fp4 emulation on (and the scale agreement
+    switched off when `agree` is False); rank 0 returns latents, every rank its paths."""
+    sub = ctx.first_ranks(count) if count > 1 else (as_world_of_one(ctx) if ctx.rank == 0 else None)
+    if sub is None:
+        return None
+    real_agree = ParallelRuntime.agree_activation_scales
+    NVFP4Linear.emulate_fp4 = True
+    if not agree:
+        ParallelRuntime.agree_activation_scales = lambda self, model, linears: None
+    try:
+        outcome = rank_generate(sub, run)
+    finally:
+        NVFP4Linear.emulate_fp4 = None
+        ParallelRuntime.agree_activation_scales = real_agree
+    return {"latents": outcome.latents if sub.rank == 0 else None, "paths": outcome.nvfp4_paths, "comm": outcome.comm}
+
+
+# --- this process ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """{'static': the synthetic checkpoint (input scales), 'dynamic': the same without them}."""
+    synthetic = resolve(GenerateRequest(**GUIDED)).checkpoint
+    plain = tmp_path_factory.mktemp("fp4") / "no-input-scales.safetensors"
+    with safe_open(str(synthetic), "pt") as f:
+        metadata = f.metadata()
+    tensors = {k: v for k, v in load_file(str(synthetic)).items() if not k.endswith(".input_scale")}
+    save_file(tensors, str(plain), metadata=metadata)
+    return {"static": None, "dynamic": plain}
+
+
+def _run(scales, checkpoints, mode, count):
+    return resolve(GenerateRequest(**GUIDED, mode=mode, world_size=count, model_path=checkpoints[scales]))
+
+
+@pytest.fixture(scope="module")
+def references(world8, checkpoints):
+    """One rank per checkpoint (Ulysses; tensor mode at one rank is the same identity path)."""
+    return {s: world8.run(_emulated_generate, 1, _run(s, checkpoints, Mode.ULYSSES, 1))[0] for s in checkpoints}
+
+
+@pytest.mark.parametrize("scales", ["static", "dynamic"])
+@pytest.mark.parametrize("mode", list(Mode))
+def test_fp4_path_matches_one_rank_at_every_count(world8, checkpoints, references, scales, mode):
+    reference = references[scales]
+    assert reference["paths"].keys() == {PATH_CPU_FP4_EMULATED}
+    bound = tolerance(mode, torch.float32)
+    for count in COUNTS:
+        results = world8.run(_emulated_generate, count, _run(scales, checkpoints, mode, count))[:count]
+        parity = latent_parity(results[0]["latents"], reference["latents"], bound, "1 rank")
+        print(f"fp4 emulated, {scales} scales, {mode.value} x{count}: relative {parity.relative:.3g} (bound {bound:.3g})")
+        assert parity.passed, parity
+        for rank, result in enumerate(results):  # every rank took the fp4 path for every linear call
+            assert result["paths"].keys() == {PATH_CPU_FP4_EMULATED}, (rank, result["paths"])
+        agreed = sum(r["comm"].kinds.get("all_reduce_max", _zero()).calls for r in results)
+        assert (agreed > 0) == (scales == "dynamic")  # static scales need no agreement
+
+
+def _zero():
+    from h3core.collectives import CollectiveCounts
+
+    return CollectiveCounts()
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_without_the_agreement_ranks_quantize_differently(world8, checkpoints, references, mode):
+    """The bug the agreement fixes: each rank's scale from its own rows (Ulysses) or columns
+    (tensor mode) moves the latents by orders of magnitude more than the bound."""
+    result = world8.run(_emulated_generate, 2, _run("dynamic", checkpoints, mode, 2), False)[0]
+    parity = latent_parity(result["latents"], references["dynamic"]["latents"], tolerance(mode, torch.float32), "1 rank")
+    print(f"fp4 emulated, no agreement, {mode.value} x2: relative {parity.relative:.3g} (bound {parity.tolerance:.3g})")
+    assert parity.relative > 100 * parity.tolerance
