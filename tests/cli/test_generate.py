@@ -9,10 +9,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from h3cli.main import app
+from h3core.parity import tolerance
 from h3core.pipeline import RunReport
+from h3core.plan import Mode
 
 runner = CliRunner()
 
@@ -134,7 +137,10 @@ def test_tensor_mode_on_six_ranks_with_ragged_heads_matches_one_rank(tmp_path, c
     report = RunReport.model_validate_json(proc.stdout)
     assert report.partition.heads == [10, 10, 9, 9, 9, 9]
     assert report.ranks_on == "6 CPU ranks (Gloo)"
-    assert report.parity.relative <= 1e-5 and report.parity.passed
+    assert report.parity.passed and report.parity.tolerance == tolerance(Mode.TENSOR, torch.float32)
+    for rank in report.ranks:  # what every rank really ran in the loop: fused attention, the CPU's NVFP4 path
+        assert rank.attention_kernels.keys() == {"sdpa:flash_attention"} and rank.nvfp4_paths.keys() == {"cpu-dequant"}
+    assert (report.attention_kernel, report.nvfp4_path) == ("sdpa:flash_attention", "cpu-dequant")
     assert report.comm_total.kinds["repartition_rows"].calls > 0
     full = report.ranks[0].weights.block_linears_full
     # No rank holds more than its partition share (heads for QKV/Out, NVFP4 blocks for FC1/FC2), and
