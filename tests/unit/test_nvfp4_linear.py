@@ -36,10 +36,17 @@ def test_forward_is_f_linear_on_the_decoded_weight():
     assert torch.equal(linear(x), expected)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("out, inp", [(1031, 448), (777, 1184), (300, 64), (2048, 16)])
-@pytest.mark.parametrize("tokens", [1, 3, 5, 37])
-def test_every_chunking_gives_bitwise_the_whole_product(dtype, out, inp, tokens):
+@pytest.mark.parametrize(
+    "out, inp, tokens, dtype",
+    [
+        (1031, 448, 37, torch.float32),  # tails of 7 (128-row chunks) and 7 (256) rows join their neighbours
+        (777, 1184, 5, torch.float32),  # tail of 9 rows: alone it took MKL's narrow-GEMM kernel
+        (300, 64, 1, torch.float32),
+        (2048, 16, 3, torch.float32),
+        (777, 1184, 3, torch.bfloat16),
+    ],
+)
+def test_every_chunking_gives_bitwise_the_whole_product(out, inp, tokens, dtype):
     """Chunks start on multiples of 128 rows and a tail under 128 rows joins the chunk before it:
     then no chunk GEMM is narrow, and every budget gives the bits of one whole GEMM (CPU MKL
     computes narrow GEMMs (< 16 columns) another way: 128-row chunks with a 9-row tail did not)."""
