@@ -124,6 +124,7 @@ def resolve(request: GenerateRequest) -> ResolvedRun:
         video_grid=config.video_grid(width, height, frames),
     )
     attention.check_backend(request.attention, request.device, head_dim=config.head_dim, dtype=dev.compute_dtype(request.device, request.dtype))
+    nvfp4_matmul.emulate_fp4_from_env()  # a malformed H3_EMULATE_FP4 fails here, before any rank starts
     # The prompt's length is known only once rank 0 tokenizes it; an empty prompt is the shortest
     # sequence, so a plan that holds for it holds for every prompt.
     ParallelPlan.build(config, request.world_size, request.mode, config.segments(width, height, frames, 0))
