@@ -30,9 +30,14 @@ BACKENDS = ("sdpa", "math", "sage2", "flash")
 _PACKAGES = {"sage2": ("sageattention", "sageattention"), "flash": ("flash_attn", "flash-attn")}
 
 
+def _sdpa_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What `_sdpa` hands to SDPA: [S, H, Dh] -> [H, S, Dh] views (SDPA's (..., L, E) convention).
+    `kernel_name` asks the dispatcher about exactly these, so the kernel it names is the one that runs."""
+    return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+
+
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    # [S, H, Dh] -> [H, S, Dh] for SDPA's (..., L, E) convention, and back.
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1))
+    out = F.scaled_dot_product_attention(*_sdpa_inputs(q, k, v))
     return out.transpose(0, 1)
 
 
@@ -86,15 +91,17 @@ def kernel_name(backend: str, device: torch.device, dtype: torch.dtype, heads: i
     """Which kernel `backend` runs for this device, dtype and head shape, where it can be known.
 
     For `sdpa` this asks PyTorch's own dispatcher (`torch._fused_sdp_choice`, private, so a
-    failure is reported as unknown rather than guessed); the other backends are one kernel each.
+    failure is reported as unknown rather than guessed) about inputs laid out exactly as `_sdpa`
+    passes them (a 4-D probe would name a fused kernel that the real 3-D call does not get); the
+    other backends are one kernel each.
     """
     if backend != "sdpa":
         return {"math": "h3 math (fp32 softmax)", "sage2": "SageAttention2", "flash": "flash-attn"}[backend]
     try:
         from torch.nn.attention import SDPBackend
 
-        probe = torch.zeros(1, heads, 16, head_dim, device=device, dtype=dtype)
-        choice = int(torch._fused_sdp_choice(probe, probe, probe))
+        probe = torch.zeros(16, heads, head_dim, device=device, dtype=dtype)  # [S, H, Dh], as the model calls attend
+        choice = int(torch._fused_sdp_choice(*_sdpa_inputs(probe, probe, probe)))
         names = {int(getattr(SDPBackend, n)): n.lower() for n in dir(SDPBackend) if n.isupper()}
         return f"sdpa:{names.get(choice, choice)}"
     except Exception as err:  # private API: absent or changed in this torch

@@ -107,9 +107,8 @@ class TransportBenchConfig(UserRequest):
         from h3core.device import compute_dtype
         from h3core.limits import capacity, check_memory, transport_need
 
-        dtype_bytes = compute_dtype(self.device, self.dtype).itemsize
-        need = transport_need(self.tokens, self.heads, self.head_dim, self.world_size, self.device, dtype_bytes,
-                              self.attention if self.time_attention else None)
+        need = transport_need(self.tokens, self.heads, self.head_dim, self.world_size, self.device,
+                              compute_dtype(self.device, self.dtype), self.attention if self.time_attention else None)
         check_memory(need, capacity(self.device, self.world_size), "--tokens (or --width/--height/--frames), --heads or --head-dim")
 
 

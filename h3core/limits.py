@@ -15,8 +15,12 @@ What is counted, per rank (the largest one), in the compute dtype unless said ot
 - `rope`: the RoPE table of the whole packed sequence (cos and sin, float32);
 - `activations`: the larger of one block's attention and MLP working set: Ulysses holds its own
   rows at model width plus q|k|v and the output of its heads over the whole sequence; tensor mode
-  all-gathers the whole sequence at model width and projects it to its shard; the `math`
-  attention backend also holds the [heads, S, S] scores;
+  all-gathers the whole sequence at model width and projects it to its shard;
+- `attention scores`: the [heads, S, S] scores and their softmax, when the attention call
+  materialises them: the `math` backend always; `sdpa` when PyTorch's dispatcher picks its math
+  kernel for the very inputs `attention._sdpa` passes (`attention.kernel_name`; on a CPU with
+  this torch it does); never the fused kernels (flash, memory-efficient, cuDNN, SageAttention).
+  Decided without touching CUDA: on a GPU `sdpa` is taken as fused;
 - `steps`: the sigma schedule (computed in float64) and the per-step timings, per step;
 - `process`: a spawned rank's own process (Python, torch, Gloo): measured at ~147 MiB of
   anonymous memory on Linux before any work; 128 MiB is counted.
@@ -38,6 +42,8 @@ from h3core.environment import env_bool, env_int
 from h3core.errors import ResourceLimit
 
 if TYPE_CHECKING:
+    import torch
+
     from h3core.config import ModelConfig
     from h3core.plan import ParallelPlan
 
@@ -86,34 +92,56 @@ class MemoryNeed:
 # --- estimates -------------------------------------------------------------------------------------
 
 
+def scores_bytes(attention: str, device: str, dtype: "torch.dtype", heads: int, tokens: int, head_dim: int) -> int:
+    """Bytes of the attention scores one call holds at once (0 for kernels that never materialise them)."""
+    import torch
+
+    from h3core.attention import kernel_name
+
+    if attention == "math":
+        return 2 * 4 * heads * tokens * tokens  # h3's reference: float32 scores and softmax
+    if attention != "sdpa" or device == "cuda":
+        return 0
+    kernel = kernel_name("sdpa", torch.device("cpu"), dtype, heads, head_dim)
+    return 2 * dtype.itemsize * heads * tokens * tokens if kernel == "sdpa:math" else 0
+
+
 def generate_need(config: "ModelConfig", plans: "list[ParallelPlan]", latent_elements: int, steps: int,
-                  device: str, dtype_bytes: int, attention: str, spawned: bool) -> MemoryNeed:
+                  device: str, dtype: "torch.dtype", attention: str, spawned: bool) -> MemoryNeed:
     """A generate run's need per rank: `plans` are the partitions of its sequences (prompt, and
     guidance's negative prompt), `latent_elements` the video + audio latent elements."""
     from h3core.checkpoint import weight_bytes
     from h3core.plan import Mode
 
+    dtype_bytes = dtype.itemsize
     plan = max(plans, key=lambda p: p.num_tokens)
     weights = weight_bytes(config, plan)
     dense = weights.checkpoint_bytes - weights.nvfp4_bytes  # stored as bf16, held at the compute dtype
     held = max(weights.per_rank) + dense * max(0, dtype_bytes - 2) // 2
-    s, s_loc, h_loc = plan.num_tokens, max(plan.tokens), max(plan.heads)
+    s, s_loc, h_loc, n = plan.num_tokens, max(plan.tokens), max(plan.heads), plan.world_size
     d, dh, f = config.hidden, config.head_dim, config.mlp_width
+    x = s_loc * d  # the residual stream rows, alive through the block
     if plan.mode is Mode.TENSOR:
-        f_loc = -(-f // plan.world_size)
-        attn, mlp = s * d + s * 4 * h_loc * dh, s * d + s * 3 * f_loc
+        gathered = s * d if n > 1 else 0  # the all-gathered sequence (one rank: the identity, no copy)
+        attn = x + gathered + s * 3 * h_loc * dh + s * h_loc * dh  # + q|k|v of its heads, their output
+        mlp = x + gathered + s * 3 * -(-f // n)  # + its FC1 rows' output [S, 2F/N] and activation [S, F/N]
     else:
-        attn, mlp = s_loc * 4 * d + s * 4 * h_loc * dh, s_loc * d + s_loc * 3 * f
-    if attention == "math":
-        attn += h_loc * s * s
-    on_device = {"weights": held, "activations": max(attn, mlp) * dtype_bytes, "rope": s * dh * 4}
+        received = s * 3 * h_loc * dh if n > 1 else 0  # q|k|v of its heads over the whole sequence (one rank: the identity)
+        attn = x + s_loc * 3 * d + received + s * h_loc * dh  # + its q|k|v rows, the attention output
+        mlp = x + s_loc * 3 * f  # + FC1 output [S_loc, 2F] and activation [S_loc, F]
+    on_device = {
+        "weights": held,
+        "activations": max(attn, mlp) * dtype_bytes,
+        "attention scores": scores_bytes(attention, device, dtype, h_loc, s, dh),
+        "rope": s * dh * 4,
+    }
     on_host = {"latents": 2 * latent_elements * 4, "steps": steps * STEP_BYTES}
     if spawned:
         on_host["process"] = PROCESS_BYTES
     return MemoryNeed(ranks=plan.world_size, device=device, on_device=on_device, on_host=on_host, spawned=spawned)
 
 
-def transport_need(tokens: int, heads: int, head_dim: int, world_size: int, device: str, dtype_bytes: int,
+def transport_need(tokens: int, heads: int, head_dim: int, world_size: int, device: str, dtype: "torch.dtype",
                    attention: str | None) -> MemoryNeed:
     """`h3 bench-transport`'s need per rank: q|k|v rows, their head-sharded copy, the output and the
     baseline's buffers (and attention's scores with the `math` backend)."""
@@ -121,8 +149,8 @@ def transport_need(tokens: int, heads: int, head_dim: int, world_size: int, devi
     rows = 2 * s_loc * 3 * heads * head_dim  # q|k|v and the send side of seq->head
     by_head = 2 * tokens * 3 * h_loc * head_dim  # received q|k|v and the baseline's receive buffer
     outputs = 2 * tokens * h_loc * head_dim  # the attention output (or its stand-in) and head->seq
-    scores = h_loc * tokens * tokens if attention == "math" else 0
-    on_device = {"activations": (rows + by_head + outputs + scores) * dtype_bytes}
+    scores = scores_bytes(attention, device, dtype, h_loc, tokens, head_dim) if attention else 0
+    on_device = {"activations": (rows + by_head + outputs) * dtype.itemsize, "attention scores": scores}
     on_host = {"process": PROCESS_BYTES} if world_size > 1 else {}
     return MemoryNeed(ranks=world_size, device=device, on_device=on_device, on_host=on_host, spawned=world_size > 1)
 

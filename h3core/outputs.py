@@ -156,10 +156,7 @@ class _Target:
         """Write, sync and remove a small file where the results will go; check the free space."""
         assert self.staging is not None
         probe = self.staging / ".probe"
-        with open(probe, "wb") as f:
-            f.write(b"\0" * PROBE_BYTES)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(probe, b"\0" * PROBE_BYTES)
         probe.unlink()
         need = need_bytes + MARGIN_BYTES
         free = free_bytes(self.staging)
@@ -182,13 +179,13 @@ class _Target:
         if self.staging is not None and not self.published:
             _remove(self.staging)
             self.staging = None
+        self.release()
         if not self.published:
             for folder in reversed(self._made_parents):
                 try:
                     folder.rmdir()
                 except OSError:
                     break
-        self.release()
 
     def release(self) -> None:
         if self._lock is not None:

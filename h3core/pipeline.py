@@ -161,9 +161,9 @@ def _check_memory(request: GenerateRequest, config: ModelConfig, shape: RunShape
     from h3core.launch import under_torchrun
 
     elements = math.prod(shape.video_latent) + math.prod(shape.audio_latent)
-    dtype_bytes = dev.compute_dtype(request.device, request.dtype).itemsize
+    dtype = dev.compute_dtype(request.device, request.dtype)
     spawned = request.world_size > 1 and not under_torchrun()
-    need = generate_need(config, plans, elements, shape.steps, request.device, dtype_bytes, request.attention, spawned)
+    need = generate_need(config, plans, elements, shape.steps, request.device, dtype, request.attention, spawned)
     check_memory(need, capacity(request.device, request.world_size), "--width/--height/--frames")
 
 

@@ -1,6 +1,7 @@
 """`h3 matrix` without running a model: settings precedence, skip logic, summary math, rendering."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -263,3 +264,19 @@ def test_chart_is_a_png(report):
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (1100, 480)
 
+
+
+def test_a_single_step_shows_no_step_time_speedup_or_efficiency_and_says_why():
+    # One step is all warm-up: on 2 cores it once showed a 9.15x speedup and 457% efficiency.
+    from h3core.pipeline import RunFiles
+
+    planned = mx.PlannedCell(Mode.ULYSSES, 2, True, None, None)
+    run_report = SimpleNamespace(step_seconds=[0.9], timings={"sampling": 0.9}, ranks_on="2 CPU ranks (Gloo)", ranks=[], comm_total=SimpleNamespace(bytes_sent=0), parity=None, files=RunFiles(directory="d", report="d/report.json", latents=None, preview=None))
+    run_report.ranks = [SimpleNamespace(peak_memory_sampling_bytes=1, weights=SimpleNamespace(resident=1))]
+    cell = mx.summarise(planned, run_report, 1, baseline_seconds=mx.steady_step_seconds([5.0]), parity_error=None)
+    assert cell.step_seconds is None and cell.speedup is None and cell.efficiency is None
+    report = _report([cell]).model_copy(update={"scaling_note": mx.SINGLE_STEP_NOTE})
+    row = summary_rows(report)[0]
+    assert [row[COLUMNS.index(c)] for c in ("step", "speedup", "eff.")] == ["-", "-", "-"]
+    assert any("with 1 denoising step there is no step after the first" in line for line in notes(report))
+    assert "run with --steps 2 or more" in markdown(report)
