@@ -162,9 +162,9 @@ def test_create_with_no_stock_stops_before_posting(h3, runpod):
     [
         (["--ssh-public-key", "/nonexistent/id.pub"], "cannot read --ssh-public-key /nonexistent/id.pub: No such file or directory"),
         (["--network-volume", "vol1234567", "--volume-gb", "50"], "--network-volume exclude each other"),
-        (["--volume-gb", "5"], "--volume-gb=5: Input should be greater than or equal to 10"),
+        (["--volume-gb", "5"], "--volume-gb 5: must be at least 10"),
         (["--min-cuda", "13"], "--min-cuda '13' is not a CUDA version like 13.0"),
-        (["--volume-mount-path", "data"], "--volume-mount-path='data'"),
+        (["--volume-mount-path", "data"], "--volume-mount-path 'data'"),
     ],
 )
 def test_bad_create_flags_are_one_line_and_send_nothing(h3, runpod, args, message):
