@@ -440,9 +440,9 @@ class _Worker:
     conn: Connection
     heartbeat: Any  # shared double: the worker's last time.monotonic() stamp
 
-    def silent_for(self) -> float:
-        """Seconds since the worker last showed a sign of life."""
-        return time.monotonic() - self.heartbeat.value
+    def silent_for(self, since: float) -> float:
+        """Seconds the worker has shown no sign of life, counted from `since` at the earliest."""
+        return time.monotonic() - max(self.heartbeat.value, since)
 
 
 class World:
@@ -474,6 +474,7 @@ class World:
         self._store: Any = None
         self._busy = False  # a task is in flight: workers would not read a clean "stop"
         self._started = False  # every spawned rank has joined the group (heartbeats are watched from then)
+        self._last_look = self._last_check = self._awake_since = time.monotonic()
         self._closed = False
         launched = torchrun_env()
         if launched is not None:
@@ -639,8 +640,8 @@ class World:
         while len(answers) < len(self._workers):
             timeout = _HEARTBEAT_S if deadline is None else min(_HEARTBEAT_S, max(0.0, deadline - time.monotonic()))
             ready = wait([w.conn for w in self._workers if w.rank not in answers] + list(sentinels), timeout)
+            self._check_signs_of_life()
             if not ready:
-                self._check_signs_of_life()
                 if deadline is not None and time.monotonic() >= deadline:
                     self.close()
                     raise H3Error(
@@ -661,13 +662,18 @@ class World:
         Only once every rank has started: before that a worker is importing torch (seconds on a
         loaded machine, its heartbeat thread may not run yet) and the start-up deadline applies.
         """
-        if not self._started:
+        now = time.monotonic()
+        if now - self._last_look > 5 * _HEARTBEAT_S:
+            self._awake_since = now  # this process did not run either (Ctrl-Z, a suspended machine): not the ranks' fault
+        self._last_look = now
+        if not self._started or now - self._last_check < _HEARTBEAT_S:
             return
-        stalled = [w for w in self._workers if w.process.exitcode is None and w.silent_for() > self.rank_timeout_s]
+        self._last_check = now
+        stalled = [w for w in self._workers if w.process.exitcode is None and w.silent_for(self._awake_since) > self.rank_timeout_s]
         if not stalled:
             return
         worker = stalled[0]
-        silent, state = worker.silent_for(), _process_state(worker.process.pid)
+        silent, state = worker.silent_for(self._awake_since), _process_state(worker.process.pid)
         self.close()
         raise RankFailure(
             worker.rank,

@@ -33,7 +33,7 @@ from h3core.checkpoint import Checkpoint, synthetic_checkpoint, SYNTHETIC
 from h3core.collectives import CommStats
 from h3core.config import ModelConfig, preset as get_preset
 from h3core.errors import ConfigError
-from h3core.limits import capacity, check_memory, generate_need
+from h3core.limits import capacity, check_cpu_ranks, check_memory, generate_need
 from h3core.model import (
     H3Model,
     LATENT_KINDS,
@@ -147,7 +147,7 @@ def resolve(request: GenerateRequest) -> ResolvedRun:
     prompts = [request.prompt] + ([request.negative_prompt] if request.guidance_scale != 1.0 else [])
     lengths = [min(len(tokenizer.encode(p)), config.max_text_tokens) for p in prompts]
     plans = [ParallelPlan.build(config, request.world_size, request.mode, config.segments(width, height, frames, n)) for n in lengths]
-    _check_memory(request, config, shape, plans)
+    _check_limits(request, config, shape, plans)
     if ckpt is not None:
         ckpt.validate()
         path, synthetic = request.model_path, ckpt.weights == SYNTHETIC
@@ -156,9 +156,12 @@ def resolve(request: GenerateRequest) -> ResolvedRun:
     return ResolvedRun(request=request, config=config, checkpoint=Path(path), synthetic=synthetic, shape=shape)
 
 
-def _check_memory(request: GenerateRequest, config: ModelConfig, shape: RunShape, plans: list[ParallelPlan]) -> None:
-    """Refuse (one line) a run whose ranks cannot hold what its plan needs (`h3core.limits`)."""
+def _check_limits(request: GenerateRequest, config: ModelConfig, shape: RunShape, plans: list[ParallelPlan]) -> None:
+    """Refuse (one line) a run whose ranks this machine cannot start or hold (`h3core.limits`)."""
     from h3core.launch import under_torchrun
+
+    if request.device != "cuda" and not under_torchrun():
+        check_cpu_ranks(request.world_size)
 
     elements = math.prod(shape.video_latent) + math.prod(shape.audio_latent)
     dtype = dev.compute_dtype(request.device, request.dtype)
