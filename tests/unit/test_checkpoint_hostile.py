@@ -97,8 +97,8 @@ def test_a_corrupt_or_foreign_cached_file_is_rebuilt(tmp_path):
     path.write_bytes(path.read_bytes()[:1000])  # truncated
     again, built = synthetic_checkpoint(CFG, seed=0, directory=tmp_path)
     assert again == path and built and _same({k: v.clone() for k, v in load_file(str(path)).items()}, good)
-    foreign, _ = synthetic_checkpoint(CFG.model_copy(update={"steps": 7}), seed=0, directory=tmp_path / "other")
-    path.write_bytes(foreign.read_bytes())  # readable, but another config's file
+    foreign = CFG.model_copy(update={"steps": 7}).model_dump_json()
+    save_file(good, str(path), metadata={"format": "h3-nvfp4", "weights": "synthetic", "config": foreign})  # readable, another config's
     assert synthetic_checkpoint(CFG, seed=0, directory=tmp_path)[1]
     assert Checkpoint.open(path, CFG).config == CFG and not synthetic_checkpoint(CFG, seed=0, directory=tmp_path)[1]
 
