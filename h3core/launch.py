@@ -21,11 +21,11 @@ A faulted World is closed. Leaving the `with` block always reaps every worker, a
 KeyboardInterrupt; workers ignore SIGINT so that only this process handles Ctrl-C, and a worker
 whose parent disappears exits by itself.
 
-Stalls: every worker stamps a shared heartbeat each second from a thread of its own. A rank whose
-process stops running (`kill -STOP`, frozen, swapped out) stops stamping; when a rank has shown no
-sign of life for `H3_RANK_TIMEOUT` seconds (default 60) the run is stopped like a failed one, naming
-the rank and its process state. A rank that runs but waits (a collective whose peer is stuck)
-still stamps; the collective timeout (`H3_COLLECTIVE_TIMEOUT`, default 600 s) bounds that wait.
+Stalls (`h3core.liveness`): every worker stamps a shared heartbeat each second; when a started
+rank has shown no sign of life for `H3_RANK_TIMEOUT` seconds (default 60: `kill -STOP`, a frozen
+process) the run is stopped like a failed one, naming the rank and its process state. A rank that
+runs but waits still stamps; the collective timeout (`H3_COLLECTIVE_TIMEOUT`, default 600 s)
+bounds that wait.
 
 Workers never write to the terminal: their stdout and stderr go to /dev/null unless H3_DEBUG=1.
 Rank 0 reports progress through `RankContext.report`, which reaches `World.on_progress` here.
@@ -37,15 +37,13 @@ import os
 import pickle
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from h3core.device import (
     check_world_size_fits,
@@ -56,8 +54,10 @@ from h3core.device import (
     visible_gpu_count,
 )
 from h3core.environment import RANK_TIMEOUT, TorchrunEnv, collective_timeout_s, torchrun_env, world_size_from_env
+from h3core.rendezvous import torchrun_store
 from h3core.environment import rank_timeout_s as rank_timeout_s_from_env
 from h3core.errors import ConfigError, H3Error, RankFailure
+from h3core.liveness import HEARTBEAT_S, Watch, beat_while_parent_lives, new_heartbeat
 
 if TYPE_CHECKING:
     import torch
@@ -71,7 +71,6 @@ DEBUG_ENV = "H3_DEBUG"
 _FAULT_GRACE_S = 0.3  # after a first failure, how long to listen for its root cause (a dead rank)
 _TERMINATE_GRACE_S = 3.0  # SIGTERM -> SIGKILL
 _STOP_GRACE_S = 10.0  # a clean stop: time for workers to leave their process group
-_HEARTBEAT_S = 1.0  # how often a worker stamps its heartbeat (and checks that its parent lives)
 
 
 def resolve_world_size(count: int | None) -> int:
@@ -332,7 +331,7 @@ def _worker_main(spec: _WorkerSpec, conn: Connection, heartbeat: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     if not spec.debug:
         _silence_output()
-    threading.Thread(target=_beat_while_parent_lives, args=(spec.parent_pid, heartbeat), daemon=True).start()
+    threading.Thread(target=beat_while_parent_lives, args=(spec.parent_pid, heartbeat), daemon=True).start()
     try:
         ctx = _join_spawned_group(spec, conn)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
@@ -353,14 +352,6 @@ def _silence_output() -> None:
     for fd in (1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
-
-
-def _beat_while_parent_lives(parent_pid: int, heartbeat: Any) -> None:
-    """Stamp `heartbeat` (shared with the parent) every second; exit when the parent is gone."""
-    while os.getppid() == parent_pid:
-        heartbeat.value = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
-        time.sleep(_HEARTBEAT_S)
-    os._exit(1)
 
 
 def _join_spawned_group(spec: _WorkerSpec, conn: Connection) -> RankContext:
@@ -438,11 +429,7 @@ class _Worker:
     rank: int
     process: "BaseProcess"
     conn: Connection
-    heartbeat: Any  # shared double: the worker's last time.monotonic() stamp
-
-    def silent_for(self, since: float) -> float:
-        """Seconds the worker has shown no sign of life, counted from `since` at the earliest."""
-        return time.monotonic() - max(self.heartbeat.value, since)
+    heartbeat: Any  # shared double: the worker's last sign of life (`h3core.liveness`)
 
 
 class World:
@@ -473,8 +460,7 @@ class World:
         self._joined_torchrun = False
         self._store: Any = None
         self._busy = False  # a task is in flight: workers would not read a clean "stop"
-        self._started = False  # every spawned rank has joined the group (heartbeats are watched from then)
-        self._last_look = self._last_check = self._awake_since = time.monotonic()
+        self._watch = Watch(self.rank_timeout_s)
         self._closed = False
         launched = torchrun_env()
         if launched is not None:
@@ -574,7 +560,7 @@ class World:
             self.backend = str(dist.get_backend())
         else:
             timeout = timedelta(seconds=self.timeout_s)
-            store = _torchrun_store(launched, self.rank_timeout_s, timeout)
+            store = torchrun_store(launched, self.rank_timeout_s, timeout)
             self.backend = _init_group(self.device_type, device, store, rank, env_world, timeout)
             self._joined_torchrun = True
         progress = self._progress if rank == 0 else None
@@ -597,7 +583,7 @@ class World:
             for rank in range(self.world_size):
                 spec = _WorkerSpec(rank, self.world_size, self.device_type, self._store.port, self.timeout_s, os.getpid(), debug)
                 parent_end, child_end = context.Pipe(duplex=True)
-                heartbeat = context.Value("d", time.monotonic(), lock=False)
+                heartbeat = new_heartbeat(context)
                 process = context.Process(target=_worker_main, args=(spec, child_end, heartbeat), name=f"h3-rank{rank}", daemon=True)
                 process.start()
                 child_end.close()
@@ -607,7 +593,7 @@ class World:
         except BaseException:
             self.close()
             raise
-        self._started = True
+        self._watch.started = True
         self._busy = False
 
     def _run_spawned(self, fn: Callable[..., R], args: tuple, kwargs: dict) -> list[R]:
@@ -638,7 +624,7 @@ class World:
         by_conn = {w.conn: w for w in self._workers}
         sentinels = {w.process.sentinel for w in self._workers}
         while len(answers) < len(self._workers):
-            timeout = _HEARTBEAT_S if deadline is None else min(_HEARTBEAT_S, max(0.0, deadline - time.monotonic()))
+            timeout = HEARTBEAT_S if deadline is None else min(HEARTBEAT_S, max(0.0, deadline - time.monotonic()))
             ready = wait([w.conn for w in self._workers if w.rank not in answers] + list(sentinels), timeout)
             self._check_signs_of_life()
             if not ready:
@@ -657,29 +643,12 @@ class World:
         return answers
 
     def _check_signs_of_life(self) -> None:
-        """Stop the run when a living worker has not stamped its heartbeat for `rank_timeout_s`.
-
-        Only once every rank has started: before that a worker is importing torch (seconds on a
-        loaded machine, its heartbeat thread may not run yet) and the start-up deadline applies.
-        """
-        now = time.monotonic()
-        if now - self._last_look > 5 * _HEARTBEAT_S:
-            self._awake_since = now  # this process did not run either (Ctrl-Z, a suspended machine): not the ranks' fault
-        self._last_look = now
-        if not self._started or now - self._last_check < _HEARTBEAT_S:
-            return
-        self._last_check = now
-        stalled = [w for w in self._workers if w.process.exitcode is None and w.silent_for(self._awake_since) > self.rank_timeout_s]
-        if not stalled:
-            return
-        worker = stalled[0]
-        silent, state = worker.silent_for(self._awake_since), _process_state(worker.process.pid)
-        self.close()
-        raise RankFailure(
-            worker.rank,
-            f"no sign of life for {silent:.0f} s ({state}); the run was stopped. "
-            f"{RANK_TIMEOUT} (now {self.rank_timeout_s:g} s) sets how long h3 waits for a rank",
-        )
+        """Stop the run when a started rank has shown no sign of life for `rank_timeout_s`."""
+        silent = self._watch.silent({w.rank: (w.process.pid, w.heartbeat) for w in self._workers if w.process.exitcode is None})
+        if silent is not None:
+            self.close()
+            rank, what = silent
+            raise RankFailure(rank, f"{what}; the run was stopped. {RANK_TIMEOUT} (now {self.rank_timeout_s:g} s) sets how long h3 waits for a rank")
 
     def _receive(self, worker: _Worker, tag: str, answers: dict[int, Any]) -> None:
         try:
@@ -727,56 +696,6 @@ def _drain_errors(workers: list[_Worker]) -> list[_RankError]:
         except (EOFError, OSError):
             continue
     return errors
-
-
-def _process_state(pid: int | None) -> str:
-    """A process's scheduler state from /proc, in words ('stopped (SIGSTOP)', 'running', ...)."""
-    words = {"T": "process stopped (SIGSTOP or a debugger)", "t": "process stopped by a debugger", "D": "process blocked in I/O",
-             "Z": "process exited", "R": "process running but not answering", "S": "process sleeping"}
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "process state unknown"
-    return words.get(state, f"process state {state}")
-
-
-def _torchrun_store(launched: TorchrunEnv, rendezvous_s: float, timeout: timedelta) -> Any:
-    """torchrun's env:// rendezvous (as `init_process_group` does it), but bounded by
-    `rendezvous_s`: a stale torchrun environment ends in one line instead of a hang."""
-    import torch.distributed as dist
-
-    stale = "if torchrun did not start this command, unset RANK, WORLD_SIZE and LOCAL_RANK"
-    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
-    if missing:
-        raise ConfigError(f"{launched.describe()} says torchrun started h3, but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set; {stale}")
-    try:
-        with _native_stderr_held():  # torch's C++ retries log stack traces; the error below says it in one line
-            store, _, _ = next(dist.rendezvous("env://", launched.rank, launched.world_size, timeout=timedelta(seconds=rendezvous_s)))
-    except (RuntimeError, ValueError, OSError) as err:
-        raise ConfigError(
-            f"{launched.describe()}: the {launched.world_size} torchrun ranks did not meet within {rendezvous_s:g} s "
-            f"({' '.join(str(err).split())[:160]}); {stale}, or raise {RANK_TIMEOUT}"
-        ) from err
-    store.set_timeout(timeout)
-    return store
-
-
-@contextmanager
-def _native_stderr_held() -> Iterator[None]:
-    """Hold what native code writes to fd 2 during the block; show it afterwards only with H3_DEBUG=1."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
-                held.seek(0)
-                os.write(2, held.read())
 
 
 def _gather_to_main(ctx: RankContext, result: Any) -> list:

@@ -33,7 +33,6 @@ wrong about a machine with swap); `H3_MAX_CPU_RANKS` raises the cap on Gloo rank
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING

@@ -11,7 +11,6 @@ counts) ranks and run every selected check on it. The report is published whatev
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Callable
 
 from h3core.errors import ConfigError
