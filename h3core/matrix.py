@@ -51,7 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from h3core import device as dev
 from h3core import environment as env
 from h3core.errors import CheckFailed, ConfigError, H3Error, PartitionError, ResourceLimit
-from h3core.outputs import OutputFile, OutputFolder, Outputs, default_folder, publish_on_interrupt
+from h3core.outputs import FileInFolder, OutputFile, OutputFolder, Outputs, default_folder, publish_on_interrupt
 from h3core.parity import LatentParity, latent_parity, tolerance
 from h3core.pipeline import GenerateRequest, ResolvedRun, RunReport, RunShape, StepDone, build_report, execute, one_rank_latents, output_bytes, resolve, write_outputs
 from h3core.plan import Mode
@@ -367,7 +367,7 @@ class _Matrix:
     """One matrix run: cells in order, 1-rank results kept for speedups and parity, files rewritten."""
 
     def __init__(self, request: MatrixRequest, planned: list[PlannedCell], visible_gpus: int, on_progress: ProgressCallback | None,
-                 folder: OutputFolder, benchmark: OutputFile | None):
+                 folder: OutputFolder, benchmark: OutputFile | FileInFolder | None):
         self.request, self.planned = request, planned
         self.folder, self.benchmark = folder, benchmark
         self.device = request.template.device

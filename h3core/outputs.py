@@ -310,6 +310,17 @@ class OutputFile(_Target):
         self.release()
 
 
+class FileInFolder:
+    """A single-file output that lies inside an output folder (`-o run --benchmark run/b.json`)."""
+
+    def __init__(self, folder: OutputFolder, relative: Path):
+        self.folder, self.relative = folder, relative
+        self.path = folder.path / relative
+
+    def write(self, data: bytes) -> Path:
+        return self.folder.write(self.relative, data)
+
+
 class Outputs:
     """Every place one command writes to, published together or not at all (see the module docstring)."""
 
@@ -325,7 +336,16 @@ class Outputs:
         self._folders.append(folder)
         return folder
 
-    def file(self, path: Path, *, flag: str, need_bytes: int = 0) -> OutputFile:
+    def file(self, path: Path, *, flag: str, need_bytes: int = 0) -> "OutputFile | FileInFolder":
+        """A single file; one inside a folder of these outputs is staged and published with that folder."""
+        for folder in self._folders:
+            try:
+                relative = Path(path).resolve().relative_to(folder.path.resolve())
+            except ValueError:
+                continue
+            if relative == Path("."):
+                raise ConfigError(f"{flag} {path} is the output folder itself; give a file path, e.g. {flag} {Path(path) / 'report-copy.json'}")
+            return FileInFolder(folder, relative)
         target = OutputFile(path, flag, need_bytes)
         self._files.append(target)
         return target

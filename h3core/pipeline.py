@@ -50,7 +50,7 @@ from h3core.partition import Segment, SegmentKind, Span
 from h3core.parallel.tensor import block_linears, sharded_prefixes
 from h3core.plan import Mode, ParallelPlan
 from h3core.parity import LatentParity, latent_parity, tolerance
-from h3core.outputs import OutputFile, OutputFolder, Outputs
+from h3core.outputs import FileInFolder, OutputFile, OutputFolder, Outputs
 from h3core.preview import preview_png
 from h3core.report import TensorChecksum, Versions, timestamp
 from h3core.sampler import FlowMatchEuler, check_finite, guided_velocity, initial_noise
@@ -511,7 +511,7 @@ def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
 
 
 def write_outputs(
-    report: RunReport, outcome: RankOutcome, folder: OutputFolder, save_latents: bool, benchmark: OutputFile | None, under: str = ""
+    report: RunReport, outcome: RankOutcome, folder: OutputFolder, save_latents: bool, benchmark: OutputFile | FileInFolder | None, under: str = ""
 ) -> RunFiles:
     """Stage the latents (unless not saved), a preview PNG and the report in `folder` (in its
     subfolder `under`), and the report copy in `benchmark`; they appear when the caller publishes

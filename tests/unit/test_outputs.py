@@ -182,3 +182,13 @@ def test_a_run_never_publishes_twice_into_a_copy_of_the_lock(tmp_path):
         a.folder(tmp_path / "run", kind="generate")
         assert (tmp_path / ".run.h3-lock").read_text() == str(os.getpid())
     assert not (tmp_path / ".run.h3-lock").exists()
+
+
+def test_a_copy_inside_the_output_folder_is_published_with_it(tmp_path):
+    with Outputs() as outputs:
+        folder = outputs.folder(tmp_path / "run", kind="generate")
+        copy = outputs.file(tmp_path / "run" / "copies" / "bench.json", flag="--benchmark")
+        folder.write("report.json", b"{}")
+        assert copy.write(b"{}") == tmp_path / "run" / "copies" / "bench.json"
+        outputs.publish()
+    assert _entries(tmp_path / "run") == ["copies", "report.json"] and _entries(tmp_path) == ["run"]
