@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from h3cli import options
-from h3cli.output import Output, progress_bar
+from h3cli.output import Output, is_rank_zero, progress_bar
 
 
 def _render(report: Any, path: Path | None, console: Console) -> None:
@@ -79,8 +79,8 @@ def bench_transport(
 ) -> None:
     """Time Ulysses seq->head, attention and head->seq on random q|k|v against a plain all-to-all."""
     from h3core.bench_transport import TransportBenchConfig, report_path, run_transport_benchmark
-    from h3core.report import write_report
     from h3core.launch import resolve_world_size
+    from h3core.outputs import Outputs
 
     cfg = TransportBenchConfig.build(
         world_size=resolve_world_size(count), attention=attention, tokens=tokens, width=width, height=height,
@@ -88,13 +88,16 @@ def bench_transport(
         time_attention=not skip_attention,
     )
     out = Output(json)
-    with _progress(f"bench-transport {cfg.world_size}x") as on_progress:
-        report = run_transport_benchmark(cfg, on_progress)
-    if report is None:
-        return  # a torchrun rank other than 0: rank 0 reports
     path = report_path(output, cfg)
-    if path is not None:
-        write_report(path, report)
+    with Outputs(enabled=is_rank_zero()) as outputs:
+        target = outputs.file(path, flag="--output") if path is not None and outputs.enabled else None
+        with _progress(f"bench-transport {cfg.world_size}x") as on_progress:
+            report = run_transport_benchmark(cfg, on_progress)
+        if report is None:
+            return  # a torchrun rank other than 0: rank 0 reports
+        if target is not None:
+            target.write((report.model_dump_json(indent=2) + "\n").encode())
+            outputs.publish()
     out.result(report, lambda console: _render(report, path, console))
 
 

@@ -89,10 +89,11 @@ def generate(
     dtype: options.Dtype = None,
     model: options.Model = None,
     text_encoder: options.TextEncoder = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", envvar=env.OUTPUT, help="Report/latent folder. Default: outputs/<time>-generate-<mode>-<N>.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", envvar=env.OUTPUT, help="Report/latent folder: new or empty (see --overwrite). Default: outputs/<time>-generate-<mode>-<N>-<4 hex>.")] = None,
     save_latents: Annotated[bool, typer.Option("--save-latents/--no-save-latents", envvar=env.SAVE_LATENTS, help="Write latents.safetensors.")] = True,
     benchmark: Annotated[Optional[Path], typer.Option("--benchmark", envvar=env.BENCHMARK, help="Also write the report JSON here.")] = None,
     parity: Annotated[bool, typer.Option("--parity", help="Also run one rank with the same seed and record the latent error (at 1 rank: vs the other mode).")] = False,
+    overwrite: options.Overwrite = False,
     json: options.Json = False,
 ) -> None:
     """Generate video + audio latents from a prompt, on one rank or across all of them."""
@@ -128,7 +129,7 @@ def generate(
     columns = (TextColumn("[bold]denoising"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())
     with progress_bar(out.err if json else out.console, *columns) as update:
         report = run_generate(
-            request, output=output, save_latents=save_latents, benchmark=benchmark, parity=parity,
+            request, output=output, save_latents=save_latents, benchmark=benchmark, parity=parity, overwrite=overwrite,
             on_step=lambda msg: update(completed=msg.step, total=msg.steps, description=f"{msg.seconds:.2f}s/step"),
         )
     out.result(report, lambda console: render_run(report, console))

@@ -65,9 +65,10 @@ def matrix(
     dtype: options.Dtype = None,
     model: options.Model = None,
     text_encoder: options.TextEncoder = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Report folder. Default: H3_DISTRIBUTED_OUTPUT, else outputs/<time>-matrix.", show_default=False)] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Report folder: new or empty (see --overwrite). Default: H3_DISTRIBUTED_OUTPUT, else outputs/<time>-matrix-<4 hex>.", show_default=False)] = None,
     save_latents: Annotated[Optional[bool], typer.Option("--save-latents/--no-save-latents", help="Write each cell's latents. Default: H3_SAVE_LATENTS (0 = reports only), else yes.", show_default=False)] = None,
     benchmark: Annotated[Optional[Path], typer.Option("--benchmark", help="Also write the matrix JSON here. Default: H3_DISTRIBUTED_BENCHMARK.", show_default=False)] = None,
+    overwrite: options.Overwrite = False,
     json: options.Json = False,
 ) -> None:
     """Run generate for every mode x rank count this machine can take; speedup, memory and parity per cell."""
@@ -79,7 +80,7 @@ def matrix(
         preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, attention=attention,
         device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder,
     )
-    request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark)
+    request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark, overwrite=overwrite)
     out = Output(json)
     columns = (TextColumn("[bold]matrix[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TimeRemainingColumn())
     with progress_bar(out.err if json else out.console, *columns) as update:

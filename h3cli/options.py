@@ -14,6 +14,7 @@ Preset = Annotated[str, typer.Option("--preset", help="Model preset: h3, h3-2blo
 Width = Annotated[Optional[int], typer.Option("--width", help="Video width in pixels (default: the preset's).")]
 Height = Annotated[Optional[int], typer.Option("--height", help="Video height in pixels (default: the preset's).")]
 Frames = Annotated[Optional[int], typer.Option("--frames", help="Video frames, 4k+1 (default: the preset's).")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing folder of h3 results at --output whole (never mixed into; never a folder h3 did not write).")]
 
 # --- what a generate run takes (h3 generate, h3 matrix) -------------------------------------------
 Prompt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="What to generate.", show_default=False)]

@@ -7,7 +7,6 @@ torchrun every rank runs the CLI, and only rank 0 talks (the others' consoles ar
 from __future__ import annotations
 
 import json
-import os
 import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -17,10 +16,17 @@ from rich.console import Console
 from rich.progress import Progress, ProgressColumn
 from rich.markup import escape
 
+from h3core.environment import torchrun_env
+from h3core.errors import ConfigError
+
 
 def is_rank_zero() -> bool:
-    """False only in a torchrun-launched process whose global rank is not 0."""
-    return os.environ.get("RANK", "0") in ("", "0")
+    """False only in a torchrun-launched process (`environment.torchrun_env`) whose rank is not 0."""
+    try:
+        launched = torchrun_env()
+    except ConfigError:
+        return True  # a malformed launch environment: the command refuses it, and that line must show
+    return launched is None or launched.rank == 0
 
 
 class Output:

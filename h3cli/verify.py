@@ -79,8 +79,9 @@ def verify(
     steps: Annotated[int, typer.Option("--steps", min=1, help="Denoising steps of the end-to-end parity runs.")] = 2,
     output: Annotated[
         Optional[Path],
-        typer.Option("--output", "-o", envvar=env.OUTPUT, help="Report folder. Default: outputs/<time>-verify.", show_default=False),
+        typer.Option("--output", "-o", envvar=env.OUTPUT, help="Report folder: new or empty (see --overwrite). Default: outputs/<time>-verify-<4 hex>.", show_default=False),
     ] = None,
+    overwrite: options.Overwrite = False,
     json: options.Json = False,
 ) -> None:
     """Compare every distributed piece (transport, attention, collectives, projection, tensor parallel,
@@ -89,7 +90,7 @@ def verify(
 
     config = VerifyConfig(
         checks=checks or [], counts=env.parse_int_list(counts, "--counts"), device=device, preset=preset,
-        steps=steps, output=output,
+        steps=steps, output=output, overwrite=overwrite,
     )
     out = Output(json)
     with out.err.status("h3 verify: preparing") as status:

@@ -53,8 +53,13 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 """The only dtypes the `sage2` and `flash` kernels take."""
 
 
+def _sdpa_views(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What `_sdpa` hands to SDPA: [S, H, Dh] -> [1, H, S, Dh] views, no copy."""
+    return tuple(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+
+
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, H, S, Dh] views, no copy
+    q4, k4, v4 = _sdpa_views(q, k, v)
     _record(sdpa_kernel_of(q4, k4, v4))
     return F.scaled_dot_product_attention(q4, k4, v4)[0].transpose(0, 1)  # [S, H, Dh]
 
@@ -149,6 +154,13 @@ def _dispatch_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
         return f"sdpa:{names.get(choice, choice)}"
     except Exception as err:  # private API: absent or changed in this torch
         return f"sdpa:unknown ({type(err).__name__})"
+
+
+def planned_sdpa_kernel(device: torch.device, dtype: torch.dtype, heads: int, head_dim: int) -> str:
+    """The kernel `attend(..., "sdpa")` will dispatch to for `[S, H, Dh]` inputs laid out as the model
+    passes them, before any run (memory estimates); reports use the record of the real calls."""
+    q = torch.zeros(16, 3, heads, head_dim, device=device, dtype=dtype)[:, 0]  # [S, H, Dh], strided like q of q|k|v
+    return sdpa_kernel_of(*_sdpa_views(q, q, q))
 
 
 def is_math_kernel(kernel: str) -> bool:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,15 +36,17 @@ from h3core.environment import BENCHMARK, env_str
 from h3core.errors import ConfigError
 from h3core.partition import head_spans, token_spans
 from h3core.report import Versions
+from h3core.validation import UserRequest
 
 TARGET_RATIO = 1.15
 PHASES = ("seq_to_head", "attention", "head_to_seq", "baseline_qkv", "baseline_out")
 
 
-class TransportBenchConfig(BaseModel):
-    """What `h3 bench-transport` measures (all sizes already resolved)."""
+class TransportBenchConfig(UserRequest):
+    """What `h3 bench-transport` measures (all sizes already resolved; a bad value is one ConfigError line)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    FLAGS: ClassVar[dict[str, str]] = {"world_size": "COUNT", "time_attention": "--skip-attention"}
 
     world_size: int = Field(ge=1, description="Ranks (one per GPU, or Gloo ranks on the CPU).")
     attention: str = Field("sdpa", description="Attention backend: sdpa, math, sage2 or flash.")
@@ -92,11 +94,22 @@ class TransportBenchConfig(BaseModel):
         head_spans(heads, world_size)
         if time_attention:
             check_backend(attention, device_type)
-        return cls(
+        cfg = cls(
             world_size=world_size, attention=attention, tokens=tokens, heads=heads, head_dim=head_dim,
             device=device_type, dtype=dtype_name(compute_dtype(device_type, dtype)), iters=iters,
             warmup=warmup, time_attention=time_attention,
         )
+        cfg.check_memory()
+        return cfg
+
+    def check_memory(self) -> None:
+        """Refuse (one line) what the ranks of this machine cannot hold (`h3core.limits`)."""
+        from h3core.device import compute_dtype
+        from h3core.limits import capacity, check_memory, transport_need
+
+        need = transport_need(self.tokens, self.heads, self.head_dim, self.world_size, self.device,
+                              compute_dtype(self.device, self.dtype), self.attention if self.time_attention else None)
+        check_memory(need, capacity(self.device, self.world_size), "--tokens (or --width/--height/--frames), --heads or --head-dim")
 
 
 class PhaseTiming(BaseModel):

@@ -29,6 +29,7 @@ reads it instead of rebuilding it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import os
@@ -49,6 +50,7 @@ from h3core.nvfp4.codec import GLOBAL_SCALE_DIVISOR, quantize
 from h3core.nvfp4.io import SafetensorsReader, linear_tensors, read_linear
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.partition import ColumnSlice, Span
+from h3core.paths import free_bytes, os_error_reason, path_kind
 
 if TYPE_CHECKING:
     from h3core.plan import ParallelPlan, WeightBytes
@@ -150,28 +152,60 @@ def _metadata(config: ModelConfig, weights: str, **extra: str) -> dict[str, str]
 
 
 def infer_config(reader: SafetensorsReader, base: ModelConfig, source: Path) -> ModelConfig:
-    """Dimensions from tensor shapes; everything shapes cannot tell (geometry, defaults) from `base`."""
+    """Dimensions from tensor shapes; everything shapes cannot tell (geometry, defaults) from `base`.
 
-    def shape(name: str) -> tuple[int, ...]:
+    Every shape is checked before it is used (rank, non-empty dimensions, exact divisions), and the
+    result is validated as a `ModelConfig`: a crafted or damaged file is one CheckpointError line.
+    """
+
+    def dim(name: str, axis: int, ndim: int) -> int:
         if name not in reader:
             raise CheckpointError(f"{source} has no tensor {name!r}: not an H3 checkpoint (see docs/checkpoint.md)")
-        return tuple(reader.shape(name))
+        shape = tuple(reader.shape(name))
+        if len(shape) != ndim or shape[axis] < 1:
+            raise CheckpointError(
+                f"{source}: tensor {name!r} has shape {list(shape)}, not a {ndim}-D tensor with a non-empty dimension {axis}; "
+                "the file is damaged or not an H3 checkpoint"
+            )
+        return shape[axis]
 
-    hidden = shape("kind_embed")[1]
-    head_dim = shape("blocks.0.attn.norm_q.weight")[0]
-    num_blocks = 1 + max(int(k.split(".")[1]) for k in reader.keys() if k.startswith("blocks."))
+    def exact(total: int, part: int, what: str) -> int:
+        if total % part:
+            raise CheckpointError(f"{source}: {what} ({total}) is not a multiple of {part}; the file is damaged or not an H3 checkpoint")
+        return total // part
+
+    hidden = dim("kind_embed", 1, 2)
+    head_dim = dim("blocks.0.attn.norm_q.weight", 0, 1)
     pt, ph, pw = base.video_patch
     fields = dict(
-        num_heads=hidden // head_dim,
+        name="checkpoint",
+        num_heads=exact(hidden, head_dim, "the model width"),
         head_dim=head_dim,
-        num_blocks=num_blocks,
-        mlp_width=layout.unpacked_width(shape("blocks.0.mlp.fc2.weight")[1]),
-        text_dim=layout.unpacked_width(shape("text_embed.weight")[1]),
-        time_embed_dim=layout.unpacked_width(shape("time_in.weight")[1]),
-        video_channels=shape("video_embed.weight")[1] // (pt * ph * pw),
-        audio_channels=shape("audio_embed.weight")[1] // base.audio_patch,
+        num_blocks=_block_count(reader.keys(), source),
+        mlp_width=layout.unpacked_width(dim("blocks.0.mlp.fc2.weight", 1, 2)),
+        text_dim=layout.unpacked_width(dim("text_embed.weight", 1, 2)),
+        time_embed_dim=layout.unpacked_width(dim("time_in.weight", 1, 2)),
+        video_channels=exact(dim("video_embed.weight", 1, 2), pt * ph * pw, "the video patch width"),
+        audio_channels=exact(dim("audio_embed.weight", 1, 2), base.audio_patch, "the audio patch width"),
     )
-    return base.model_copy(update={"name": "checkpoint", **fields})
+    try:
+        return ModelConfig.model_validate({**base.model_dump(), **fields})
+    except ValidationError as err:
+        raise CheckpointError(f"{source}: its tensor shapes describe no valid H3 model ({err.errors()[0]['msg']})") from None
+
+
+def _block_count(names: list[str], source: Path) -> int:
+    """1 + the largest `i` of `blocks.<i>.…`; a name under `blocks.` that is not numbered is refused."""
+    indices = []
+    for name in names:
+        if name.startswith("blocks."):
+            index = name.split(".")[1]
+            if not index.isdigit():
+                raise CheckpointError(f"{source}: tensor {name!r} is not under a numbered block (blocks.<i>.…); not an H3 checkpoint")
+            indices.append(int(index))
+    if not indices:
+        raise CheckpointError(f"{source} has no blocks.<i>.… tensors: not an H3 checkpoint (see docs/checkpoint.md)")
+    return 1 + max(indices)
 
 
 def _config_from(reader: SafetensorsReader, base: ModelConfig, source: Path) -> ModelConfig:
@@ -208,8 +242,11 @@ class Checkpoint:
     def open(cls, path: str | Path, base: ModelConfig) -> "Checkpoint":
         """Open and check a checkpoint; `base` supplies what the shapes cannot (resolution defaults)."""
         path = Path(path)
-        if not path.exists():
+        kind = path_kind(path, follow=True)
+        if kind == "nothing":
             raise CheckpointError(f"H3 checkpoint not found: {path}; set --model or H3_MODEL_PATH to an existing .safetensors file")
+        if kind != "a file":
+            raise CheckpointError(f"H3 checkpoint {path} is {kind}, not a file; set --model or H3_MODEL_PATH to the checkpoint's .safetensors file")
         reader = SafetensorsReader([path])
         meta = reader.metadata or {}
         if meta.get("format", FORMAT) != FORMAT:
@@ -448,13 +485,37 @@ def cache_dir() -> Path:
 def synthetic_checkpoint(config: ModelConfig, seed: int = 0, directory: Path | None = None) -> tuple[Path, bool]:
     """Path of the cached synthetic checkpoint for (config, seed), writing it first if needed.
 
-    Returns (path, built): `built` is False when the cached file was reused.
+    Returns (path, built): `built` is False when the cached file was reused. A cached file that
+    does not read back as that checkpoint (truncated, corrupt, another config) is derived data:
+    it is rebuilt, never reported as a download to repeat. A cache folder that cannot take the
+    file (read-only, full) is one line naming H3_CACHE_DIR, checked before the tensors are made.
     """
     key = hashlib.sha256(f"{config.model_dump_json()}|{seed}|{FORMAT_VERSION}|{_SYNTHETIC_GENERATOR_VERSION}".encode()).hexdigest()[:12]
-    path = (directory or cache_dir()) / f"synthetic-{config.name}-{key}.safetensors"
-    if path.exists():
+    folder = directory or cache_dir()
+    path = folder / f"synthetic-{config.name}-{key}.safetensors"
+    if path.exists() and _is_cached_synthetic(path, config):
         return path, False
-    write_checkpoint(synthetic_tensors(config, seed), path, _metadata(config, SYNTHETIC, seed=str(seed)))
+    expected = sum(_stored_bytes(s) for s in schema(config))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if free_bytes(folder) < expected:
+            raise OSError(errno.ENOSPC, "not enough free space")
+        write_checkpoint(synthetic_tensors(config, seed), path, _metadata(config, SYNTHETIC, seed=str(seed)))
+    except OSError as err:
+        raise CheckpointError(
+            f"cannot write the synthetic checkpoint ({expected / 2**20:.0f} MiB) to the cache folder {folder}: "
+            f"{os_error_reason(err)}; set H3_CACHE_DIR to a writable folder with room for it"
+        ) from None
     return path, True
+
+
+def _is_cached_synthetic(path: Path, config: ModelConfig) -> bool:
+    """The cached file opens as a safetensors file (header and size) and holds `config`'s synthetic weights."""
+    try:
+        with SafetensorsReader([path]) as reader:
+            meta = reader.metadata
+    except CheckpointError:
+        return False
+    return meta.get("weights") == SYNTHETIC and meta.get("config") == config.model_dump_json()
 
 

@@ -6,7 +6,8 @@ Everything that depends on "CPU or CUDA" is decided here and nowhere else:
   without one is a `BackendUnavailable` error (exit 2), never a silent fallback.
 - dtype: bf16 on CUDA, fp32 on the CPU, unless the user asks for fp32, bf16 or fp16.
 - ranks: rank `r` of a CUDA run computes on `cuda:{local_rank}`; a CUDA run cannot have more ranks
-  than visible GPUs (ConfigError); a CPU run can have any number (Gloo ranks share the cores).
+  than visible GPUs (ConfigError); a CPU run can have up to `H3_MAX_CPU_RANKS` (64; Gloo ranks
+  share the cores; see `h3core.limits`).
 - timing: `Stopwatch` uses CUDA events on CUDA and `perf_counter` on the CPU, and returns only
   after the device has finished the timed work.
 - memory: `peak_memory_bytes` is `torch.cuda.max_memory_allocated` on CUDA (tensor bytes the
@@ -107,10 +108,13 @@ def device_name(device_type: str) -> str:
 
 
 def check_world_size_fits(world_size: int, device_type: str) -> None:
-    """A CUDA run needs one visible GPU per rank; a CPU run takes any count of Gloo ranks."""
+    """A CUDA run needs one visible GPU per rank; a CPU run takes Gloo ranks up to `limits.max_cpu_ranks`."""
     if world_size < 1:
         raise ConfigError(f"world size must be at least 1, got {world_size}")
     if device_type != "cuda":
+        from h3core.limits import check_cpu_ranks
+
+        check_cpu_ranks(world_size)
         return
     gpus = visible_gpu_count()
     if world_size > gpus:

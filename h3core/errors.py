@@ -47,6 +47,25 @@ class RankFailure(H3Error):
         return (type(self), (self.rank, self.message))
 
 
+class ResourceLimit(ConfigError):
+    """A run needs more than this machine has (memory, ranks); found before any rank starts."""
+
+
+class OutputError(H3Error):
+    """Results could not be written (disk full, read-only, a file in the way) once the run had
+    finished; nothing partial is left behind. (Found before the run, the same problem is a ConfigError.)"""
+
+
+class Interrupted(H3Error):
+    """The user stopped the command (Ctrl-C); the message says what was and was not written."""
+
+    exit_code = 130
+
+
+class NonFiniteResult(H3Error):
+    """A computed value (a latent) became NaN or infinite; the run stops at the step it happened."""
+
+
 class CheckFailed(H3Error):
     """A validation or parity check ran and did not meet its tolerance."""
 

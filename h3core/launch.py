@@ -4,9 +4,11 @@
 
 - `n == 1`: no process and no process group; `run` calls the task in this process with
   `group=None`, which every collective treats as the identity. This path costs nothing.
-- under `torchrun` (RANK, WORLD_SIZE and LOCAL_RANK set): nothing is spawned; this process joins
-  the existing group (env:// rendezvous) and runs the task itself. Results are gathered to rank 0;
-  see `World.run`. A failing rank raises here; torchrun's agent then stops the others.
+- under `torchrun` (RANK, WORLD_SIZE and LOCAL_RANK set: `environment.torchrun_env`, the one
+  definition): nothing is spawned; this process joins the existing group (env:// rendezvous,
+  bounded by `H3_RANK_TIMEOUT`, so a stale torchrun environment is one line, not a hang) and runs
+  the task itself. Results are gathered to rank 0; see `World.run`. A failing rank raises here;
+  torchrun's agent then stops the others.
 - otherwise: `n` worker processes are spawned once (spawn context), rendezvous through a TCP store
   that this process hosts on a free port, and form a Gloo (CPU) or NCCL (CUDA, rank `r` on
   `cuda:r`) group with a timeout. Each `run` sends them one task; they stay up for the next.
@@ -18,6 +20,12 @@ the rank's own `H3Error` subclass (so a `ConfigError` still exits 2), else `Rank
 A faulted World is closed. Leaving the `with` block always reaps every worker, also on
 KeyboardInterrupt; workers ignore SIGINT so that only this process handles Ctrl-C, and a worker
 whose parent disappears exits by itself.
+
+Stalls (`h3core.liveness`): every worker stamps a shared heartbeat each second; when a started
+rank has shown no sign of life for `H3_RANK_TIMEOUT` seconds (default 60: `kill -STOP`, a frozen
+process) the run is stopped like a failed one, naming the rank and its process state. A rank that
+runs but waits still stamps; the collective timeout (`H3_COLLECTIVE_TIMEOUT`, default 600 s)
+bounds that wait.
 
 Workers never write to the terminal: their stdout and stderr go to /dev/null unless H3_DEBUG=1.
 Rank 0 reports progress through `RankContext.report`, which reaches `World.on_progress` here.
@@ -45,8 +53,11 @@ from h3core.device import (
     resolve_device,
     visible_gpu_count,
 )
-from h3core.environment import world_size_from_env
+from h3core.environment import RANK_TIMEOUT, TorchrunEnv, collective_timeout_s, torchrun_env, world_size_from_env
+from h3core.rendezvous import torchrun_store
+from h3core.environment import rank_timeout_s as rank_timeout_s_from_env
 from h3core.errors import ConfigError, H3Error, RankFailure
+from h3core.liveness import HEARTBEAT_S, Watch, beat_while_parent_lives, new_heartbeat
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +68,6 @@ R = TypeVar("R")
 
 FAULT_ENV = "H3_INJECT_FAULT"
 DEBUG_ENV = "H3_DEBUG"
-_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 _FAULT_GRACE_S = 0.3  # after a first failure, how long to listen for its root cause (a dead rank)
 _TERMINATE_GRACE_S = 3.0  # SIGTERM -> SIGKILL
 _STOP_GRACE_S = 10.0  # a clean stop: time for workers to leave their process group
@@ -68,8 +78,9 @@ def resolve_world_size(count: int | None) -> int:
     else H3_WORLD_SIZE, else every visible GPU, else 1."""
     if count is not None:
         return count
-    if under_torchrun():
-        return int(os.environ["WORLD_SIZE"])
+    launched = torchrun_env()
+    if launched is not None:
+        return launched.world_size
     from_env = world_size_from_env()
     if from_env is not None:
         return from_env
@@ -78,7 +89,7 @@ def resolve_world_size(count: int | None) -> int:
 
 def under_torchrun() -> bool:
     """True when torchrun (or any launcher following its environment contract) started us."""
-    return all(os.environ.get(name) for name in _TORCHRUN_VARS)
+    return torchrun_env() is not None
 
 
 # --- what a task sees --------------------------------------------------------------------------------
@@ -143,7 +154,8 @@ class FaultSpec:
     """One entry of H3_INJECT_FAULT: `POINT[:INDEX]@RANK[:ACTION]`, e.g. `step:2@1` or `step:2@1:kill`.
 
     INDEX and RANK may be `*` (any). ACTION: `raise` (RuntimeError, default), `config`
-    (ConfigError), `kill` (the rank SIGKILLs itself) or `exit` (`os._exit(3)`).
+    (ConfigError), `kill` (the rank SIGKILLs itself), `exit` (`os._exit(3)`) or `stop` (the rank
+    SIGSTOPs itself: a stalled rank, as `kill -STOP` makes one).
     """
 
     point: str
@@ -159,7 +171,7 @@ class FaultSpec:
         )
 
 
-FAULT_ACTIONS = ("raise", "config", "kill", "exit")
+FAULT_ACTIONS = ("raise", "config", "kill", "exit", "stop")
 
 
 def parse_fault_specs(text: str) -> list[FaultSpec]:
@@ -215,6 +227,9 @@ def _trigger(spec: FaultSpec, point: str, rank: int, index: int | None, text: st
         os.kill(os.getpid(), signal.SIGKILL)
     if spec.action == "exit":
         os._exit(3)
+    if spec.action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
     message = f"injected fault at {where} on rank {rank} ({FAULT_ENV}={text})"
     if spec.action == "config":
         raise ConfigError(message)
@@ -311,12 +326,12 @@ class _WorkerSpec:
     debug: bool
 
 
-def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
+def _worker_main(spec: _WorkerSpec, conn: Connection, heartbeat: Any) -> None:
     """Entry point of a spawned rank: join the group, then run tasks until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     if not spec.debug:
         _silence_output()
-    threading.Thread(target=_exit_when_orphaned, args=(spec.parent_pid,), daemon=True).start()
+    threading.Thread(target=beat_while_parent_lives, args=(spec.parent_pid, heartbeat), daemon=True).start()
     try:
         ctx = _join_spawned_group(spec, conn)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
@@ -339,12 +354,6 @@ def _silence_output() -> None:
     os.close(devnull)
 
 
-def _exit_when_orphaned(parent_pid: int) -> None:
-    while os.getppid() == parent_pid:
-        time.sleep(0.5)
-    os._exit(1)
-
-
 def _join_spawned_group(spec: _WorkerSpec, conn: Connection) -> RankContext:
     import torch
     import torch.distributed as dist
@@ -361,12 +370,13 @@ def _join_spawned_group(spec: _WorkerSpec, conn: Connection) -> RankContext:
 def _init_group(device_type: str, device: "torch.device", store: Any, rank: int, world_size: int, timeout: timedelta) -> str:
     """Gloo on the CPU; NCCL on CUDA bound to this rank's GPU, with fail-fast error handling.
 
-    `store`: the rendezvous store of spawned workers, or None for torchrun's env:// rendezvous.
+    `store`: the rendezvous store (the parent's TCP store for spawned workers, torchrun's for a
+    torchrun launch).
     """
     import torch
     import torch.distributed as dist
 
-    rendezvous: dict[str, Any] = {"store": store} if store is not None else {"init_method": "env://"}
+    rendezvous: dict[str, Any] = {"store": store}
     if device_type == "cuda":
         for name, value in nccl_environment(timeout.total_seconds()).items():
             os.environ.setdefault(name, value)
@@ -419,6 +429,7 @@ class _Worker:
     rank: int
     process: "BaseProcess"
     conn: Connection
+    heartbeat: Any  # shared double: the worker's last sign of life (`h3core.liveness`)
 
 
 class World:
@@ -428,16 +439,20 @@ class World:
         self,
         world_size: int,
         device: str = "cpu",
-        timeout_s: float = 600.0,
+        timeout_s: float | None = None,
         on_progress: Callable[[Any], None] | None = None,
+        rank_timeout_s: float | None = None,
     ):
         """Start the ranks. `device`: 'cpu', 'cuda' or 'auto'; `timeout_s`: start-up and collective
-        timeout; `on_progress`: called here with every message rank 0 sends via `ctx.report`."""
+        timeout (default `H3_COLLECTIVE_TIMEOUT`, else 600 s); `on_progress`: called here with every
+        message rank 0 sends via `ctx.report`; `rank_timeout_s`: how long a rank may show no sign
+        of life, and how long torchrun's ranks have to meet (default `H3_RANK_TIMEOUT`, else 60 s)."""
         if world_size < 1:
             raise ConfigError(f"world size must be at least 1, got {world_size}")
         self.world_size = world_size
         self.device_type = resolve_device(device)
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s if timeout_s is not None else collective_timeout_s()
+        self.rank_timeout_s = rank_timeout_s if rank_timeout_s is not None else rank_timeout_s_from_env()
         self.on_progress = on_progress
         self.backend = "none"
         self._workers: list[_Worker] = []
@@ -445,9 +460,11 @@ class World:
         self._joined_torchrun = False
         self._store: Any = None
         self._busy = False  # a task is in flight: workers would not read a clean "stop"
+        self._watch = Watch(self.rank_timeout_s)
         self._closed = False
-        if under_torchrun():
-            self._join_torchrun()
+        launched = torchrun_env()
+        if launched is not None:
+            self._join_torchrun(launched)
         else:
             check_world_size_fits(world_size, self.device_type)
             if world_size == 1:
@@ -527,23 +544,24 @@ class World:
             return [result]
         return _gather_to_main(ctx, result)
 
-    def _join_torchrun(self) -> None:
+    def _join_torchrun(self, launched: TorchrunEnv) -> None:
         import torch.distributed as dist
 
-        env_world = int(os.environ["WORLD_SIZE"])
+        env_world, rank, local_rank = launched.world_size, launched.rank, launched.local_rank
         if env_world != self.world_size:
             raise ConfigError(
                 f"torchrun started {env_world} processes but {self.world_size} ranks were asked for; "
                 f"pass {env_world} or leave the count out"
             )
-        rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
         if self.device_type == "cuda" and local_rank >= visible_gpu_count():
             raise ConfigError(f"LOCAL_RANK {local_rank} has no GPU: only {visible_gpu_count()} are visible on this machine")
         device = rank_device(self.device_type, local_rank)
         if dist.is_initialized():
             self.backend = str(dist.get_backend())
         else:
-            self.backend = _init_group(self.device_type, device, None, rank, env_world, timedelta(seconds=self.timeout_s))
+            timeout = timedelta(seconds=self.timeout_s)
+            store = torchrun_store(launched, self.rank_timeout_s, timeout)
+            self.backend = _init_group(self.device_type, device, store, rank, env_world, timeout)
             self._joined_torchrun = True
         progress = self._progress if rank == 0 else None
         self._local = RankContext(rank, env_world, local_rank, device, dist.group.WORLD, self.backend, progress)
@@ -565,15 +583,17 @@ class World:
             for rank in range(self.world_size):
                 spec = _WorkerSpec(rank, self.world_size, self.device_type, self._store.port, self.timeout_s, os.getpid(), debug)
                 parent_end, child_end = context.Pipe(duplex=True)
-                process = context.Process(target=_worker_main, args=(spec, child_end), name=f"h3-rank{rank}", daemon=True)
+                heartbeat = new_heartbeat(context)
+                process = context.Process(target=_worker_main, args=(spec, child_end, heartbeat), name=f"h3-rank{rank}", daemon=True)
                 process.start()
                 child_end.close()
-                self._workers.append(_Worker(rank, process, parent_end))
+                self._workers.append(_Worker(rank, process, parent_end, heartbeat))
             self.backend = "nccl" if self.device_type == "cuda" else "gloo"
             self._collect("ready", deadline=time.monotonic() + self.timeout_s)
         except BaseException:
             self.close()
             raise
+        self._watch.started = True
         self._busy = False
 
     def _run_spawned(self, fn: Callable[..., R], args: tuple, kwargs: dict) -> list[R]:
@@ -598,25 +618,37 @@ class World:
         return [pickle.loads(answers[w.rank]) for w in self._workers]
 
     def _collect(self, tag: str, deadline: float | None) -> dict[int, Any]:
-        """Wait until every worker answered `tag`, forwarding progress; a fault raises."""
+        """Wait until every worker answered `tag`, forwarding progress; a fault (also a rank that
+        stopped showing signs of life) raises."""
         answers: dict[int, Any] = {}
         by_conn = {w.conn: w for w in self._workers}
         sentinels = {w.process.sentinel for w in self._workers}
         while len(answers) < len(self._workers):
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            timeout = HEARTBEAT_S if deadline is None else min(HEARTBEAT_S, max(0.0, deadline - time.monotonic()))
             ready = wait([w.conn for w in self._workers if w.rank not in answers] + list(sentinels), timeout)
+            self._check_signs_of_life()
             if not ready:
-                self.close()
-                raise H3Error(
-                    f"the {self.world_size} ranks did not start within {self.timeout_s:.0f}s; "
-                    f"rerun with {DEBUG_ENV}=1 to see their output"
-                )
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.close()
+                    raise H3Error(
+                        f"the {self.world_size} ranks did not start within {self.timeout_s:.0f}s; "
+                        f"rerun with {DEBUG_ENV}=1 to see their output"
+                    )
+                continue
             for handle in ready:
                 if handle in by_conn:
                     self._receive(by_conn[handle], tag, answers)
             if any(handle in sentinels for handle in ready):
                 self._fault(None)  # a worker died, even one that had answered: the World is unusable
         return answers
+
+    def _check_signs_of_life(self) -> None:
+        """Stop the run when a started rank has shown no sign of life for `rank_timeout_s`."""
+        silent = self._watch.silent({w.rank: (w.process.pid, w.heartbeat) for w in self._workers if w.process.exitcode is None})
+        if silent is not None:
+            self.close()
+            rank, what = silent
+            raise RankFailure(rank, f"{what}; the run was stopped. {RANK_TIMEOUT} (now {self.rank_timeout_s:g} s) sets how long h3 waits for a rank")
 
     def _receive(self, worker: _Worker, tag: str, answers: dict[int, Any]) -> None:
         try:
@@ -693,6 +725,7 @@ def _stop_workers(workers: list[_Worker], clean: bool) -> None:
     for worker in workers:
         if worker.process.is_alive():
             worker.process.terminate()
+            _continue(worker.process.pid)  # a stopped process acts on SIGTERM only once it runs again
     deadline = time.monotonic() + _TERMINATE_GRACE_S
     for worker in workers:
         worker.process.join(max(0.0, deadline - time.monotonic()))
@@ -701,6 +734,14 @@ def _stop_workers(workers: list[_Worker], clean: bool) -> None:
             worker.process.kill()
             worker.process.join()
         worker.conn.close()
+
+
+def _continue(pid: int | None) -> None:
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
 
 
 def launch(fn: Callable[..., R], world_size: int, device: str, *args: Any, **kwargs: Any) -> list[R]:

@@ -12,13 +12,17 @@ GPU count skipped. What runs, and in which order:
 - A cell whose run fails (a rank raises or dies) records the error line; the others still run.
   `check_matrix` then raises `CheckFailed`, so the command exits non-zero after its report.
 - Each cell writes its own `report.json` (and preview, and latents unless not saved) in
-  `<output>/<mode>-<count>/`; `matrix.json` and `matrix.md` are rewritten after every cell (an
-  interrupted matrix leaves what it measured), `matrix.png` when the matrix is complete.
+  `<output>/<mode>-<count>/`; `matrix.json` and `matrix.md` are rewritten after every cell,
+  `matrix.png` when the matrix is complete. All of it is staged and published as one folder
+  (`h3core.outputs`): a matrix interrupted with Ctrl-C publishes the cells it finished (its
+  `matrix.json` says `complete: false`); one that fails otherwise leaves nothing.
 
 Figures per cell: sampling time (all steps, slowest rank); step time = the median step after the
 first (the first step of a fresh process carries one-time warm-up: lazy kernel and allocator
 set-up; the 1-rank cells run in this process, warm after the first of them, so including it
-would favour them unevenly); speedup = the mode's 1-rank step time / this cell's; efficiency =
+would favour them unevenly); with a single step there is no step after the warm-up: step time,
+speedup and efficiency are then not shown, and the report says why (`scaling_note`);
+speedup = the mode's 1-rank step time / this cell's; efficiency =
 speedup / count; peak memory and resident weight bytes of the
 largest rank, bytes sent through collectives by all ranks, and latent parity vs one rank.
 
@@ -46,11 +50,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from h3core import device as dev
 from h3core import environment as env
-from h3core.errors import CheckFailed, ConfigError, H3Error, PartitionError
+from h3core.errors import CheckFailed, ConfigError, H3Error, PartitionError, ResourceLimit
+from h3core.outputs import FileInFolder, OutputFile, OutputFolder, Outputs, default_folder, publish_on_interrupt
 from h3core.parity import LatentParity, latent_parity, run_tolerance
-from h3core.pipeline import GenerateRequest, ResolvedRun, RunReport, RunShape, StepDone, build_report, execute, one_rank_latents, resolve, write_outputs
+from h3core.pipeline import GenerateRequest, ResolvedRun, RunReport, RunShape, StepDone, build_report, execute, one_rank_latents, output_bytes, resolve, write_outputs
 from h3core.plan import Mode
-from h3core.report import Versions, timestamp, write_atomic, write_report
+from h3core.report import Versions, timestamp
 
 DEFAULT_COUNTS = (1, 2, 4, 6, 8)  # the seed's matrix
 DEFAULT_MODES = (Mode.ULYSSES, Mode.TENSOR)
@@ -98,11 +103,11 @@ def save_latents_setting(flag: bool | None) -> bool:
 
 
 def output_setting(flag: Path | None) -> Path:
-    """`--output`, else H3_DISTRIBUTED_OUTPUT, else outputs/<time>-matrix."""
+    """`--output`, else H3_DISTRIBUTED_OUTPUT, else outputs/<time>-matrix-<4 hex> (a new folder)."""
     if flag is not None:
         return flag
     text = env.env_str(env.OUTPUT)
-    return Path(text) if text is not None else Path("outputs") / f"{timestamp()}-matrix"
+    return Path(text) if text is not None else default_folder("matrix")
 
 
 def benchmark_setting(flag: Path | None) -> Path | None:
@@ -124,6 +129,7 @@ class MatrixRequest(BaseModel):
     save_latents: bool = Field(description="Write each cell's latents.safetensors (H3_SAVE_LATENTS=0: reports only).")
     output: Path = Field(description="Folder of matrix.json/.md/.png and one subfolder per cell.")
     benchmark: Path | None = Field(None, description="Also write the matrix JSON here (H3_DISTRIBUTED_BENCHMARK).")
+    overwrite: bool = Field(False, description="Replace an existing folder of h3 results at `output` whole.")
 
     @classmethod
     def build(
@@ -135,9 +141,11 @@ class MatrixRequest(BaseModel):
         save_latents: bool | None = None,
         output: Path | None = None,
         benchmark: Path | None = None,
+        overwrite: bool = False,
     ) -> "MatrixRequest":
         """Apply flag > variable > default to every setting; resolve the template's device."""
         return cls(
+            overwrite=overwrite,
             counts=counts_setting(counts),
             modes=modes_setting(modes),
             template=template.model_copy(update={"device": dev.resolve_device(template.device), "world_size": 1}),
@@ -205,6 +213,7 @@ class MatrixReport(BaseModel):
     peak_memory_kind: str
     cells: list[MatrixCell]
     identity: LatentParity | None = Field(None, description="The modes' 1-rank cells vs each other (both are the identity path).")
+    scaling_note: str | None = Field(None, description="Why step time, speedup and efficiency are not shown, when they are not.")
     files: MatrixFiles | None = None
     versions: Versions
 
@@ -226,9 +235,16 @@ ProgressCallback = Callable[[MatrixProgress], None]
 # --- summary math ----------------------------------------------------------------------------------
 
 
+SINGLE_STEP_NOTE = (
+    "step time, speedup and efficiency are not shown: with 1 denoising step there is no step after the first, "
+    "which carries one-time warm-up; run with --steps 2 or more"
+)
+
+
 def steady_step_seconds(step_seconds: list[float]) -> float | None:
-    """Median step time without the first step (one-time warm-up); the only step when there is one."""
-    steady = step_seconds[1:] or step_seconds
+    """Median step time without the first step (one-time warm-up); None without a second step:
+    a warm-up step is no step time (it made a 1-step matrix show a 9x speedup on 2 cores)."""
+    steady = step_seconds[1:]
     return median(steady) if steady else None
 
 
@@ -304,7 +320,7 @@ def _plan_cell(request: MatrixRequest, mode: Mode, count: int, visible_gpus: int
         return PlannedCell(mode, count, requested, None, reason)
     try:
         run = resolve(request.template.model_copy(update={"mode": mode, "world_size": count}))
-    except PartitionError as err:
+    except (PartitionError, ResourceLimit) as err:
         if count == 1:
             raise
         return PlannedCell(mode, count, requested, None, str(err))
@@ -350,8 +366,10 @@ class _Bar:
 class _Matrix:
     """One matrix run: cells in order, 1-rank results kept for speedups and parity, files rewritten."""
 
-    def __init__(self, request: MatrixRequest, planned: list[PlannedCell], visible_gpus: int, on_progress: ProgressCallback | None):
+    def __init__(self, request: MatrixRequest, planned: list[PlannedCell], visible_gpus: int, on_progress: ProgressCallback | None,
+                 folder: OutputFolder, benchmark: OutputFile | FileInFolder | None):
         self.request, self.planned = request, planned
+        self.folder, self.benchmark = folder, benchmark
         self.device = request.template.device
         runnable = [p.run for p in planned if p.run is not None]
         first = runnable[0] if runnable else None
@@ -372,6 +390,7 @@ class _Matrix:
             shape=first.shape if first else None,
             peak_memory_kind=dev.peak_memory_kind(self.device),
             cells=[_initial_cell(p) for p in planned],
+            scaling_note=SINGLE_STEP_NOTE if first and first.shape.steps < 2 else None,
             versions=Versions.collect(),
         )
 
@@ -413,7 +432,7 @@ class _Matrix:
         parity_error = None
         if count > 1:
             report.parity, parity_error = self._parity(run, latents, threads, outcomes[0].nvfp4_paths)
-        write_outputs(report, outcomes[0], self.request.output / f"{mode.value}-{count}", self.request.save_latents, None)
+        write_outputs(report, outcomes[0], self.folder, self.request.save_latents, None, under=f"{mode.value}-{count}")
         return summarise(planned, report, threads, self.baseline_seconds.get(mode), parity_error)
 
     # -- parity ---------------------------------------------------------------------------------
@@ -460,19 +479,25 @@ class _Matrix:
     # -- files -----------------------------------------------------------------------------------
 
     def _write(self, final: bool) -> None:
-        """matrix.json and matrix.md (atomically, after every cell); matrix.png and the benchmark copy at the end."""
+        """Stage matrix.json and matrix.md (after every cell); matrix.png and the benchmark copy at the end."""
         from h3core.matrix_render import chart_png, markdown
 
-        out = self.request.output
+        out = self.folder.path
         files = MatrixFiles(directory=str(out), report=str(out / REPORT_NAME), markdown=str(out / MARKDOWN_NAME))
         if final:
-            files.chart = str(write_atomic(out / CHART_NAME, chart_png(self.report)))
-            files.benchmark = str(self.request.benchmark) if self.request.benchmark else None
+            files.chart = str(self.folder.write(CHART_NAME, chart_png(self.report)))
+            files.benchmark = str(self.benchmark.path) if self.benchmark else None
         self.report.files = files
-        write_atomic(out / MARKDOWN_NAME, markdown(self.report).encode())
-        if final and self.request.benchmark is not None:
-            write_report(self.request.benchmark, self.report)
-        write_report(out / REPORT_NAME, self.report)
+        self.folder.write(MARKDOWN_NAME, markdown(self.report).encode())
+        data = (self.report.model_dump_json(indent=2) + "\n").encode()
+        if final and self.benchmark is not None:
+            self.benchmark.write(data)
+        self.folder.write(REPORT_NAME, data)
+
+    def progress(self) -> tuple[int, int]:
+        """(cells finished, cells that run): how far an interrupted matrix got."""
+        runnable = [c for c in self.report.cells if c.status is not CellStatus.SKIPPED]
+        return sum(c.status in (CellStatus.OK, CellStatus.FAILED) for c in runnable), len(runnable)
 
 
 def _initial_cell(planned: PlannedCell) -> MatrixCell:
@@ -516,4 +541,21 @@ def run_matrix(request: MatrixRequest, on_progress: ProgressCallback | None = No
         raise ConfigError("h3 matrix starts its own ranks for every cell; run it directly, not under torchrun")
     gpus = dev.visible_gpu_count()
     planned = plan_cells(request, gpus)
-    return _Matrix(request, planned, gpus, on_progress).run()
+    runs = [p.run for p in planned if p.run is not None]
+    need = sum(output_bytes(run, request.save_latents) for run in runs)
+    with Outputs() as outputs:
+        folder = outputs.folder(request.output, kind="matrix", need_bytes=need, overwrite=request.overwrite)
+        bench = outputs.file(request.benchmark, flag="--benchmark") if request.benchmark is not None else None
+        matrix = _Matrix(request, planned, gpus, on_progress, folder, bench)
+        try:
+            report = matrix.run()
+        except KeyboardInterrupt:
+            done, total = matrix.progress()
+            if not done:
+                raise  # nothing measured yet: nothing is written
+            publish_on_interrupt(outputs, (
+                f"interrupted (Ctrl-C) after {done} of {total} cells; what they measured is in {folder.path} "
+                f"({REPORT_NAME} says complete: false)"
+            ))
+        outputs.publish()
+    return report

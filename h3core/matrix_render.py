@@ -94,6 +94,8 @@ def notes(report: MatrixReport) -> list[str]:
             lines.append(f"{name} {c.status.value}: {c.reason}")
         if c.parity_error:
             lines.append(f"{name} parity not measured: {c.parity_error}")
+    if report.scaling_note:
+        lines.append(report.scaling_note)
     if report.identity is not None:
         i = report.identity
         verdict = "bitwise identical" if i.bitwise else f"DIFFER (max abs {i.max_abs:.3g})"

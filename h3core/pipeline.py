@@ -18,9 +18,10 @@ turns their results into a `RunReport` plus files. On every rank, `rank_generate
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +34,7 @@ from h3core.checkpoint import Checkpoint, synthetic_checkpoint, SYNTHETIC
 from h3core.collectives import CommStats
 from h3core.config import ModelConfig, preset as get_preset
 from h3core.errors import ConfigError
+from h3core.limits import capacity, check_cpu_ranks, check_memory, generate_need
 from h3core.model import (
     H3Model,
     LATENT_KINDS,
@@ -49,29 +51,38 @@ from h3core.partition import Segment, SegmentKind, Span
 from h3core.parallel.tensor import block_linears, sharded_prefixes
 from h3core.plan import Mode, ParallelPlan
 from h3core.parity import LatentParity, latent_parity, run_tolerance
-from h3core.preview import write_preview
-from h3core.report import TensorChecksum, Versions, timestamp, write_atomic, write_report
-from h3core.sampler import FlowMatchEuler, guided_velocity, initial_noise
+from h3core.outputs import FileInFolder, OutputFile, OutputFolder, Outputs
+from h3core.preview import preview_png
+from h3core.report import TensorChecksum, Versions, timestamp
+from h3core.sampler import FlowMatchEuler, check_finite, guided_velocity, initial_noise
+from h3core.validation import UserRequest
 
 DEFAULT_SEED = 440420  # the seed's reference runs
 DEFAULT_PROMPT = "a red fox running through fresh snow at dawn, wind and crunching footsteps"
+MAX_SEED = 2**64 - 1  # the range of torch.Generator.manual_seed; larger or negative seeds are refused, not wrapped
 
 
-class GenerateRequest(BaseModel):
-    """Everything a run needs, as the user gave it (None = the preset's or the environment's default)."""
+class GenerateRequest(UserRequest):
+    """Everything a run needs, as the user gave it (None = the preset's or the environment's default).
+
+    Built from flags: an invalid value is one ConfigError line naming its flag (`UserRequest`).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    FLAGS: ClassVar[dict[str, str]] = {
+        "guidance_scale": "--guidance", "world_size": "--gpus", "model_path": "--model", "text_encoder_path": "--text-encoder",
+    }
 
     prompt: str = Field(DEFAULT_PROMPT, description="What to generate.")
     negative_prompt: str = Field("", description="Guidance's unconditional prompt (used when guidance_scale != 1).")
-    guidance_scale: float = Field(1.0, ge=0, description="Classifier-free guidance; 1 runs one forward per step.")
+    guidance_scale: float = Field(1.0, ge=0, allow_inf_nan=False, description="Classifier-free guidance; 1 runs one forward per step.")
     preset: str | None = Field(None, description="Model preset; default tiny without a checkpoint, h3 with one.")
-    width: int | None = None
-    height: int | None = None
-    frames: int | None = None
+    width: int | None = Field(None, ge=1, description="Pixels (default: the preset's).")
+    height: int | None = Field(None, ge=1, description="Pixels (default: the preset's).")
+    frames: int | None = Field(None, ge=1, description="Video frames, 4k+1 (default: the preset's).")
     steps: int | None = Field(None, ge=1)
-    seed: int = DEFAULT_SEED
-    shift: float | None = Field(None, gt=0, description="Sampler sigma shift (default: the preset's).")
+    seed: int = Field(DEFAULT_SEED, ge=0, le=MAX_SEED)
+    shift: float | None = Field(None, gt=0, allow_inf_nan=False, description="Sampler sigma shift (default: the preset's).")
     mode: Mode = Mode.ULYSSES
     world_size: int = Field(1, ge=1)
     device: str = Field("cpu", description="'cpu' or 'cuda' (resolved).")
@@ -106,38 +117,59 @@ class ResolvedRun(BaseModel):
     shape: RunShape
 
 
+def _given(value, default):
+    return default if value is None else value
+
+
 def resolve(request: GenerateRequest) -> ResolvedRun:
     """Pick the config (checkpoint wins over preset), sizes and checkpoint; validate before spawning.
 
-    Cheap checks run first (sizes, backend, partition, text encoder headers); the synthetic
-    checkpoint is built last, so a bad request fails in well under a second.
+    Cheap checks run first (sizes, backend, text encoder headers, the partition of the real
+    prompts' sequences, the memory every rank needs); the synthetic checkpoint is built last, so a
+    bad request fails in well under a second and allocates nothing.
     """
+    from h3core.text import check_text_encoder
+
     base = get_preset(request.preset or ("h3" if request.model_path else "tiny"))
     ckpt = Checkpoint.open(request.model_path, base) if request.model_path is not None else None
     config = ckpt.config if ckpt else base
-    width, height = request.width or config.width, request.height or config.height
-    frames, steps = request.frames or config.frames, request.steps or config.steps
+    width, height = _given(request.width, config.width), _given(request.height, config.height)
+    frames, steps = _given(request.frames, config.frames), _given(request.steps, config.steps)
     shape = RunShape(
-        width=width, height=height, frames=frames, steps=steps, shift=request.shift or config.shift,
+        width=width, height=height, frames=frames, steps=steps, shift=_given(request.shift, config.shift),
         video_latent=config.video_latent_shape(width, height, frames),
         audio_latent=config.audio_latent_shape(frames),
         video_grid=config.video_grid(width, height, frames),
     )
     attention.check_backend(request.attention, request.device, head_dim=config.head_dim, dtype=dev.compute_dtype(request.device, request.dtype))
     nvfp4_matmul.emulate_fp4_from_env()  # a malformed H3_EMULATE_FP4 fails here, before any rank starts
-    # The prompt's length is known only once rank 0 tokenizes it; an empty prompt is the shortest
-    # sequence, so a plan that holds for it holds for every prompt.
-    ParallelPlan.build(config, request.world_size, request.mode, config.segments(width, height, frames, 0))
-    if request.text_encoder_path is not None:
-        from h3core.text import check_text_encoder
-
-        check_text_encoder(request.text_encoder_path, hidden_size=config.text_dim)
+    # The partition of every sequence the ranks will run, from the prompts' real token counts
+    # (the tokenizer is cheap; rank 0 gets the same counts when it encodes them).
+    tokenizer = check_text_encoder(request.text_encoder_path, hidden_size=config.text_dim)
+    prompts = [request.prompt] + ([request.negative_prompt] if request.guidance_scale != 1.0 else [])
+    lengths = [min(len(tokenizer.encode(p)), config.max_text_tokens) for p in prompts]
+    plans = [ParallelPlan.build(config, request.world_size, request.mode, config.segments(width, height, frames, n)) for n in lengths]
+    _check_limits(request, config, shape, plans)
     if ckpt is not None:
         ckpt.validate()
         path, synthetic = request.model_path, ckpt.weights == SYNTHETIC
     else:
         path, synthetic = synthetic_checkpoint(base, seed=0)[0], True
     return ResolvedRun(request=request, config=config, checkpoint=Path(path), synthetic=synthetic, shape=shape)
+
+
+def _check_limits(request: GenerateRequest, config: ModelConfig, shape: RunShape, plans: list[ParallelPlan]) -> None:
+    """Refuse (one line) a run whose ranks this machine cannot start or hold (`h3core.limits`)."""
+    from h3core.launch import under_torchrun
+
+    if request.device != "cuda" and not under_torchrun():
+        check_cpu_ranks(request.world_size)
+
+    elements = math.prod(shape.video_latent) + math.prod(shape.audio_latent)
+    dtype = dev.compute_dtype(request.device, request.dtype)
+    spawned = request.world_size > 1 and not under_torchrun()
+    need = generate_need(config, plans, elements, shape.steps, request.device, dtype, request.attention, spawned)
+    check_memory(need, capacity(request.device, request.world_size), "--width/--height/--frames")
 
 
 # --- the loop on one rank --------------------------------------------------------------------------
@@ -342,6 +374,7 @@ def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcom
                     v = {k: guided_velocity(v[k], v_neg[k], req.guidance_scale) for k in kinds}
                 state = {k: sampler.step(v[k], i, state[k]) for k in kinds}
             step_seconds.append(watch.seconds)
+            check_finite({k.value: x for k, x in state.items()}, step=i + 1, steps=len(sigmas))
             ctx.report(StepDone(step=i + 1, steps=len(sigmas), seconds=watch.seconds))
         timings["sampling"] = sum(step_seconds)
         peak_sampling = dev.peak_memory_bytes(device)
@@ -493,35 +526,44 @@ def per_rank_summary(records: list[dict[str, int]]) -> str:
     return "; ".join(f"rank {rank}: {name}" for rank, name in enumerate(names))
 
 
-def write_outputs(report: RunReport, outcome: RankOutcome, directory: Path, save_latents: bool, benchmark: Path | None) -> RunFiles:
-    """Latents (unless not saved), a preview PNG, the report; each written atomically, report last."""
+def write_outputs(
+    report: RunReport, outcome: RankOutcome, folder: OutputFolder, save_latents: bool, benchmark: OutputFile | FileInFolder | None, under: str = ""
+) -> RunFiles:
+    """Stage the latents (unless not saved), a preview PNG and the report in `folder` (in its
+    subfolder `under`), and the report copy in `benchmark`; they appear when the caller publishes
+    them (`h3core.outputs`). The report names the paths the files will have."""
     from safetensors.torch import save as save_tensors
 
-    directory.mkdir(parents=True, exist_ok=True)
+    def place(name: str) -> str:
+        return str(Path(under) / name) if under else name
+
     latents = None
     if save_latents:
         tensors = {k: t.contiguous() for k, t in (("video", outcome.video), ("audio", outcome.audio)) if t is not None}
-        latents = write_atomic(directory / "latents.safetensors", save_tensors(tensors, metadata={"seed": str(report.seed)}))
+        latents = folder.write(place("latents.safetensors"), save_tensors(tensors, metadata={"seed": str(report.seed)}))
     preview = None
     if outcome.video is not None:
         title = f"h3 {report.mode.value} x{report.world_size} · seed {report.seed} · weights: {report.weights}"
-        preview = write_preview(outcome.video, directory / "preview.png", title)
+        preview = folder.write(place("preview.png"), preview_png(outcome.video, title))
     files = RunFiles(
-        directory=str(directory),
-        report=str(directory / "report.json"),
+        directory=str(folder.path / under if under else folder.path),
+        report=str(folder.path / place("report.json")),
         latents=str(latents) if latents else None,
         preview=str(preview) if preview else None,
-        benchmark=str(benchmark) if benchmark else None,
+        benchmark=str(benchmark.path) if benchmark else None,
     )
     report.files = files
+    data = (report.model_dump_json(indent=2) + "\n").encode()
     if benchmark is not None:
-        write_report(benchmark, report)
-    write_report(directory / "report.json", report)
+        benchmark.write(data)
+    folder.write(place("report.json"), data)
     return files
 
 
-def default_output_dir(mode: Mode, world_size: int) -> Path:
-    return Path("outputs") / f"{timestamp()}-generate-{mode.value}-{world_size}"
+def output_bytes(run: ResolvedRun, save_latents: bool) -> int:
+    """What a run writes, for the free-space check: the float32 latents when saved (report and
+    preview fit in the outputs' margin)."""
+    return 4 * (math.prod(run.shape.video_latent) + math.prod(run.shape.audio_latent)) if save_latents else 0
 
 
 def one_rank_latents(
@@ -575,22 +617,32 @@ def generate(
     save_latents: bool = True,
     benchmark: Path | None = None,
     parity: bool = False,
+    overwrite: bool = False,
     on_step: StepCallback | None = None,
 ) -> RunReport | None:
-    """Resolve, launch every rank, and write the report (only after every rank succeeded).
+    """Resolve, reserve the output folder, launch every rank, and publish the report with its files
+    (only after every rank succeeded; on any failure or Ctrl-C nothing is written).
 
     Returns None on the ranks of a torchrun launch other than rank 0 (which writes everything).
     """
-    from h3core.launch import under_torchrun
+    from h3core.environment import torchrun_env
 
-    if parity and under_torchrun():
+    if parity and torchrun_env() is not None:
         raise ConfigError("--parity runs a one-rank reference in the launching process; run it without torchrun, or use `h3 verify parity`")
     run = resolve(request)
-    outcomes = execute(run, on_step)
-    if outcomes is None:
-        return None
-    report = build_report(run, outcomes)
-    if parity:
-        report.parity = reference_parity(run, outcomes[0])
-    write_outputs(report, outcomes[0], output or default_output_dir(request.mode, request.world_size), save_latents, benchmark)
+    launched = torchrun_env()
+    with Outputs(enabled=launched is None or launched.rank == 0) as outputs:
+        folder = bench = None
+        if outputs.enabled:
+            kind = f"generate-{request.mode.value}-{request.world_size}"
+            folder = outputs.folder(output, kind=kind, need_bytes=output_bytes(run, save_latents), overwrite=overwrite)
+            bench = outputs.file(benchmark, flag="--benchmark") if benchmark is not None else None
+        outcomes = execute(run, on_step)
+        if outcomes is None or folder is None:
+            return None
+        report = build_report(run, outcomes)
+        if parity:
+            report.parity = reference_parity(run, outcomes[0])
+        write_outputs(report, outcomes[0], folder, save_latents, bench)
+        outputs.publish()
     return report

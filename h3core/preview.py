@@ -8,11 +8,8 @@ its own 1st..99th percentile over the whole latent), enlarged with nearest-neigh
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import torch
-
-from h3core.report import write_atomic
 
 
 def latent_frames_rgb(latent: torch.Tensor, frames: int = 4) -> torch.Tensor:
@@ -28,8 +25,8 @@ def latent_frames_rgb(latent: torch.Tensor, frames: int = 4) -> torch.Tensor:
     return (scaled[:, picks] * 255).round().to(torch.uint8).permute(1, 2, 3, 0)  # [n, H, W, 3]
 
 
-def write_preview(latent: torch.Tensor, path: Path, title: str, frames: int = 4) -> Path:
-    """Save a one-row strip of latent frames as PNG (atomically)."""
+def preview_png(latent: torch.Tensor, title: str, frames: int = 4) -> bytes:
+    """A one-row strip of latent frames, as PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,4 +45,4 @@ def write_preview(latent: torch.Tensor, path: Path, title: str, frames: int = 4)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
-    return write_atomic(path, buffer.getvalue())
+    return buffer.getvalue()

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from h3core.errors import NonFiniteResult
+
 
 def shifted_sigmas(steps: int, shift: float) -> torch.Tensor:
     """`steps + 1` float32 sigmas from 1 down to exactly 0."""
@@ -57,3 +59,19 @@ def initial_noise(seed: int, shapes: dict[str, tuple[int, ...]]) -> dict[str, to
     """Standard normal float32 noise per named latent, from one CPU generator, in the given key order."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
     return {name: torch.randn(shape, generator=generator, dtype=torch.float32) for name, shape in shapes.items()}
+
+
+def check_finite(latent: dict[str, torch.Tensor], *, step: int, steps: int) -> None:
+    """Stop the run at the first step whose latent (this rank's rows) holds a NaN or an inf.
+
+    One fused reduction per step (a single device sync); a non-finite latent never reaches a
+    report as if it were a result.
+    """
+    parts = [(name, rows) for name, rows in latent.items() if rows.numel()]
+    if not parts or bool(torch.stack([torch.isfinite(rows).all() for _, rows in parts]).all()):
+        return
+    bad = [name for name, rows in parts if not bool(torch.isfinite(rows).all())]
+    raise NonFiniteResult(
+        f"the {' and '.join(bad)} latent became NaN or infinite at denoising step {step} of {steps}; "
+        "the checkpoint's weights (NaN or inf in them?) or the guidance scale make the sampler diverge"
+    )

@@ -10,7 +10,9 @@ center, pods, network volumes, SSH keys) and:
   `contract_violations` (the fixture fails the test on one), so the fake cannot drift into
   shapes the real API never returns,
 - records each request (`requests`) so tests can assert what was, and was not, sent,
-- can be scripted to fail or stall the next matching requests (`script`).
+- can be scripted to fail or stall the next matching requests (`script`), or to misbehave below
+  HTTP's surface: answer with raw bytes (a broken chunked body, gzip garbage, a redirect loop) or
+  trickle a valid answer one byte at a time (`raw`, `trickle_s`).
 """
 
 from __future__ import annotations
@@ -150,6 +152,8 @@ class Script:
     headers: dict[str, str] = field(default_factory=dict)
     times: int = 1
     stall: bool = False
+    raw: Optional[bytes] = None  # written to the socket as the whole answer, verbatim
+    trickle_s: float = 0.0  # > 0: the answer is sent one byte at a time, this long apart
 
 
 def _gpu_type(gpu_id: str, name: str, secure: float, community: float) -> dict:
@@ -232,10 +236,10 @@ class FakeRunPod:
     # --- test helpers -----------------------------------------------------------------------------
 
     def script(self, method: str, path: str, status: int = 500, body: Any = None, *, headers: Optional[dict] = None,
-               times: int = 1, stall: bool = False) -> None:
-        if body is None and not stall and status >= 400:
+               times: int = 1, stall: bool = False, raw: Optional[bytes] = None, trickle_s: float = 0.0) -> None:
+        if body is None and not stall and raw is None and status >= 400:
             body = problem(status, "Internal Server Error" if status >= 500 else "Error", f"scripted {status}")
-        self.scripts.append(Script(method, path, status, body, headers or {}, times, stall))
+        self.scripts.append(Script(method, path, status, body, headers or {}, times, stall, raw, trickle_s))
 
     def sent(self, method: str, path: Optional[str] = None) -> list[Recorded]:
         return [r for r in self.requests if r.method == method and (path is None or r.path == path)]
@@ -266,8 +270,8 @@ class FakeRunPod:
 
     # --- request handling -----------------------------------------------------------------------
 
-    def handle(self, method: str, raw_path: str, headers: Any, raw_body: bytes) -> tuple[int, dict[str, str], Any, bool]:
-        """(status, headers, JSON body or None, stall) for one request."""
+    def handle(self, method: str, raw_path: str, headers: Any, raw_body: bytes) -> tuple[int, dict[str, str], Any, Any]:
+        """(status, headers, JSON body or None, how: False, True (stall) or the Script that misbehaves) for one request."""
         url = urllib.parse.urlsplit(raw_path)
         path = urllib.parse.unquote(url.path)
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
@@ -285,6 +289,8 @@ class FakeRunPod:
         _, operation = route
         with self._lock:
             script = self._take_script(method, path)
+        if script is not None and (script.raw is not None or script.trickle_s):
+            return script.status, script.headers, script.body, script  # misbehaving on purpose: no contract check
         if script is not None:
             return self._answer(operation, script.status, script.headers, script.body, script.stall)
         bad_query = self.spec.query_errors(operation, query)
@@ -425,6 +431,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         status, headers, body, stall = self.runpod.handle(method, self.path, self.headers, raw)
+        if isinstance(stall, Script):
+            self._misbehave(stall, status, headers, body)
+            return
         if stall:
             self.runpod.release.wait(10)
             self.close_connection = True
@@ -442,6 +451,28 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _misbehave(self, script: Script, status: int, headers: dict, body: Any) -> None:
+        """The raw bytes of `script`, or a valid answer trickled byte by byte."""
+        self.close_connection = True
+        if script.raw is not None:
+            data = script.raw
+        else:
+            payload = b"" if body is None else json.dumps(body).encode()
+            head = f"HTTP/1.1 {status} OK\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            data = (head + "\r\n").encode() + payload
+        try:
+            if not script.trickle_s:
+                self.wfile.write(data)
+                return
+            for i in range(len(data)):
+                if self.runpod.release.wait(script.trickle_s):
+                    return
+                self.wfile.write(data[i : i + 1])
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass

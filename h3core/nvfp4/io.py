@@ -29,6 +29,7 @@ from h3core.nvfp4.codec import NVFP4Weight
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.shard import check_columns, check_rows
 from h3core.partition import ColumnSlice, Span
+from h3core.paths import path_kind
 
 WEIGHT, WEIGHT_SCALE, GLOBAL_SCALE = "weight", "weight_scale", "weight_scale_2"
 BIAS, PRE_QUANT_SCALE, INPUT_SCALE = "bias", "pre_quant_scale", "input_scale"
@@ -116,7 +117,9 @@ class SafetensorsReader:
 
     def _index(self, path: Path) -> None:
         if not path.is_file():
-            raise CheckpointError(f"checkpoint file {path} does not exist; check the path (H3_MODEL_PATH)")
+            kind = path_kind(path, follow=True)
+            what = "does not exist" if kind == "nothing" else f"is {kind}, not a file"
+            raise CheckpointError(f"checkpoint file {path} {what}; check the path (H3_MODEL_PATH)")
         try:
             with safe_open(str(path), framework="pt") as handle:  # validates header and data coverage
                 metadata = handle.metadata() or {}

@@ -3,12 +3,19 @@
 Guarantees (each one tested against a real HTTP server on loopback):
 
 - The API key comes from `RUNPOD_API_KEY` only. It is sent as a bearer token and never appears in
-  a message: every error text passes through `_redact` first, and the key is checked for
-  characters that would make `requests` echo the header in its own exception.
-- Every request has a timeout.
+  a message, whole or in part: every error text passes through `redact` (the key, and any run of
+  6 or more of its characters, e.g. a key cut by a server's own truncation) *before* it is cut to
+  length, and the key is checked for characters that would make `requests` echo the header in its
+  own exception.
+- Every request has a deadline for the whole exchange (`deadline.Deadline`), not only a timeout
+  per socket read: a server that trickles one byte every few seconds still ends in time.
+- Every transport failure (refused, reset, a broken chunked body, a corrupt gzip body, a redirect
+  loop, a malformed answer) is one `RemoteAPIError` line, never a traceback.
 - Reads (GET) are retried: a 429 waits what `Retry-After` says, a 5xx, a timeout or a dropped
   connection backs off exponentially. Writes (create, terminate) are sent exactly once: a retried
-  create can start a second paid pod, so an ambiguous create failure says "check `h3 pod list`".
+  create can start a second paid pod. Only a clear refusal (HTTP 4xx) says nothing happened; any
+  other outcome of a write (a 5xx, a 3xx, a 2xx h3 cannot read, a transport failure, Ctrl-C while
+  it was in flight) says it may have been applied and to check `h3 pod list` before trying again.
 - An HTTP error becomes one `RemoteAPIError` line built from the RFC 9457 problem body
   (`title`, `detail`, `errors`) plus what to do about it.
 """
@@ -16,6 +23,7 @@ Guarantees (each one tested against a real HTTP server on loopback):
 from __future__ import annotations
 
 import email.utils
+import http.client
 import os
 import re
 import time
@@ -23,9 +31,11 @@ from typing import Any, Callable, Optional, TypeVar
 from urllib.parse import quote, urlsplit
 
 import requests
+import urllib3
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from h3core.errors import ConfigError, RemoteAPIError
+from h3core.errors import ConfigError, Interrupted, RemoteAPIError
+from h3core.pod.deadline import Deadline, DeadlineAdapter
 from h3core.pod.models import Cloud, CreatePodRequest, GpuType, NetworkVolume, Pod
 
 API_KEY_VAR = "RUNPOD_API_KEY"
@@ -38,6 +48,9 @@ WRITE_TIMEOUT_S = 60.0
 _LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 _POD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DETAIL_CHARS = 400
+_KEY_FRAGMENT = 6  # a run of this many characters of the key is a fragment of it: never shown
+_MAX_REDIRECTS = 5
+CREATE_CHECK = "the pod may exist and cost money: check `h3 pod list` before trying again (h3 never repeats a create by itself)"
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -113,6 +126,55 @@ def _one_line(text: str, limit: int = _DETAIL_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def redact(text: str, secret: str) -> str:
+    """`text` without `secret`: the whole of it, and every run of `_KEY_FRAGMENT` or more characters
+    that also occurs in it (a key cut in two by truncation, or echoed in part), become `<redacted>`."""
+    if not secret:
+        return text
+    text = text.replace(secret, "<redacted>")
+    n = _KEY_FRAGMENT
+    if len(secret) < n:
+        return text
+    grams = {secret[i : i + n] for i in range(len(secret) - n + 1)}
+    hidden = [False] * len(text)
+    for i in range(len(text) - n + 1):
+        if text[i : i + n] in grams:
+            hidden[i : i + n] = [True] * n
+    out, i = [], 0
+    while i < len(text):
+        if hidden[i]:
+            while i < len(text) and hidden[i]:
+                i += 1
+            out.append("<redacted>")
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+class _TransportFailure(Exception):
+    """No usable HTTP answer: `reason` in words; `retry`: a read may be tried again."""
+
+    def __init__(self, reason: str, retry: bool):
+        super().__init__(reason)
+        self.reason, self.retry = reason, retry
+
+
+def _transport_failure(err: BaseException, deadline: Deadline, base_url: str) -> _TransportFailure:
+    """One classification of everything `requests` (or what it wraps) raises for a failed exchange."""
+    if deadline.expired or isinstance(err, requests.Timeout):
+        return _TransportFailure(f"no complete answer within {deadline.seconds:g} s", True)
+    if isinstance(err, requests.TooManyRedirects):
+        return _TransportFailure(f"more than {_MAX_REDIRECTS} redirects (a redirect loop?)", False)
+    if isinstance(err, requests.exceptions.ChunkedEncodingError):
+        return _TransportFailure("the answer was cut off (a broken chunked body)", True)
+    if isinstance(err, requests.exceptions.ContentDecodingError):
+        return _TransportFailure("the answer's compressed body is corrupt (bad gzip/deflate data)", True)
+    if isinstance(err, requests.ConnectionError):
+        return _TransportFailure(f"cannot reach {base_url}: {_network_reason(err)}", True)
+    return _TransportFailure(f"a malformed HTTP answer ({type(err).__name__})", False)
+
+
 def _retry_after_s(response: requests.Response) -> Optional[float]:
     """`Retry-After` in seconds (integer seconds or an HTTP date), None when absent or unreadable."""
     value = response.headers.get("Retry-After", "").strip()
@@ -175,6 +237,9 @@ class RunPodClient:
         self.retry = retry if retry is not None else DEFAULT_RETRY
         self._sleep = sleep if sleep is not None else time.sleep
         self._session = requests.Session()
+        self._session.mount("http://", DeadlineAdapter())
+        self._session.mount("https://", DeadlineAdapter())
+        self._session.max_redirects = _MAX_REDIRECTS
         self._session.auth = _Bearer(api_key)
         self._session.headers["Accept"] = "application/json"
         self._session.headers["User-Agent"] = "h3-pod"
@@ -228,19 +293,34 @@ class RunPodClient:
         return self._parse(Pod, data, f"pod {pod_id}")
 
     def create_pod(self, request: CreatePodRequest) -> Pod:
-        """POST the body once. Never retried: a second attempt could start a second paid pod."""
-        response = self._send_once("POST", "/v2/pods", request.body(), "create pod")
-        if response.status_code != 201:
-            raise self._api_error(response, "create pod", hint=self._create_hint(response))
-        return self._parse(Pod, self._json(response, "create pod"), "create pod")
+        """POST the body once. Never retried: a second attempt could start a second paid pod.
+
+        A 4xx is RunPod refusing (nothing was created); a 2xx carrying a pod is the pod; anything
+        else (a 5xx, a 3xx, a 2xx h3 cannot read) may have created one, and says so.
+        """
+        what = "create pod"
+        response = self._send_once("POST", "/v2/pods", request.body(), what, CREATE_CHECK)
+        status = response.status_code
+        if 400 <= status < 500:
+            raise self._api_error(response, what, hint=self._create_hint(response))
+        if not 200 <= status < 300:
+            raise self._ambiguous(what, self._problem_text(response), CREATE_CHECK)
+        try:
+            return self._parse(Pod, self._json(response, what), what)
+        except RemoteAPIError as err:
+            raise self._ambiguous(what, f"HTTP {status} with an answer h3 cannot read ({_reason_of(err)})", CREATE_CHECK) from None
 
     def terminate_pod(self, pod_id: str) -> None:
         """DELETE the pod (its persistent storage with it). Sent once."""
         check_pod_id(pod_id)
-        response = self._send_once("DELETE", f"/v2/pods/{pod_id}", None, f"terminate pod {pod_id}")
-        if response.status_code not in (200, 202, 204):
-            hint = self._unknown_pod(pod_id) if response.status_code == 404 else None
-            raise self._api_error(response, f"terminate pod {pod_id}", hint=hint)
+        what, check = f"terminate pod {pod_id}", f"check `h3 pod get {pod_id}` before trying again"
+        response = self._send_once("DELETE", f"/v2/pods/{pod_id}", None, what, check)
+        status = response.status_code
+        if 400 <= status < 500:
+            hint = self._unknown_pod(pod_id) if status == 404 else None
+            raise self._api_error(response, what, hint=hint)
+        if status not in (200, 202, 204):
+            raise self._ambiguous(what, self._problem_text(response), check)
 
     # --- transport -----------------------------------------------------------------------------
 
@@ -250,11 +330,11 @@ class RunPodClient:
         failure = ""
         for attempt in range(1, self.retry.attempts + 1):
             try:
-                response = self._session.get(url, params=params, timeout=self.read_timeout_s)
-            except requests.Timeout:
-                failure, wait = f"no answer within {self.read_timeout_s:g} s", self.retry.backoff(attempt)
-            except requests.ConnectionError as err:
-                failure, wait = f"cannot reach {self.base_url}: {_network_reason(err)}", self.retry.backoff(attempt)
+                response = self._exchange("GET", url, self.read_timeout_s, params=params)
+            except _TransportFailure as err:
+                if not err.retry:
+                    raise RemoteAPIError(self._redact(f"RunPod {what} failed: {err.reason}; check {BASE_URL_VAR} ({self.base_url})")) from None
+                failure, wait = err.reason, self.retry.backoff(attempt)
             else:
                 if response.ok:
                     return self._json(response, what)
@@ -284,20 +364,26 @@ class RunPodClient:
             ))
         return wait
 
-    def _send_once(self, method: str, path: str, body: Optional[dict[str, Any]], what: str) -> requests.Response:
-        """One write request. A timeout or dropped connection is reported as possibly applied."""
+    def _exchange(self, method: str, url: str, timeout: float, **kwargs: Any) -> requests.Response:
+        """One HTTP exchange under a whole-request deadline; every failure is a `_TransportFailure`."""
+        with Deadline(timeout) as deadline:
+            try:
+                return self._session.request(method, url, timeout=timeout, **kwargs)
+            except (requests.RequestException, http.client.HTTPException, urllib3.exceptions.HTTPError) as err:
+                raise _transport_failure(err, deadline, self.base_url) from None
+
+    def _send_once(self, method: str, path: str, body: Optional[dict[str, Any]], what: str, check: str) -> requests.Response:
+        """One write request. A transport failure, or Ctrl-C while it is in flight, may have applied it."""
         try:
-            return self._session.request(
-                method, self.base_url + path, json=body, timeout=self.write_timeout_s, allow_redirects=False
-            )
-        except requests.Timeout:
-            reason = f"no answer within {self.write_timeout_s:g} s"
-        except requests.ConnectionError as err:
-            reason = f"cannot reach {self.base_url}: {_network_reason(err)}"
-        raise RemoteAPIError(self._redact(
-            f"RunPod {what}: {reason}; it may or may not have been applied, so check `h3 pod list` "
-            "before trying again (h3 never repeats a write by itself)"
-        ))
+            return self._exchange(method, self.base_url + path, self.write_timeout_s, json=body, allow_redirects=False)
+        except _TransportFailure as err:
+            raise self._ambiguous(what, err.reason, check) from None
+        except KeyboardInterrupt:
+            raise Interrupted(self._redact(f"interrupted (Ctrl-C) while RunPod {what} was in flight; it may or may not have been applied: {check}")) from None
+
+    def _ambiguous(self, what: str, reason: str, check: str) -> RemoteAPIError:
+        """The one message for a write whose outcome is unknown."""
+        return RemoteAPIError(self._redact(f"RunPod {what}: {reason}; it may or may not have been applied: {check}"))
 
     # --- answers and errors ----------------------------------------------------------------------
 
@@ -335,7 +421,7 @@ class RunPodClient:
         errors = problem.get("errors")
         if isinstance(errors, list) and errors:
             text += " (" + "; ".join(str(e) for e in errors[:5]) + ")"
-        return _one_line(text)
+        return _one_line(self._redact(text))  # redact first: a cut must not split the key out of reach
 
     def _api_error(self, response: requests.Response, what: str, hint: Optional[str] = None) -> RemoteAPIError:
         status = response.status_code
@@ -354,12 +440,15 @@ class RunPodClient:
             return "no capacity there right now, or a rule RunPod checks: pick another data center from `h3 pod catalog`"
         if status == 429:
             return "nothing was created; " + _rate_limited_hint(response)
-        if status >= 500:
-            return "RunPod had a server error and the pod may or may not exist: check `h3 pod list` before trying again"
-        return None
+        return (_STATUS_HINTS.get(status) or "RunPod refused it") + "; nothing was created"
 
     def _unknown_pod(self, pod_id: str) -> str:
         return f"unknown pod id {pod_id!r}; `h3 pod list` shows your pods"
 
     def _redact(self, text: str) -> str:
-        return text.replace(self._api_key, "<redacted>") if self._api_key else text
+        return redact(text, self._api_key)
+
+
+def _reason_of(err: RemoteAPIError) -> str:
+    """The part of a client error after 'RunPod <what>: ' (for wrapping it in another message)."""
+    return str(err).split(": ", 1)[-1]

@@ -8,9 +8,9 @@ Server Edition, RunPod's CUDA 13.0 + torch 2.9.1 image, persistent workspace sto
 from __future__ import annotations
 
 import pathlib
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from h3core.errors import ConfigError, RemoteAPIError
 from h3core.pod.catalog import (
@@ -33,6 +33,7 @@ from h3core.pod.models import (
     PersistentMount,
     Pod,
 )
+from h3core.validation import UserRequest
 
 DEFAULT_IMAGE = "runpod/pytorch:1.0.3-cu1300-torch291-ubuntu2404"
 DEFAULT_DISK_GB = 50
@@ -45,10 +46,12 @@ _MAX_KEY_BYTES = 16 * 1024
 _FLAGS = {"disk_gb": "--disk", "volume_gb": "--volume-gb", "mount_path": "--volume-mount-path", "min_cuda": "--min-cuda"}
 
 
-class CreateOptions(BaseModel):
-    """What `h3 pod create` was asked for; `None` means "h3 decides" (see each field)."""
+class CreateOptions(UserRequest):
+    """What `h3 pod create` was asked for; `None` means "h3 decides" (see each field). A bad value
+    is one ConfigError line naming its flag (`UserRequest`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    FLAGS: ClassVar[dict[str, str]] = _FLAGS
 
     count: int = Field(DEFAULT_COUNT, ge=1, description="GPUs on the pod (one machine).")
     gpu_type: str = Field(DEFAULT_GPU_TYPE, min_length=1, description="GPU type id from RunPod's catalog.")
@@ -82,13 +85,7 @@ class CreateOptions(BaseModel):
     @classmethod
     def build(cls, **values: Any) -> "CreateOptions":
         """Validate flags; a bad value becomes a one-line `ConfigError` naming the flag."""
-        try:
-            return cls(**values)
-        except ValidationError as err:
-            first = err.errors()[0]
-            field = str(first["loc"][0]) if first["loc"] else "options"
-            flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
-            raise ConfigError(f"{flag}={values.get(field)!r}: {first['msg']}") from None
+        return cls(**values)
 
     def pod_name(self) -> str:
         return self.name or f"h3-{self.count}gpu"

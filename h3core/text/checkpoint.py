@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from h3core.errors import CheckpointError
+from h3core.paths import path_kind
 from h3core.text.config import (
     QWEN3_RMS_NORM_EPS,
     QWEN3_ROPE_THETA,
@@ -66,8 +67,10 @@ def checkpoint_files(path: Path) -> list[Path]:
         if not shards:
             raise CheckpointError(f"text encoder folder {path} holds no .safetensors file")
         return shards
+    kind = path_kind(path, follow=True)
+    what = "does not exist" if kind == "nothing" else f"is {kind}, not a file or folder"
     raise CheckpointError(
-        f"text encoder not found: {path} does not exist; set H3_TEXT_ENCODER_PATH (or --text-encoder) "
+        f"text encoder not found: {path} {what}; set H3_TEXT_ENCODER_PATH (or --text-encoder) "
         "to a .safetensors file or a folder of shards"
     )
 

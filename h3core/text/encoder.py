@@ -232,13 +232,19 @@ def _inspect(path: Path, hidden_size: int, output_layer: int | None) -> _Inspect
     return _Inspected(files, reader, headers, kind, prefix, config, config_source, layer, final_norm, tokenizer)
 
 
-def check_text_encoder(path: str | Path, *, hidden_size: int, output_layer: int | None = None) -> None:
-    """Everything `load_text_encoder` checks before reading weights (files, config, shapes, tokenizer).
+def check_text_encoder(path: str | Path | None, *, hidden_size: int, output_layer: int | None = None) -> PromptTokenizer:
+    """Everything `load_text_encoder` checks before reading weights (files, config, shapes, tokenizer);
+    returns the encoder's tokenizer (the byte-level one of the synthetic encoder when `path` is None).
 
     Cheap: headers only. The launcher calls it before spawning ranks, so a bad path is one line
-    from the launching process rather than a rank failure.
+    from the launching process rather than a rank failure, and the prompt's real token count is
+    known before the partition is checked.
     """
-    _inspect(Path(path), hidden_size, output_layer).reader.close()
+    if path is None:
+        return ByteTokenizer()
+    found = _inspect(Path(path), hidden_size, output_layer)
+    found.reader.close()
+    return found.tokenizer
 
 
 def _load_checkpoint(

@@ -2,14 +2,15 @@
 
 In this process: resolve the device, build (or reuse) the preset's synthetic checkpoint, check
 every partition the counts need (a count the model cannot split is a ConfigError, before anything
-is spawned), then start ONE World of max(usable counts) ranks and run every selected check on it.
-The report is written atomically whatever the verdicts; the caller raises `report.failure()`.
+is spawned), reserve the report folder (`h3core.outputs`), then start ONE World of max(usable
+counts) ranks and run every selected check on it. The report is published whatever the verdicts
+(nothing is written when the run itself fails or is interrupted); the caller raises
+`report.failure()`.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Callable
 
 from h3core.errors import ConfigError
@@ -18,12 +19,6 @@ from h3core.verify.session import Session
 from h3core.verify.spec import VerifyConfig, VerifySpec
 
 REPORT_FILE = "verify.json"
-
-
-def default_output_dir() -> Path:
-    from h3core.report import timestamp
-
-    return Path("outputs") / f"{timestamp()}-verify"
 
 
 def build_spec(config: VerifyConfig, device: str) -> VerifySpec:
@@ -69,9 +64,9 @@ def run_checks(session: Session, names: list[str]) -> list[CheckRow]:
 
 def verify(config: VerifyConfig, on_event: Callable[[str], None] | None = None) -> VerifyReport:
     """Run the checks of `config` on one World; write and return the report (also when rows failed)."""
-    from h3core.device import device_name, resolve_device
-    from h3core.launch import World, under_torchrun
-    from h3core.report import Versions, timestamp, write_report
+    from h3core.device import resolve_device
+    from h3core.launch import under_torchrun
+    from h3core.outputs import Outputs
 
     started = time.perf_counter()
     notify = on_event or (lambda message: None)
@@ -83,6 +78,21 @@ def verify(config: VerifyConfig, on_event: Callable[[str], None] | None = None) 
     usable = [count for count in config.counts if count not in unusable]
     check_partitions(spec, usable)
     world_size = max(usable, default=1)
+    with Outputs() as outputs:
+        folder = outputs.folder(config.output, kind="verify", overwrite=config.overwrite)
+        report = _run_on_world(config, spec, device, world_size, unusable, notify, started)
+        report.report_path = str(folder.path / REPORT_FILE)
+        folder.write(REPORT_FILE, (report.model_dump_json(indent=2) + "\n").encode())
+        outputs.publish()
+    return report
+
+
+def _run_on_world(config: VerifyConfig, spec: VerifySpec, device: str, world_size: int, unusable: dict[int, str],
+                  notify: Callable[[str], None], started: float) -> VerifyReport:
+    from h3core.device import device_name
+    from h3core.launch import World
+    from h3core.report import Versions, timestamp
+
     notify(f"starting {world_size} rank{'s' if world_size > 1 else ''}")
     spawn_started = time.perf_counter()
     with World(world_size, device) as world:
@@ -90,7 +100,7 @@ def verify(config: VerifyConfig, on_event: Callable[[str], None] | None = None) 
         session = Session(world, spec, config.counts, unusable, notify)
         rows = run_checks(session, config.checks)
         dist_backend = world.backend
-    report = VerifyReport(
+    return VerifyReport(
         created=timestamp(),
         passed=not any(row.verdict == "fail" for row in rows),
         device=device,
@@ -110,7 +120,3 @@ def verify(config: VerifyConfig, on_event: Callable[[str], None] | None = None) 
         seconds=time.perf_counter() - started,
         versions=Versions.collect(),
     )
-    path = (config.output or default_output_dir()) / REPORT_FILE
-    report.report_path = str(path)
-    write_report(path, report)
-    return report

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import ClassVar
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from h3core.config import ModelConfig, preset as get_preset
 from h3core.errors import ConfigError
 from h3core.partition import Segment
+from h3core.validation import UserRequest
 
 CHECK_NAMES = ("transport", "sdpa", "ragged", "projection", "tp", "nvfp4", "parity", "backends")
 """Every check, in the order they run and are printed."""
@@ -33,18 +36,20 @@ def parse_checks(names: list[str]) -> list[str]:
     return [n for n in CHECK_NAMES if n in names] if names else list(CHECK_NAMES)
 
 
-class VerifyConfig(BaseModel):
-    """One `h3 verify` request."""
+class VerifyConfig(UserRequest):
+    """One `h3 verify` request (an invalid value is one ConfigError line naming its flag)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    FLAGS: ClassVar[dict[str, str]] = {"checks": "CHECK"}
 
     checks: list[str] = Field(default_factory=lambda: list(CHECK_NAMES), description="Checks to run, in run order.")
     counts: list[int] = Field(default_factory=lambda: list(DEFAULT_COUNTS), description="Rank counts for the distributed checks.")
     device: str = Field("auto", description="auto, cpu or cuda.")
     preset: str = Field("narrow", description="Model preset whose shapes (and synthetic weights) every check uses.")
     steps: int = Field(DEFAULT_STEPS, ge=1, description="Denoising steps of the end-to-end parity runs.")
-    seed: int = Field(VERIFY_SEED, description="Seed of every random input and of the latent noise.")
-    output: Path | None = Field(None, description="Report folder (default outputs/<time>-verify).")
+    seed: int = Field(VERIFY_SEED, ge=0, le=2**64 - 1, description="Seed of every random input and of the latent noise.")
+    output: Path | None = Field(None, description="Report folder (default outputs/<time>-verify-<4 hex>).")
+    overwrite: bool = Field(False, description="Replace an existing folder of h3 results at `output` whole.")
 
     @field_validator("checks")
     @classmethod

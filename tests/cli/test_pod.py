@@ -162,9 +162,9 @@ def test_create_with_no_stock_stops_before_posting(h3, runpod):
     [
         (["--ssh-public-key", "/nonexistent/id.pub"], "cannot read --ssh-public-key /nonexistent/id.pub: No such file or directory"),
         (["--network-volume", "vol1234567", "--volume-gb", "50"], "--network-volume exclude each other"),
-        (["--volume-gb", "5"], "--volume-gb=5: Input should be greater than or equal to 10"),
+        (["--volume-gb", "5"], "--volume-gb 5: must be at least 10"),
         (["--min-cuda", "13"], "--min-cuda '13' is not a CUDA version like 13.0"),
-        (["--volume-mount-path", "data"], "--volume-mount-path='data'"),
+        (["--volume-mount-path", "data"], "--volume-mount-path 'data'"),
     ],
 )
 def test_bad_create_flags_are_one_line_and_send_nothing(h3, runpod, args, message):
@@ -179,14 +179,14 @@ def test_create_refused_by_the_server_is_one_line(h3, runpod):
     assert run.code == 1
     assert run.error_line() == (
         "error: RunPod create pod failed: HTTP 402 Payment Required: insufficient balance; "
-        "insufficient balance: add funds to the RunPod account"
+        "insufficient balance: add funds to the RunPod account; nothing was created"
     )
 
 
 def test_create_server_error_is_not_retried(h3, runpod):
     runpod.script("POST", "/v2/pods", 503, times=3)
     run = h3("pod", "create", "--yes")
-    assert run.code == 1 and "may or may not exist: check `h3 pod list`" in run.error_line()
+    assert run.code == 1 and "the pod may exist and cost money: check `h3 pod list`" in run.error_line()
     assert len(runpod.sent("POST")) == 1
 
 
@@ -194,7 +194,7 @@ def test_create_timeout_is_one_line_and_not_retried(h3, runpod, monkeypatch):
     monkeypatch.setattr(client_module, "WRITE_TIMEOUT_S", 0.2)
     runpod.script("POST", "/v2/pods", stall=True, times=3)
     run = h3("pod", "create", "--yes")
-    assert run.code == 1 and "no answer within 0.2 s; it may or may not have been applied" in run.error_line()
+    assert run.code == 1 and "no complete answer within 0.2 s; it may or may not have been applied" in run.error_line()
     assert len(runpod.sent("POST")) == 1
 
 
@@ -303,7 +303,7 @@ def test_a_stalled_read_times_out_with_one_line(h3, runpod, monkeypatch):
     monkeypatch.setattr(client_module, "READ_TIMEOUT_S", 0.2)
     runpod.script("GET", "/v2/pods", stall=True, times=9)
     run = h3("pod", "list")
-    assert run.code == 1 and "failed after 3 tries: no answer within 0.2 s" in run.error_line()
+    assert run.code == 1 and "failed after 3 tries: no complete answer within 0.2 s" in run.error_line()
 
 
 # --- a real process ---------------------------------------------------------------------------------------

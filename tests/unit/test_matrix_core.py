@@ -1,6 +1,7 @@
 """`h3 matrix` without running a model: settings precedence, skip logic, summary math, rendering."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -80,7 +81,8 @@ def test_save_latents_rejects_a_non_boolean(monkeypatch):
 
 
 def test_output_and_benchmark_precedence(monkeypatch, tmp_path):
-    assert mx.output_setting(None).parent == Path("outputs") and mx.output_setting(None).name.endswith("-matrix")
+    default = mx.output_setting(None)
+    assert default.parent == Path("outputs") and "-matrix-" in default.name and default != mx.output_setting(None)  # never shared
     assert mx.benchmark_setting(None) is None
     monkeypatch.setenv("H3_DISTRIBUTED_OUTPUT", str(tmp_path / "env"))
     monkeypatch.setenv("H3_DISTRIBUTED_BENCHMARK", str(tmp_path / "bench.json"))
@@ -162,7 +164,7 @@ def test_scaling():
 def test_step_time_leaves_out_the_warm_up_step():
     assert mx.steady_step_seconds([5.0, 1.0, 3.0, 2.0]) == 2.0  # median of 1, 3, 2
     assert mx.steady_step_seconds([5.0, 1.0]) == 1.0
-    assert mx.steady_step_seconds([5.0]) == 5.0  # one step: that step
+    assert mx.steady_step_seconds([5.0]) is None  # one step carries warm-up: no step time, no speedup
     assert mx.steady_step_seconds([]) is None
 
 
@@ -262,3 +264,19 @@ def test_chart_is_a_png(report):
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (1100, 480)
 
+
+
+def test_a_single_step_shows_no_step_time_speedup_or_efficiency_and_says_why():
+    # One step is all warm-up: on 2 cores it once showed a 9.15x speedup and 457% efficiency.
+    from h3core.pipeline import RunFiles
+
+    planned = mx.PlannedCell(Mode.ULYSSES, 2, True, None, None)
+    run_report = SimpleNamespace(step_seconds=[0.9], timings={"sampling": 0.9}, ranks_on="2 CPU ranks (Gloo)", ranks=[], comm_total=SimpleNamespace(bytes_sent=0), parity=None, files=RunFiles(directory="d", report="d/report.json", latents=None, preview=None))
+    run_report.ranks = [SimpleNamespace(peak_memory_sampling_bytes=1, weights=SimpleNamespace(resident=1))]
+    cell = mx.summarise(planned, run_report, 1, baseline_seconds=mx.steady_step_seconds([5.0]), parity_error=None)
+    assert cell.step_seconds is None and cell.speedup is None and cell.efficiency is None
+    report = _report([cell]).model_copy(update={"scaling_note": mx.SINGLE_STEP_NOTE})
+    row = summary_rows(report)[0]
+    assert [row[COLUMNS.index(c)] for c in ("step", "speedup", "eff.")] == ["-", "-", "-"]
+    assert any("with 1 denoising step there is no step after the first" in line for line in notes(report))
+    assert "run with --steps 2 or more" in markdown(report)

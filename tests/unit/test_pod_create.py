@@ -155,11 +155,11 @@ def test_plan_refuses_more_gpus_than_one_machine_has(client):
     ("values", "message"),
     [
         ({"network_volume": "vol1", "volume_gb": 50}, "--volume-gb (persistent storage) and --network-volume exclude each other"),
-        ({"volume_gb": 5}, "--volume-gb=5: Input should be greater than or equal to 10"),
-        ({"disk_gb": 0}, "--disk=0: Input should be greater than or equal to 1"),
-        ({"mount_path": "workspace"}, "--volume-mount-path='workspace': String should match pattern"),
-        ({"count": 0}, "--count=0: Input should be greater than or equal to 1"),
-        ({"network_volume": "../v2/pods"}, "--network-volume='../v2/pods': String should match pattern"),
+        ({"volume_gb": 5}, "--volume-gb 5: must be at least 10"),
+        ({"disk_gb": 0}, "--disk 0: must be at least 1"),
+        ({"mount_path": "workspace"}, "--volume-mount-path 'workspace': string should match pattern"),
+        ({"count": 0}, "--count 0: must be at least 1"),
+        ({"network_volume": "../v2/pods"}, "--network-volume '../v2/pods': string should match pattern"),
     ],
 )
 def test_bad_options_are_one_line_config_errors(values, message):

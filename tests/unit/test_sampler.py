@@ -40,3 +40,16 @@ def test_guidance():
     assert guided_velocity(cond, uncond, 1.0).item() == 2.0
     assert guided_velocity(cond, uncond, 3.0).item() == 4.0
     assert guided_velocity(cond, None, 3.0).item() == 2.0
+
+
+def test_a_non_finite_latent_stops_the_run_naming_the_step():
+    from h3core.errors import NonFiniteResult
+    from h3core.sampler import check_finite
+
+    check_finite({"video": torch.randn(5, 4), "audio": torch.zeros(0, 4)}, step=1, steps=4)  # finite, and empty rows
+    bad = torch.randn(5, 4)
+    bad[2, 1] = float("inf")
+    with pytest.raises(NonFiniteResult, match=r"the audio latent became NaN or infinite at denoising step 3 of 4"):
+        check_finite({"video": torch.randn(5, 4), "audio": bad}, step=3, steps=4)
+    with pytest.raises(NonFiniteResult, match="the video and audio latent"):
+        check_finite({"video": torch.full((2, 2), float("nan")), "audio": bad}, step=1, steps=1)

@@ -1,0 +1,417 @@
+"""Where a command's results go: checked before any rank starts, staged privately, published whole.
+
+Every command that writes results (`generate`, `matrix`, `verify`, `bench-transport`, and the
+`--benchmark` copies) writes them through one `Outputs`:
+
+1. `folder(path)` / `file(path)` check the location before anything runs: a path that is not
+   empty and not the current folder, no file where a folder goes (nor a folder where a file goes),
+   a parent that can be created and written (a probe file is written, synced and removed), free
+   space for what the run will write. A folder that already holds files is refused: h3 never mixes
+   one run's files into another's. `overwrite=True` replaces a folder of h3 results whole (and
+   only one of those: h3 never deletes a folder it did not write).
+2. A lock (`.NAME.h3-lock` beside the target, `flock`) is held from the check until the end: a
+   second run into the same place is refused at once instead of racing the first.
+3. Files are written into a private staging folder beside the target (`.NAME.h3-staging-PID-XX`).
+4. `publish()` renames the staging folder onto the target (atomic; `rename` replaces an empty
+   folder), then moves single files into place. If a later step fails the earlier are rolled back.
+   Until then nothing exists under the target's name; after it, every file does.
+5. Leaving the `with` block without publishing (an error, a failed rank, Ctrl-C) removes the
+   staging folder and the lock: nothing was written.
+
+Default folder names (`outputs/<UTC time to the microsecond>-<what>-<4 hex>`) cannot collide
+between runs started at the same moment. Every `OSError` (read-only, full, permission, a file in
+the way) becomes one line: a `ConfigError` when found by the check, an `OutputError` when writing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+from h3core.errors import ConfigError, H3Error, Interrupted, OutputError
+from h3core.paths import free_bytes, os_error_reason, path_kind
+
+REPORT_FILES = ("report.json", "matrix.json", "verify.json")
+"""A folder holding one of these at its top is a folder of h3 results (what `overwrite` may replace)."""
+
+PROBE_BYTES = 4096
+MARGIN_BYTES = 1 << 20  # report, preview and file-system overhead on top of a target's own estimate
+_LOCK, _STAGING, _REPLACED = ".h3-lock", ".h3-staging-", ".h3-replaced-"
+
+
+def default_folder(kind: str) -> Path:
+    """`outputs/<UTC time to the microsecond>-<kind>-<4 hex>`: distinct for runs started together."""
+    now = datetime.now(timezone.utc)
+    return Path("outputs") / f"{now:%Y%m%dT%H%M%S}.{now:%f}Z-{kind}-{secrets.token_hex(2)}"
+
+
+class _Lock:
+    """An exclusive `flock` on `.NAME.h3-lock` beside `target`, taken without waiting."""
+
+    def __init__(self, target: Path, flag: str):
+        self.path = target.parent / f".{target.name}{_LOCK}"
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_pid(fd)
+                os.close(fd)
+                raise ConfigError(
+                    f"another h3 run{f' (pid {holder})' if holder else ''} is writing to {target} right now; "
+                    f"wait for it to finish or choose another {flag}"
+                ) from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False  # the previous holder removed it as we locked it: lock the new one
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)  # while still holding it: see the inode check above
+        finally:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+
+def _read_pid(fd: int) -> str:
+    try:
+        return os.pread(fd, 32, 0).decode().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+class _Target:
+    """One place results go: checked, locked and staged when made; published or discarded later."""
+
+    def __init__(self, path: Path, flag: str, need_bytes: int):
+        self.path, self.flag = Path(path), flag
+        self._made_parents: list[Path] = []
+        self._lock: _Lock | None = None
+        self.staging: Path | None = None
+        self.published = False
+        self._check_name()
+        try:
+            self._make_parents()
+            self._check_existing()
+            self._lock = _Lock(self.path, flag)
+            self._clear_stale_staging()
+            self.staging = self._stage()
+            self._probe(need_bytes)
+        except OSError as err:
+            self.discard()
+            raise ConfigError(f"cannot write to {self.path} ({flag}): {os_error_reason(err)}; choose another {flag}") from None
+        except BaseException:
+            self.discard()
+            raise
+
+    # -- the checks ---------------------------------------------------------------------------------
+
+    def _check_name(self) -> None:
+        if str(self.path) in ("", "."):
+            raise ConfigError(f"{self.flag} is empty (or '.'): give a new folder or file name, e.g. {self.flag} outputs/run1")
+        here = Path.cwd().resolve()
+        target = self.path.resolve()
+        if target == here or target in here.parents:
+            raise ConfigError(f"{self.flag} {self.path} is the current folder or one above it; give a new folder name, e.g. {self.flag} outputs/run1")
+
+    def _make_parents(self) -> None:
+        missing = []
+        parent = self.path.parent
+        while not parent.exists() and parent != parent.parent:
+            missing.append(parent)
+            parent = parent.parent
+        for folder in reversed(missing):
+            folder.mkdir()
+            self._made_parents.append(folder)
+        if not self.path.parent.is_dir():
+            raise ConfigError(f"{self.flag} {self.path}: {self.path.parent} is not a folder; choose another {self.flag}")
+
+    def _check_existing(self) -> None:  # pragma: no cover - each target says what may already be there
+        raise NotImplementedError
+
+    def _clear_stale_staging(self) -> None:
+        """Staging left by a run that was killed before it could clean up (we hold the lock: none is live)."""
+        for leftover in self.path.parent.glob(f".{self.path.name}{_STAGING}*"):
+            _remove(leftover)
+
+    def _stage(self) -> Path:
+        staging = self.path.parent / f".{self.path.name}{_STAGING}{os.getpid()}-{secrets.token_hex(2)}"
+        staging.mkdir()
+        return staging
+
+    def _probe(self, need_bytes: int) -> None:
+        """Write, sync and remove a small file where the results will go; check the free space."""
+        assert self.staging is not None
+        probe = self.staging / ".probe"
+        _write_synced(probe, b"\0" * PROBE_BYTES)
+        probe.unlink()
+        need = need_bytes + MARGIN_BYTES
+        free = free_bytes(self.staging)
+        if free < need:
+            raise ConfigError(
+                f"{self.flag} {self.path}: this run writes about {need / 2**20:.0f} MiB but only "
+                f"{free / 2**20:.0f} MiB are free there; free some space or choose another {self.flag}"
+            )
+
+    # -- the end ----------------------------------------------------------------------------------------
+
+    def publish(self) -> None:
+        raise NotImplementedError
+
+    def unpublish(self) -> None:
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        """Remove the staging (and the parents this target created, when empty) and release the lock."""
+        if self.staging is not None and not self.published:
+            _remove(self.staging)
+            self.staging = None
+        self.release()
+        if not self.published:
+            for folder in reversed(self._made_parents):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+class OutputFolder(_Target):
+    """A folder that belongs to one run: staged privately, then renamed into place whole."""
+
+    def __init__(self, path: Path, flag: str, need_bytes: int = 0, overwrite: bool = False):
+        self.overwrite = overwrite
+        self._replaced: Path | None = None
+        super().__init__(path, flag, need_bytes)
+
+    def _check_existing(self) -> None:
+        path = self.path
+        if not path.exists() and not path.is_symlink():
+            return
+        if not path.is_dir() or path.is_symlink():
+            raise ConfigError(f"{self.flag} {path} is {path_kind(path)}, not a folder; choose a new folder name")
+        entries = sorted(p.name for p in path.iterdir())
+        if not entries:
+            return  # an empty folder made for this run: the publishing rename replaces it
+        if not self.overwrite:
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise ConfigError(
+                f"{self.flag} {path} already holds files ({shown}); h3 does not mix one run's results into another's: "
+                f"choose a new folder{' or pass --overwrite to replace it whole' if _is_results(path) else ''}"
+            )
+        if not _is_results(path):
+            raise ConfigError(
+                f"{self.flag} {path} is not a folder of h3 results (no {' / '.join(REPORT_FILES)}); --overwrite only "
+                "replaces h3's own results: choose a new folder"
+            )
+
+    def write(self, name: str | Path, data: bytes) -> Path:
+        """Stage `data` as `name` (may hold subfolders) and return the path it will have once published."""
+        assert self.staging is not None, "this output folder was already published or discarded"
+        staged = self.staging / name
+        tmp = staged.with_name(f".{staged.name}.tmp")
+        try:
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            _write_synced(tmp, data)
+            os.replace(tmp, staged)  # a file rewritten (matrix.json after every cell) is whole at every moment
+        except BaseException as err:
+            tmp.unlink(missing_ok=True)
+            if not isinstance(err, OSError):
+                raise
+            raise OutputError(f"cannot write {self.path / name}: {os_error_reason(err)}; nothing was written") from None
+        return self.path / name
+
+    def publish(self) -> None:
+        assert self.staging is not None
+        _sync_folder(self.staging)
+        if self.overwrite and self.path.exists() and any(self.path.iterdir()):
+            self._replaced = self.path.parent / f".{self.path.name}{_REPLACED}{secrets.token_hex(2)}"
+            os.rename(self.path, self._replaced)
+        try:
+            os.rename(self.staging, self.path)  # replaces an empty folder; never a full one
+        except OSError:
+            if self._replaced is not None:
+                os.rename(self._replaced, self.path)
+                self._replaced = None
+            raise
+        self.published = True
+        _sync_folder(self.path.parent)
+
+    def unpublish(self) -> None:
+        """Undo `publish` (a later target failed): the results go back to staging, the old ones back."""
+        assert self.staging is not None
+        os.rename(self.path, self.staging)
+        if self._replaced is not None:
+            os.rename(self._replaced, self.path)
+            self._replaced = None
+        self.published = False
+
+    def finish(self) -> None:
+        """After every target is published: drop what `overwrite` replaced, release the lock."""
+        if self._replaced is not None:
+            _remove(self._replaced)
+            self._replaced = None
+        self.release()
+
+
+class OutputFile(_Target):
+    """One file (a report copy): staged beside its place, then renamed over it."""
+
+    def __init__(self, path: Path, flag: str, need_bytes: int = 0):
+        self._data: bytes | None = None
+        super().__init__(path, flag, need_bytes)
+
+    def _check_existing(self) -> None:
+        if self.path.is_dir():
+            raise ConfigError(f"{self.flag} {self.path} is a folder; give a file path, e.g. {self.flag} {self.path / 'report.json'}")
+        if self.path.exists() and not self.path.is_file():
+            raise ConfigError(f"{self.flag} {self.path} is {path_kind(self.path)}, not a file; give a file path")
+
+    def write(self, data: bytes) -> Path:
+        """Stage the file's content; returns the path it will have."""
+        assert self.staging is not None
+        try:
+            _write_synced(self.staging / self.path.name, data)
+        except OSError as err:
+            raise OutputError(f"cannot write {self.path}: {os_error_reason(err)}; nothing was written") from None
+        self._data = data
+        return self.path
+
+    def publish(self) -> None:
+        assert self.staging is not None
+        if self._data is None:
+            raise OutputError(f"nothing was staged for {self.path}; nothing was written")
+        os.replace(self.staging / self.path.name, self.path)
+        self.published = True
+        _remove(self.staging)
+        _sync_folder(self.path.parent)
+
+    def unpublish(self) -> None:  # files are published last: nothing after them can fail
+        raise AssertionError("an OutputFile is never rolled back")
+
+    def finish(self) -> None:
+        self.release()
+
+
+class FileInFolder:
+    """A single-file output that lies inside an output folder (`-o run --benchmark run/b.json`)."""
+
+    def __init__(self, folder: OutputFolder, relative: Path):
+        self.folder, self.relative = folder, relative
+        self.path = folder.path / relative
+
+    def write(self, data: bytes) -> Path:
+        return self.folder.write(self.relative, data)
+
+
+class Outputs:
+    """Every place one command writes to, published together or not at all (see the module docstring)."""
+
+    def __init__(self, enabled: bool = True):
+        """`enabled=False`: a torchrun rank other than 0, which writes nothing and reserves nothing."""
+        self.enabled = enabled
+        self._folders: list[OutputFolder] = []
+        self._files: list[OutputFile] = []
+        self.published = False
+
+    def folder(self, path: Path | None, *, kind: str, flag: str = "--output", need_bytes: int = 0, overwrite: bool = False) -> OutputFolder:
+        folder = OutputFolder(path if path is not None else default_folder(kind), flag, need_bytes, overwrite)
+        self._folders.append(folder)
+        return folder
+
+    def file(self, path: Path, *, flag: str, need_bytes: int = 0) -> "OutputFile | FileInFolder":
+        """A single file; one inside a folder of these outputs is staged and published with that folder."""
+        for folder in self._folders:
+            try:
+                relative = Path(path).resolve().relative_to(folder.path.resolve())
+            except ValueError:
+                continue
+            if relative == Path("."):
+                raise ConfigError(f"{flag} {path} is the output folder itself; give a file path, e.g. {flag} {Path(path) / 'report-copy.json'}")
+            return FileInFolder(folder, relative)
+        target = OutputFile(path, flag, need_bytes)
+        self._files.append(target)
+        return target
+
+    def publish(self) -> None:
+        """Folders first, then files; a failure rolls back what was already published and raises."""
+        done: list[_Target] = []
+        for target in [*self._folders, *self._files]:
+            try:
+                target.publish()
+            except OSError as err:
+                for earlier in reversed(done):
+                    earlier.unpublish()
+                raise OutputError(f"cannot write {target.path}: {os_error_reason(err)}; nothing was written") from None
+            done.append(target)
+        self.published = True
+        for target in done:
+            target.finish()
+
+    def discard(self) -> None:
+        for target in [*self._files, *self._folders]:
+            target.discard()
+
+    def __enter__(self) -> "Outputs":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.published:
+            self.discard()
+
+
+def publish_on_interrupt(outputs: Outputs, message: str) -> None:
+    """Publish what was staged (a matrix's finished cells) and raise `Interrupted(message)`."""
+    try:
+        outputs.publish()
+    except H3Error as err:
+        raise Interrupted(f"interrupted (Ctrl-C), and the partial results could not be written: {err}") from None
+    raise Interrupted(message)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems do not sync folders; the data itself was synced
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _is_results(path: Path) -> bool:
+    return any((path / name).is_file() for name in REPORT_FILES)
