@@ -37,6 +37,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
+from h3core import cpu_memory
 from h3core.device import (
     check_world_size_fits,
     cpu_threads_per_rank,
@@ -314,6 +315,8 @@ class _WorkerSpec:
 def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
     """Entry point of a spawned rank: join the group, then run tasks until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if spec.device_type == "cpu":
+        cpu_memory.apply()  # before the first large tensor (h3core.cpu_memory)
     if not spec.debug:
         _silence_output()
     threading.Thread(target=_exit_when_orphaned, args=(spec.parent_pid,), daemon=True).start()
@@ -437,6 +440,8 @@ class World:
             raise ConfigError(f"world size must be at least 1, got {world_size}")
         self.world_size = world_size
         self.device_type = resolve_device(device)
+        if self.device_type == "cpu":
+            cpu_memory.apply()  # this process may run a rank itself; spawned workers apply it too
         self.timeout_s = timeout_s
         self.on_progress = on_progress
         self.backend = "none"
