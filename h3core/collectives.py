@@ -285,6 +285,8 @@ def exchange_blocks(
     rank, size = group_rank_and_size(group)
     num_tokens = _check_spans(tokens, size, "token")
     _check_spans(heads, size, "head")
+    if size == 1:  # one block holding every head: it is the result
+        return blocks.buffer.view(num_tokens, *blocks.mid, len(heads[0]), blocks.head_dim)
     if blocks.local_tokens != len(tokens[rank]):
         raise ValueError(f"exchange_blocks: blocks hold {blocks.local_tokens} token rows, rank {rank} owns {len(tokens[rank])}")
     inner, head_dim, local_heads = math.prod(blocks.mid), blocks.head_dim, len(heads[rank])

@@ -101,19 +101,22 @@ def rope_table(config: ModelConfig, positions: torch.Tensor) -> Rope:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate-half RoPE, computed in float32. x: [S, *heads, Dh] (e.g. [S, H, Dh]); cos, sin: [S, Dh/2].
 
-    With `out` (x's shape, x's or another dtype, any strides) the result is written there instead of
-    into a new tensor: the same values, bit for bit (one rounding to the output dtype either way).
+    `x * [cos, cos] + [x2, x1] * [-sin, sin]`: per element the same two products and one sum as
+    `[x1 cos - x2 sin, x2 cos + x1 sin]`, so the same bits. With `out` (x's shape, any dtype, any
+    strides) the result is written there instead of into a new tensor; in float32 straight into it,
+    whole head rows at a time (what lets Ulysses attention skip its pack copy).
     """
     half = x.shape[-1] // 2
     xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
     broadcast = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)  # [S, 1.., Dh/2]
     c, s = cos.reshape(broadcast), sin.reshape(broadcast)
+    cos2, sin2 = torch.cat([c, c], dim=-1), torch.cat([-s, s], dim=-1)  # [S, 1.., Dh]
+    rotated = torch.cat([xf[..., half:], xf[..., :half]], dim=-1).mul_(sin2)  # [x2, x1] * [-sin, sin]
     if out is None:
-        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
-    out[..., :half] = x1 * c - x2 * s
-    out[..., half:] = x2 * c + x1 * s
-    return out
+        return torch.mul(xf, cos2).add_(rotated).to(x.dtype)
+    if out.dtype == torch.float32:
+        return torch.mul(xf, cos2, out=out).add_(rotated)
+    return out.copy_(torch.mul(xf, cos2).add_(rotated))
 
 
 # --- packed inputs -------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from h3core import cpu_memory
 from h3core import device as dev
 from h3core import partition
 from h3core.attention import check_backend, kernel_name
@@ -49,6 +50,7 @@ from h3core.parallel.tensor import block_linears, sharded_prefixes
 from h3core.plan import Mode, ParallelPlan
 from h3core.parity import LatentParity, latent_parity, tolerance
 from h3core.preview import write_preview
+from h3core.profile import RankProfile, RunProfile, profiling, step_context
 from h3core.report import TensorChecksum, Versions, timestamp, write_atomic, write_report
 from h3core.sampler import FlowMatchEuler, guided_velocity, initial_noise
 
@@ -78,6 +80,7 @@ class GenerateRequest(BaseModel):
     attention: str = "sdpa"
     model_path: Path | None = None
     text_encoder_path: Path | None = None
+    profile: bool = Field(False, description="Split every step's time per rank: attention, NVFP4 linears, each collective, the rest (h3core.profile).")
 
 
 class RunShape(BaseModel):
@@ -202,6 +205,8 @@ class RankOutcome(BaseModel):
     comm: CommStats
     linear_path: str
     attention_kernel: str
+    cpu_allocator: str = "n/a"  # h3core.cpu_memory policy of this rank (CPU runs)
+    profile: RankProfile | None = None  # with request.profile
     plan: ParallelPlan | None = None  # rank 0: the partition actually used (after tokenizing)
     text_encoder: dict | None = None  # rank 0
     video: torch.Tensor | None = None  # rank 0: [C, T, H, W] float32
@@ -327,10 +332,10 @@ def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcom
     sigmas = sampler.set_timesteps(shape.steps)
     dev.reset_peak_memory(device)
     step_seconds = []
-    with torch.inference_mode():
+    with torch.inference_mode(), profiling(model, device, ctx.rank, req.profile) as profiler:
         for i, sigma in enumerate(sigmas):
             maybe_inject_fault("step", ctx.rank, index=i)
-            with dev.Stopwatch(device) as watch:
+            with dev.Stopwatch(device) as watch, step_context(profiler):
                 sigma_t = sigma.to(device)
                 v = velocity(0, state, sigma_t)
                 if len(sequences) > 1:
@@ -357,6 +362,8 @@ def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcom
         comm=runtime.stats,
         linear_path=model.blocks[0].attn.qkv.path,
         attention_kernel=kernel_name(req.attention, device, dtype, len(runtime.heads[ctx.rank]), cfg.head_dim),
+        cpu_allocator=cpu_memory.policy() if device.type == "cpu" else "n/a",
+        profile=profiler.result() if profiler is not None else None,
     )
     if ctx.rank == 0:
         outcome.plan = plans[0]
@@ -421,6 +428,8 @@ class RunReport(BaseModel):
     video: TensorChecksum | None
     audio: TensorChecksum | None
     parity: LatentParity | None = None  # with --parity: vs the single-rank run (at 1 rank: vs the other mode)
+    cpu_allocator: str = "n/a"  # CPU runs: the ranks' allocator policy (h3core.cpu_memory)
+    profile: RunProfile | None = None  # with --profile: per rank and step, where the time went
     files: RunFiles | None = None
     versions: Versions
 
@@ -473,6 +482,8 @@ def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
         comm_total=CommStats.total(o.comm for o in outcomes),
         video=TensorChecksum.of(first.video) if first.video is not None else None,
         audio=TensorChecksum.of(first.audio) if first.audio is not None else None,
+        cpu_allocator=first.cpu_allocator,
+        profile=RunProfile.of([o.profile for o in outcomes]) if all(o.profile for o in outcomes) else None,
         versions=Versions.collect(),
     )
 
