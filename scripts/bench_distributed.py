@@ -3,12 +3,17 @@
 
 1. World size 1: the distributed pipeline (Ulysses and tensor mode applied, group of one) vs
    the plain pipeline (no mode applied) on the same inputs -> overhead ratio (target <= 1.05).
-2. 2 ranks vs 1 rank (Gloo on the CPU, or NCCL on 2 GPUs) -> speedup.
+2. 2 ranks vs 1 rank (Gloo on the CPU, or NCCL on 2 GPUs) -> speedup, at equal intra-op threads
+   per rank (on a 2-core machine: 2 ranks x 1 thread vs 1 rank x 1 thread).
+3. Why a mode scales as it does: one more profiled 2-rank run per mode prints the bytes each rank
+   sends per step (per collective kind) and where its step goes (h3core.profile).
 
 Runs alternate (plain, ulysses, tensor, in a rotating order) so that drift on a shared machine hits all
-variants alike; each figure is the median of --repeat runs of the sampling loop.
+variants alike; each figure is the median of --repeat runs of the sampling loop. The default preset,
+narrow-1k, has enough compute per step (~1.5 s on one CPU thread) for scaling to show; narrow's 194
+tokens measure overheads only.
 
-    python scripts/bench_distributed.py --preset narrow --steps 4 --repeat 5
+    python scripts/bench_distributed.py --preset narrow-1k --steps 3 --repeat 5
 """
 
 from __future__ import annotations
@@ -31,16 +36,16 @@ def sampling_seconds(world: World, run, distributed: bool = True) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="narrow")
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--preset", default="narrow-1k")
+    parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
     device = resolve_device(args.device)
     console = Console()
 
-    def request(mode: Mode, world_size: int):
-        return resolve(GenerateRequest(preset=args.preset, steps=args.steps, mode=mode, world_size=world_size, device=device))
+    def request(mode: Mode, world_size: int, profile: bool = False):
+        return resolve(GenerateRequest(preset=args.preset, steps=args.steps, mode=mode, world_size=world_size, device=device, profile=profile))
 
     one = {mode: request(mode, 1) for mode in Mode}
     times: dict[str, list[float]] = {"plain": [], "ulysses x1": [], "tensor x1": []}
@@ -53,11 +58,13 @@ def main() -> None:
         for i in range(args.repeat):
             for name, run, distributed in variants[i % 3 :] + variants[: i % 3]:  # rotate: no variant always goes first
                 times[name].append(sampling_seconds(world, run, distributed))
+    profiled = {}
     for mode in Mode:
         with World(2, device) as world:
             run = request(mode, 2)
             sampling_seconds(world, run)  # warm-up
             times[f"{mode.value} x2"] = [sampling_seconds(world, run) for _ in range(args.repeat)]
+            profiled[mode] = world.run(rank_generate, request(mode, 2, profile=True))
 
     med = {k: statistics.median(v) for k, v in times.items()}
     table = Table(title=f"{args.preset}, {args.steps} steps, {device}, median of {args.repeat} (sampling loop only)", title_justify="left")
@@ -72,7 +79,25 @@ def main() -> None:
     }
     for name, runs in times.items():
         table.add_row(name, f"{med[name]:.3f}", " ".join(f"{t:.3f}" for t in runs), ratio[name])
-    console.print(table)
+    threads = cpu_threads_per_rank(2) if device == "cpu" else None
+    console.print(f"1-rank variants ran at {threads} intra-op thread(s), like each of the 2 ranks" if threads else "one GPU per rank")
+    for mode, outcomes in profiled.items():
+        _explain(console, mode, outcomes, args.steps)
+
+
+def _explain(console: Console, mode: Mode, outcomes, steps: int) -> None:
+    """Bytes each rank sent per step by kind, and the profiled split of a step (mean over ranks)."""
+    from h3core.profile import RunProfile, shares
+
+    sent = {kind: max(o.comm.kinds[kind].bytes_sent for o in outcomes if kind in o.comm.kinds) / steps for kind in outcomes[0].comm.kinds}
+    split = RunProfile.of([o.profile for o in outcomes]).steady_mean
+    console.print(
+        f"{mode.value} x2, per rank and step: sent "
+        + ", ".join(f"{kind} {b / 2**20:.2f} MiB" for kind, b in sorted(sent.items()) if kind != "broadcast")
+        + " · step " + f"{split.get('step', 0):.3f} s = "
+        + ", ".join(f"{name} {sec:.3f} s ({share:.0%})" for name, sec, share in shares(split)),
+        soft_wrap=True,
+    )
 
 
 if __name__ == "__main__":
