@@ -8,7 +8,8 @@
 3. Why a mode scales as it does: one more profiled 2-rank run per mode prints the bytes each rank
    sends per step (per collective kind) and where its step goes (h3core.profile).
 
-Runs alternate (plain, ulysses, tensor, in a rotating order) so that drift on a shared machine hits all
+All five variants (plain, ulysses x1, tensor x1, ulysses x2, tensor x2) alternate in a rotating order, both
+Worlds kept up, so that drift on a shared machine hits all
 variants alike; each figure is the median of --repeat runs of the sampling loop. The default preset,
 narrow-1k, has enough compute per step (~1.5 s on one CPU thread) for scaling to show; narrow's 194
 tokens measure overheads only.
@@ -48,23 +49,24 @@ def main() -> None:
         return resolve(GenerateRequest(preset=args.preset, steps=args.steps, mode=mode, world_size=world_size, device=device, profile=profile))
 
     one = {mode: request(mode, 1) for mode in Mode}
-    times: dict[str, list[float]] = {"plain": [], "ulysses x1": [], "tensor x1": []}
-    # All one-rank variants at the 2-rank per-rank thread count, so that 1 vs 2 ranks compares
-    # equal cores per rank on the CPU (and the overhead ratio is not about threading).
-    with World(1, device) as world, cpu_threads(cpu_threads_per_rank(2)):
-        variants = [("plain", one[Mode.ULYSSES], False), ("ulysses x1", one[Mode.ULYSSES], True), ("tensor x1", one[Mode.TENSOR], True)]
-        for _, run, distributed in variants:  # warm-up
+    two = {mode: request(mode, 2) for mode in Mode}
+    # Both Worlds stay up (idle workers cost nothing) so that every variant alternates with every
+    # other: drift on a shared machine hits them alike. One-rank variants run at the 2-rank per-rank
+    # thread count, so that 1 vs 2 ranks compares equal cores per rank on the CPU.
+    with World(1, device) as lone, World(2, device) as pair, cpu_threads(cpu_threads_per_rank(2)):
+        variants = [
+            ("plain", lone, one[Mode.ULYSSES], False), ("ulysses x1", lone, one[Mode.ULYSSES], True),
+            ("tensor x1", lone, one[Mode.TENSOR], True), ("ulysses x2", pair, two[Mode.ULYSSES], True),
+            ("tensor x2", pair, two[Mode.TENSOR], True),
+        ]
+        times: dict[str, list[float]] = {name: [] for name, *_ in variants}
+        for _, world, run, distributed in variants:  # warm-up
             sampling_seconds(world, run, distributed)
         for i in range(args.repeat):
-            for name, run, distributed in variants[i % 3 :] + variants[: i % 3]:  # rotate: no variant always goes first
+            k = i % len(variants)
+            for name, world, run, distributed in variants[k:] + variants[:k]:  # rotate: no variant always goes first
                 times[name].append(sampling_seconds(world, run, distributed))
-    profiled = {}
-    for mode in Mode:
-        with World(2, device) as world:
-            run = request(mode, 2)
-            sampling_seconds(world, run)  # warm-up
-            times[f"{mode.value} x2"] = [sampling_seconds(world, run) for _ in range(args.repeat)]
-            profiled[mode] = world.run(rank_generate, request(mode, 2, profile=True))
+        profiled = {mode: pair.run(rank_generate, request(mode, 2, profile=True)) for mode in Mode}
 
     med = {k: statistics.median(v) for k, v in times.items()}
     table = Table(title=f"{args.preset}, {args.steps} steps, {device}, median of {args.repeat} (sampling loop only)", title_justify="left")
@@ -79,6 +81,7 @@ def main() -> None:
     }
     for name, runs in times.items():
         table.add_row(name, f"{med[name]:.3f}", " ".join(f"{t:.3f}" for t in runs), ratio[name])
+    console.print(table)
     threads = cpu_threads_per_rank(2) if device == "cpu" else None
     console.print(f"1-rank variants ran at {threads} intra-op thread(s), like each of the 2 ranks" if threads else "one GPU per rank")
     for mode, outcomes in profiled.items():
