@@ -7,11 +7,14 @@
    per rank (on a 2-core machine: 2 ranks x 1 thread vs 1 rank x 1 thread).
 3. Why a mode scales as it does: one more profiled 2-rank run per mode prints the bytes each rank
    sends per step (per collective kind) and where its step goes (h3core.profile).
+4. The physical limit of 2 vs 1 on this machine: two processes running the same single-threaded
+   GEMM loop at once vs one alone (CPU only). Two vCPUs that are SMT siblings, or a host that
+   throttles, give less than 2x whatever h3 does; each speedup is also shown as a share of it.
 
 All five variants (plain, ulysses x1, tensor x1, ulysses x2, tensor x2) alternate in a rotating order, both
 Worlds kept up, so that drift on a shared machine hits all
 variants alike; each figure is the median of --repeat runs of the sampling loop. The default preset,
-narrow-1k, has enough compute per step (~1.5 s on one CPU thread) for scaling to show; narrow's 194
+narrow-1k, has enough compute per step (~1-2 s per step on one CPU thread) for scaling to show; narrow's 194
 tokens measure overheads only.
 
     python scripts/bench_distributed.py --preset narrow-1k --steps 3 --repeat 5
@@ -20,7 +23,9 @@ tokens measure overheads only.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
+import time
 
 from rich.console import Console
 from rich.table import Table
@@ -33,6 +38,42 @@ from h3core.plan import Mode
 
 def sampling_seconds(world: World, run, distributed: bool = True) -> float:
     return world.run(rank_generate, run, distributed=distributed)[0].timings["sampling"]
+
+
+GEMM_SIZE, GEMM_REPS = 768, 60
+
+
+def _gemm_loop(barrier, results, threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.randn(GEMM_SIZE, GEMM_SIZE)
+    for _ in range(3):
+        a @ a  # warm-up
+    barrier.wait()
+    start = time.perf_counter()
+    for _ in range(GEMM_REPS):
+        a @ a
+    results.put(time.perf_counter() - start)
+
+
+def _gemm_wall(processes: int, threads: int) -> float:
+    """Seconds until `processes` GEMM loops started together have all finished."""
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(processes), context.Queue()
+    workers = [context.Process(target=_gemm_loop, args=(barrier, results, threads)) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    seconds = [results.get() for _ in workers]
+    for worker in workers:
+        worker.join()
+    return max(seconds)
+
+
+def gemm_ceiling(processes: int, threads: int, repeat: int = 3) -> float:
+    """How much more GEMM work `processes` processes finish per second than one: the scaling ceiling."""
+    ratios = [processes * _gemm_wall(1, threads) / _gemm_wall(processes, threads) for _ in range(repeat)]
+    return statistics.median(ratios)
 
 
 def main() -> None:
@@ -84,6 +125,13 @@ def main() -> None:
     console.print(table)
     threads = cpu_threads_per_rank(2) if device == "cpu" else None
     console.print(f"1-rank variants ran at {threads} intra-op thread(s), like each of the 2 ranks" if threads else "one GPU per rank")
+    if threads:
+        ceiling = gemm_ceiling(2, threads)
+        console.print(
+            f"this machine's ceiling for 2 vs 1 (2 single-thread GEMM loops at once vs one, median of 3): {ceiling:.2f}x; "
+            f"ulysses reached {med['ulysses x1'] / med['ulysses x2'] / ceiling:.0%} of it, tensor {med['tensor x1'] / med['tensor x2'] / ceiling:.0%}",
+            soft_wrap=True,
+        )
     for mode, outcomes in profiled.items():
         _explain(console, mode, outcomes, args.steps)
 
