@@ -209,7 +209,7 @@ def _bench_rank(ctx: Any, cfg: TransportBenchConfig) -> dict[str, Any]:
         blocks = timed("finish_into_blocks", lambda: _write_blocks(projected, heads))
         by_head = timed("seq_to_head", lambda: exchange_blocks(blocks, tokens, heads, ctx.group, stats))
         out = timed("attention", lambda: _attend(by_head, cfg.attention)) if cfg.time_attention else stand_in_out
-        del by_head
+        by_head = None  # freed before head->seq, as in the model
         timed("head_to_seq", lambda: head_to_seq(out, tokens, heads, ctx.group, stats))
         timed("seq_to_head_packed", lambda: seq_to_head(qkv, tokens, heads, ctx.group))
         for name, (preallocated, fresh) in wire.items():

@@ -18,7 +18,7 @@ that queued them and the figures are device time, not launch time.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from statistics import mean
 from typing import Any, Iterable, Iterator
@@ -202,8 +202,6 @@ def profiling(model: torch.nn.Module, device: torch.device, rank: int, enabled: 
 
 def step_context(profiler: Profiler | None) -> Any:
     """`profiler.step()`, or a context that does nothing."""
-    from contextlib import nullcontext
-
     return profiler.step() if profiler is not None else nullcontext()
 
 

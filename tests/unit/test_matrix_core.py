@@ -262,3 +262,16 @@ def test_chart_is_a_png(report):
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (width, height) == (1100, 480)
 
+
+
+def test_split_rows_show_each_category_and_how_the_compute_alone_scales():
+    from h3core.matrix_render import SPLIT_COLUMNS, split_rows
+
+    one = {"attention": 0.6, "nvfp4_linears": 0.3, "rest": 0.1, "step": 1.0}
+    two = {"attention": 0.3, "nvfp4_linears": 0.15, "seq_to_head": 0.05, "head_to_seq": 0.03, "repartition_rows": 0.02, "rest": 0.05, "step": 0.6}
+    rows = split_rows(_report([_cell(Mode.ULYSSES, 1, split=one), _cell(Mode.ULYSSES, 2, split=two), _cell(Mode.TENSOR, 2)]))
+    assert len(rows) == 2 and all(len(r) == len(SPLIT_COLUMNS) for r in rows)  # the unprofiled cell has no row
+    assert rows[0][3:5] == ["0.6 (60%)", "0.3 (30%)"] and rows[0][-1] == "1.00"
+    assert rows[1][5] == "0.05 (8%)" and rows[1][9] == "0.02 (3%)"  # seq->head; other collectives
+    assert rows[1][-1] == "2.00"  # (0.6 + 0.3) / (0.3 + 0.15): the compute halved
+    assert "Where a step goes" in markdown(_report([_cell(Mode.ULYSSES, 1, split=one)]))
