@@ -15,6 +15,14 @@ added). `release()` (`malloc_trim(0)`) hands the retained memory back; `device.r
 it, so every peak-memory window (text encoding, sampling) starts from the live memory, not from what an
 earlier phase left cached.
 
+Limit: glibc's per-thread cache (tcache) keeps small freed blocks marked in use, and one of them can
+sit right after a freed large block (torch asks for 64-byte alignment, and the slack glibc splits
+off is reused by the next small allocation); the same large size requested again in a tight loop
+then may not fit the old block and the heap grows instead. In the sampling loop and the transport
+the mix of sizes does reuse memory (30 steps of narrow-1k: resident set 863 -> 867 MiB; the
+transport's steady state: no page faults). `GLIBC_TUNABLES=glibc.malloc.tcache_count=0` removes
+the pinning, but tunables are read only when a process starts, so h3 does not set them.
+
 Where it applies: CPU runs only, in every process that computes as a rank (the launching process at
 world size 1 or under torchrun, and each spawned Gloo worker; see `h3core.launch`). CUDA runs keep
 glibc's defaults: their activations live in PyTorch's caching allocator already, and host memory there
