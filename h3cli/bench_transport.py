@@ -35,15 +35,29 @@ def _render(report: Any, path: Path | None, console: Console) -> None:
         gbps = f"{phase.gb_per_s:.2f}" if phase.gb_per_s is not None else "-"
         table.add_row(label, f"{phase.median_s * 1e3:.3f}", bytes_label(max(phase.bytes_sent_per_rank)), gbps)
     console.print(table)
-    console.print(f"identity seq->head->seq: {'exact' if report.identity_exact else '[red]NOT EXACT[/]'}")
+    exact = "exact" if report.identity_exact and report.blocks_exact else "[red]NOT EXACT[/]"
+    console.print(f"seq->head->seq identity and RoPE-into-blocks vs seq->head of finished q|k|v: {exact}")
+    if report.config.time_attention:
+        from h3core.pipeline import per_rank_summary
+
+        console.print(f"attention kernel that ran: {per_rank_summary(report.attention_kernels)}")
     if report.ratio is None:
         console.print("ratio: n/a at one rank (nothing moves)")
     else:
         verdict = "[green]within[/]" if report.ratio <= report.target_ratio else "[yellow]above[/]"
+        wire = report.wire_s * 1e3
         console.print(
-            f"ratio (seq->head + head->seq) / plain all_to_all_single: {report.ratio:.3f} "
-            f"({report.transport_s * 1e3:.3f} / {report.baseline_s * 1e3:.3f} ms), {verdict} target {report.target_ratio}"
+            f"h3 round trip {report.round_trip_s * 1e3:.1f} ms = {report.ratio:.2f} x the wire ({wire:.1f} ms: "
+            f"plain all_to_all_single of the same bytes, buffers allocated once), {verdict} target {report.target_ratio}"
         )
+        console.print(
+            f"  round trip = RoPE into the send blocks + v copy - RoPE on one rank + seq->head + head->seq; "
+            f"seq->head of a stacked q|k|v (pack + all-to-all) + head->seq: {report.packed_ratio:.2f} x; "
+            f"the wire into fresh receive buffers: {report.fresh_ratio:.2f} x",
+            soft_wrap=True,
+        )
+    if cfg.device == "cpu":
+        console.print(f"CPU allocator of the ranks: {report.cpu_allocator} (H3_CPU_ALLOCATOR)")
     if path is not None:
         console.print(f"report: {path}")
 
@@ -77,7 +91,7 @@ def bench_transport(
     output: Annotated[Optional[Path], typer.Option("--output", help="Report file (*.json) or folder. Default: H3_DISTRIBUTED_BENCHMARK, else none.", show_default=False)] = None,
     json: options.Json = False,
 ) -> None:
-    """Time Ulysses seq->head, attention and head->seq on random q|k|v against a plain all-to-all."""
+    """Time Ulysses seq->head, attention and head->seq on random q|k|v against the wire (a plain all-to-all of the same bytes)."""
     from h3core.bench_transport import TransportBenchConfig, report_path, run_transport_benchmark
     from h3core.launch import resolve_world_size
     from h3core.outputs import Outputs

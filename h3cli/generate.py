@@ -61,6 +61,29 @@ def render_run(report, console: Console) -> None:
         f = report.files
         table.add_row("files", "\n".join(x for x in (f.report, f.latents or "(latents not saved)", f.preview) if x))
     console.print(table)
+    if report.profile is not None:
+        render_profile(report.profile, console)
+
+
+def render_profile(profile, console: Console) -> None:
+    """Where a step goes: seconds per step per category for every rank, their mean and its share."""
+    from h3core.profile import shares
+
+    ranks = profile.ranks
+    table = Table(
+        title=f"where a step goes (--profile, {ranks[0].clock}): seconds per step, mean over {len(ranks[0].steps)} steps",
+        title_justify="left",
+    )
+    table.add_column("category")
+    for r in ranks:
+        table.add_column(f"r{r.rank}", justify="right")
+    table.add_column("mean", justify="right")
+    table.add_column("share", justify="right")
+    per_rank = [r.mean for r in ranks]
+    for name, seconds, share in shares(profile.mean):
+        table.add_row(name.replace("_", " "), *(f"{m.get(name, 0.0):.4f}" for m in per_rank), f"{seconds:.4f}", f"{share:.0%}")
+    table.add_row("step", *(f"{m.get('step', 0.0):.4f}" for m in per_rank), f"{profile.mean.get('step', 0.0):.4f}", "100%", style="bold")
+    console.print(table)
 
 
 def _pick(positional, flag, what: str):
@@ -94,6 +117,7 @@ def generate(
     benchmark: Annotated[Optional[Path], typer.Option("--benchmark", envvar=env.BENCHMARK, help="Also write the report JSON here.")] = None,
     parity: Annotated[bool, typer.Option("--parity", help="Also run one rank with the same seed and record the latent error (at 1 rank: vs the other mode).")] = False,
     overwrite: options.Overwrite = False,
+    profile: Annotated[bool, typer.Option("--profile", help="Split each step's time per rank: attention, NVFP4 linears, each collective, the rest (table and report).")] = False,
     json: options.Json = False,
 ) -> None:
     """Generate video + audio latents from a prompt, on one rank or across all of them."""
@@ -124,6 +148,7 @@ def generate(
         attention=_pick(attn_arg, attention, "the attention backend") or "sdpa",
         model_path=model,
         text_encoder_path=text_encoder,
+        profile=profile,
     )
     out = Output(json)
     columns = (TextColumn("[bold]denoising"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())

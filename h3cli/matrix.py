@@ -39,6 +39,7 @@ def _render(report, console: Console) -> None:
             style = "red" if row[2] == "failed" or row[-1] == "FAIL" else ("dim" if row[2] == "skipped" else None)
             table.add_row(*(escape(row[i]) for i in group), style=style)
         console.print(table)
+    _render_split(report, console)
     for line in lines[1:]:
         console.print(escape(line), soft_wrap=True)
     for line in notes(report):
@@ -46,6 +47,21 @@ def _render(report, console: Console) -> None:
     if report.files:
         f = report.files
         console.print(f"files: {f.report}  {f.markdown}  {f.chart or ''}  (one folder per cell beside them)", soft_wrap=True)
+
+
+def _render_split(report, console: Console) -> None:
+    """Where each profiled cell's step goes (h3core.matrix_render.split_rows)."""
+    from h3core.matrix_render import SPLIT_COLUMNS, split_rows
+
+    rows = split_rows(report)
+    if not rows:
+        return
+    table = Table(title="where a step goes: seconds per step (share), mean over ranks", title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
+    for name in SPLIT_COLUMNS:
+        table.add_column(name, justify="left" if name == "mode" else "right", overflow="fold")
+    for row in rows:
+        table.add_row(*(escape(v) for v in row))
+    console.print(table)
 
 
 def matrix(
@@ -69,6 +85,7 @@ def matrix(
     save_latents: Annotated[Optional[bool], typer.Option("--save-latents/--no-save-latents", help="Write each cell's latents. Default: H3_SAVE_LATENTS (0 = reports only), else yes.", show_default=False)] = None,
     benchmark: Annotated[Optional[Path], typer.Option("--benchmark", help="Also write the matrix JSON here. Default: H3_DISTRIBUTED_BENCHMARK.", show_default=False)] = None,
     overwrite: options.Overwrite = False,
+    profile: Annotated[bool, typer.Option("--profile/--no-profile", help="Split every cell's step into attention, NVFP4 linears, each collective and the rest (costs <= 3%).")] = True,
     json: options.Json = False,
 ) -> None:
     """Run generate for every mode x rank count this machine can take; speedup, memory and parity per cell."""
@@ -78,7 +95,7 @@ def matrix(
     template = GenerateRequest(
         prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
         preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, attention=attention,
-        device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder,
+        device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile,
     )
     request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark, overwrite=overwrite)
     out = Output(json)

@@ -9,6 +9,9 @@ balanced row split); index `i` of a spans list belongs to rank `i` of `group`. `
   per direction: `seq_to_head` packs each peer's heads into one contiguous block before sending
   (the receive buffer already *is* the `[S, *mid, H_loc, Dh]` result); `head_to_seq` sends its
   token rows as they lie and unpacks the received head blocks into `[S_loc, *mid, H, Dh]`.
+  The pack can be skipped: `send_blocks` hands out the send buffer as views in the input's
+  layout, a producer writes into them directly (Ulysses attention: the model's RoPE writes q
+  and k there, only v is copied) and `exchange_blocks` sends them.
 - `gather_rows`: ragged all-gather. Gloo and NCCL gather equal sizes only, so every rank pads its
   rows to the longest share; the padding is cut off before the result is returned.
 - `reduce_scatter_rows`: ragged reduce-scatter of row partials. An `all_to_all_single` hands every
@@ -24,6 +27,8 @@ CPU memory of that size costs more in page faults than the copy itself. On CUDA 
 allocator already recycles memory, so they are plain allocations there. One thread per process
 calls collectives (as process groups require anyway); `release_scratch()` frees the buffer.
 
+`set_region_timer` lets `h3core.profile` time every collective by kind (unset: no timing).
+
 `CommStats` counts, per collective kind, the calls and the bytes this rank sent to and received
 from *other* ranks (its own share stays local and is not counted; gather padding is counted,
 since it travels).
@@ -31,8 +36,10 @@ since it travels).
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Iterable, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -92,6 +99,39 @@ class CommStats(BaseModel):
     @property
     def bytes_received(self) -> int:
         return sum(c.bytes_received for c in self.kinds.values())
+
+
+# --- timing hook (h3core.profile) ------------------------------------------------------------------
+
+RegionTimer = Callable[[str], ContextManager[None]]
+_region_timer: RegionTimer | None = None
+
+
+def set_region_timer(timer: RegionTimer | None) -> None:
+    """Time every collective of this process as a region named by its kind (None: stop timing).
+
+    While unset, a collective pays one global lookup for it; `h3core.profile` sets it per run.
+    """
+    global _region_timer
+    _region_timer = timer
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _timed_as(kind: str) -> Callable[[F], F]:
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            timer = _region_timer
+            if timer is None:
+                return fn(*args, **kwargs)
+            with timer(kind):
+                return fn(*args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    return wrap
 
 
 # --- group and span bookkeeping ----------------------------------------------------------------
@@ -170,6 +210,7 @@ def _uniform_runs(spans: Sequence[Span]) -> list[tuple[int, int, int, int]]:
 # --- Ulysses all-to-all --------------------------------------------------------------------------
 
 
+@_timed_as(SEQ_TO_HEAD)
 def seq_to_head(
     x: torch.Tensor,
     tokens: Sequence[Span],
@@ -181,33 +222,81 @@ def seq_to_head(
 
     Dim 0 of `x` is this rank's token rows `tokens[rank]`, dim -2 every head; the result holds
     every token (in packed order) for this rank's heads `heads[rank]`. `mid` may be empty or e.g.
-    `3` for a fused q|k|v, which then travels in one all-to-all.
+    `3` for a fused q|k|v, which then travels in one all-to-all. The one copy: x into `send_blocks`.
     """
     rank, size = group_rank_and_size(group)
     if size == 1:
         return x
-    num_tokens = _check_spans(tokens, size, "token")
+    _check_spans(tokens, size, "token")
     num_heads = _check_spans(heads, size, "head")
-    local_tokens, mid, head_dim = x.shape[0], tuple(x.shape[1:-2]), x.shape[-1]
-    if local_tokens != len(tokens[rank]) or x.shape[-2] != num_heads:
+    if x.shape[0] != len(tokens[rank]) or x.shape[-2] != num_heads:
         raise ValueError(f"seq_to_head: x {tuple(x.shape)} does not match {len(tokens[rank])} local tokens x {num_heads} heads")
+    blocks = send_blocks(x.shape[0], tuple(x.shape[1:-2]), x.shape[-1], heads, x)
+    for head_range, view in blocks.pieces:
+        view.copy_(x[..., head_range, :].unflatten(-2, view.shape[-3:-1]))
+    return exchange_blocks(blocks, tokens, heads, group, stats)
+
+
+@dataclass(frozen=True)
+class SendBlocks:
+    """The send buffer of Ulysses' seq->head all-to-all, and views of it in the input's layout.
+
+    `buffer` holds, for each peer j in rank order, one contiguous block `[S_loc, *mid, H_j, Dh]`:
+    peer j's heads of this rank's tokens. A producer writes heads straight into it through `pieces`:
+    `(head_range, view)`, `view` being `[S_loc, *mid, count, w, Dh]`, the heads `head_range` of an
+    input `[S_loc, *mid, H, Dh]` grouped into `count` peers of `w` heads each (a balanced split has
+    at most two such runs). The model's RoPE writes q and k this way (`ProjectedQKV.write`).
+    """
+
+    buffer: torch.Tensor  # flat
+    pieces: list[tuple[slice, torch.Tensor]]
+    local_tokens: int
+    mid: tuple[int, ...]
+    head_dim: int
+
+
+def send_blocks(local_tokens: int, mid: tuple[int, ...], head_dim: int, heads: Sequence[Span], like: torch.Tensor) -> SendBlocks:
+    """An (uninitialised) send buffer for `seq_to_head` of `[local_tokens, *mid, H, Dh]` in `like`'s dtype.
+
+    On the CPU it is the shared scratch buffer (valid until the next collective of this process).
+    """
     inner = math.prod(mid)
-    # x4: [S_loc, inner, H, Dh]; send: per peer j one block [S_loc, inner, H_j, Dh], in rank order.
-    x4 = x.reshape(local_tokens, inner, num_heads, head_dim)
-    send = _scratch(x4.numel(), x)
+    buffer = _scratch(local_tokens * inner * sum(len(h) for h in heads) * head_dim, like)
+    # view of one run: [count, S_loc, *mid, w, Dh] -> [S_loc, *mid, count, w, Dh]
+    order = (1, *range(2, 2 + len(mid)), 0, 2 + len(mid), 3 + len(mid))
+    pieces = []
     for first, count, width, start in _uniform_runs(heads):
         begin = _offset(heads, first, local_tokens * inner * head_dim)
-        dst = send[begin : begin + count * local_tokens * inner * width * head_dim]
-        src = x4[:, :, start : start + count * width].unflatten(2, (count, width))  # [S_loc, inner, count, w, Dh]
-        dst.view(count, local_tokens, inner, width, head_dim).copy_(src.permute(2, 0, 1, 3, 4))
-    local_heads = len(heads[rank])
-    send_sizes = [local_tokens * inner * len(h) * head_dim for h in heads]
+        run = buffer[begin : begin + count * local_tokens * inner * width * head_dim]
+        view = run.view(count, local_tokens, *mid, width, head_dim).permute(order)
+        pieces.append((slice(start, start + count * width), view))
+    return SendBlocks(buffer, pieces, local_tokens, tuple(mid), head_dim)
+
+
+@_timed_as(SEQ_TO_HEAD)
+def exchange_blocks(
+    blocks: SendBlocks,
+    tokens: Sequence[Span],
+    heads: Sequence[Span],
+    group: dist.ProcessGroup | None,
+    stats: CommStats | None = None,
+) -> torch.Tensor:
+    """The all-to-all of filled `SendBlocks`: -> [S, *mid, H_loc, Dh] (this rank's heads, every token)."""
+    rank, size = group_rank_and_size(group)
+    num_tokens = _check_spans(tokens, size, "token")
+    _check_spans(heads, size, "head")
+    if size == 1:  # one block holding every head: it is the result
+        return blocks.buffer.view(num_tokens, *blocks.mid, len(heads[0]), blocks.head_dim)
+    if blocks.local_tokens != len(tokens[rank]):
+        raise ValueError(f"exchange_blocks: blocks hold {blocks.local_tokens} token rows, rank {rank} owns {len(tokens[rank])}")
+    inner, head_dim, local_heads = math.prod(blocks.mid), blocks.head_dim, len(heads[rank])
+    send_sizes = [blocks.local_tokens * inner * len(h) * head_dim for h in heads]
     recv_sizes = [len(t) * inner * local_heads * head_dim for t in tokens]
-    recv = x.new_empty(sum(recv_sizes))
-    _all_to_all(recv, send, recv_sizes, send_sizes, group)
-    _record(stats, SEQ_TO_HEAD, send_sizes, recv_sizes, rank, x.element_size())
+    recv = blocks.buffer.new_empty(sum(recv_sizes))
+    _all_to_all(recv, blocks.buffer, recv_sizes, send_sizes, group)
+    _record(stats, SEQ_TO_HEAD, send_sizes, recv_sizes, rank, recv.element_size())
     # Peer j's block is [S_j, inner, H_loc, Dh]; in rank order they already form [S, inner, H_loc, Dh].
-    return recv.view(num_tokens, *mid, local_heads, head_dim)
+    return recv.view(num_tokens, *blocks.mid, local_heads, head_dim)
 
 
 def _offset(spans: Sequence[Span], index: int, per_item: int) -> int:
@@ -215,6 +304,7 @@ def _offset(spans: Sequence[Span], index: int, per_item: int) -> int:
     return spans[index].start * per_item
 
 
+@_timed_as(HEAD_TO_SEQ)
 def head_to_seq(
     x: torch.Tensor,
     tokens: Sequence[Span],
@@ -252,6 +342,7 @@ def head_to_seq(
 # --- ragged rows -----------------------------------------------------------------------------------
 
 
+@_timed_as(GATHER_ROWS)
 def gather_rows(
     x: torch.Tensor,
     rows: Sequence[Span],
@@ -297,6 +388,7 @@ def _all_gather(out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup | N
     gather(out, x, group=group)
 
 
+@_timed_as(REDUCE_SCATTER_ROWS)
 def reduce_scatter_rows(
     x: torch.Tensor,
     rows: Sequence[Span],
@@ -336,6 +428,7 @@ def _sum_in_rank_order(partials: torch.Tensor) -> torch.Tensor:
 # --- re-splitting rows, and broadcasting from one rank ------------------------------------------------
 
 
+@_timed_as(REPARTITION_ROWS)
 def repartition_rows(
     x: torch.Tensor,
     source: Sequence[Span],
@@ -372,6 +465,7 @@ def repartition_rows(
     return out
 
 
+@_timed_as(BROADCAST)
 def broadcast_tensors(
     tensors: list[torch.Tensor] | None,
     src: int,

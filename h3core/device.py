@@ -13,7 +13,8 @@ Everything that depends on "CPU or CUDA" is decided here and nowhere else:
 - memory: `peak_memory_bytes` is `torch.cuda.max_memory_allocated` on CUDA (tensor bytes the
   caching allocator handed out, the seed's figure), and on the CPU the peak resident set size of
   the whole process (Linux `VmHWM`), which also counts Python, torch's code and allocator slack.
-  `reset_peak_memory` resets both (the CPU one through `/proc/self/clear_refs`).
+  `reset_peak_memory` resets both (the CPU one through `/proc/self/clear_refs`, after handing the
+  memory h3's CPU allocator policy retains back to the kernel: see `h3core.cpu_memory`).
   `release_memory` returns what a finished in-process run held: garbage collection, then on CUDA
   the caching allocator's cached blocks and cuBLAS's workspaces.
 - NCCL: `nccl_environment` sets fail-fast defaults so that a dead rank does not hang the others.
@@ -225,6 +226,10 @@ def reset_peak_memory(device: "torch.device | str") -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
+    from h3core import cpu_memory
+
+    if cpu_memory.policy() == cpu_memory.RETAIN:
+        cpu_memory.release()  # the window starts at the live memory, not at what the allocator kept
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # 5: reset the peak resident set size (VmHWM) to the current one

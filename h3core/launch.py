@@ -45,6 +45,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
+from h3core import cpu_memory
 from h3core.device import (
     check_world_size_fits,
     cpu_threads_per_rank,
@@ -329,6 +330,8 @@ class _WorkerSpec:
 def _worker_main(spec: _WorkerSpec, conn: Connection, heartbeat: Any) -> None:
     """Entry point of a spawned rank: join the group, then run tasks until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if spec.device_type == "cpu":
+        cpu_memory.apply()  # before the first large tensor (h3core.cpu_memory)
     if not spec.debug:
         _silence_output()
     threading.Thread(target=beat_while_parent_lives, args=(spec.parent_pid, heartbeat), daemon=True).start()
@@ -451,6 +454,8 @@ class World:
             raise ConfigError(f"world size must be at least 1, got {world_size}")
         self.world_size = world_size
         self.device_type = resolve_device(device)
+        if self.device_type == "cpu":
+            cpu_memory.apply()  # this process may run a rank itself; spawned workers apply it too
         self.timeout_s = timeout_s if timeout_s is not None else collective_timeout_s()
         self.rank_timeout_s = rank_timeout_s if rank_timeout_s is not None else rank_timeout_s_from_env()
         self.on_progress = on_progress

@@ -184,6 +184,7 @@ class MatrixCell(BaseModel):
     comm_bytes: int | None = Field(None, description="Bytes sent through collectives, all ranks together.")
     parity: LatentParity | None = Field(None, description="Latents vs one rank of the same mode (None for the 1-rank cell).")
     parity_error: str | None = Field(None, description="Why parity could not be measured.")
+    split: dict[str, float] | None = Field(None, description="With profiling: seconds per step by category (attention, nvfp4_linears, each collective, rest, step), steps after the first, mean over ranks.")
     report: str | None = Field(None, description="The cell's own report.json.")
 
 
@@ -525,6 +526,7 @@ def summarise(planned: PlannedCell, report: RunReport, threads: int | None, base
         comm_bytes=report.comm_total.bytes_sent,
         parity=report.parity,
         parity_error=parity_error,
+        split=report.profile.steady_mean if report.profile is not None else None,
         report=report.files.report if report.files else None,
     )
 

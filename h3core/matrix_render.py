@@ -63,6 +63,45 @@ def summary_rows(report: MatrixReport) -> list[list[str]]:
     return rows
 
 
+SPLIT_COLUMNS = (
+    "mode", "ranks", "step", "attention", "nvfp4 linears", "seq->head", "head->seq", "gather", "reduce-scatter",
+    "other coll.", "rest", "compute speedup",
+)
+"""Where a cell's step goes (profiled cells): seconds per step (share) by category, mean over ranks.
+`compute speedup` = the mode's 1-rank attention + linears time / this cell's: how the compute alone
+scales; the gap to the cell's speedup is what collectives and the rest cost."""
+
+_SPLIT_KINDS = ("attention", "nvfp4_linears", "seq_to_head", "head_to_seq", "gather_rows", "reduce_scatter_rows")
+
+
+def _compute_seconds(split: dict[str, float]) -> float:
+    return split.get("attention", 0.0) + split.get("nvfp4_linears", 0.0)
+
+
+def split_rows(report: MatrixReport) -> list[list[str]]:
+    """One row per profiled cell, in `SPLIT_COLUMNS` order (empty when no cell was profiled)."""
+    from h3core.profile import COLLECTIVES
+
+    baseline = {c.mode: _compute_seconds(c.split) for c in report.cells if c.count == 1 and c.split}
+    rows = []
+    for c in report.cells:
+        if not c.split:
+            continue
+        step = c.split.get("step", 0.0)
+
+        def cell(seconds: float) -> str:
+            return f"{seconds:.3g} ({seconds / step:.0%})" if step > 0 else f"{seconds:.3g}"
+
+        other = sum(c.split.get(k, 0.0) for k in COLLECTIVES if k not in _SPLIT_KINDS)
+        compute = _compute_seconds(c.split)
+        speedup = baseline[c.mode] / compute if baseline.get(c.mode) and compute > 0 else None
+        rows.append([
+            c.mode.value, str(c.count), _seconds(step), *(cell(c.split.get(k, 0.0)) for k in _SPLIT_KINDS),
+            cell(other), cell(c.split.get("rest", 0.0)), _number(speedup, ".2f"),
+        ])
+    return rows
+
+
 def caption(report: MatrixReport) -> list[str]:
     """Lines above the table: what ran, on what, and how to read the figures."""
     s = report.shape
@@ -109,6 +148,11 @@ def markdown(report: MatrixReport) -> str:
     out += [f"{line}  " for line in caption(report)]
     out += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
     out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in summary_rows(report)]
+    splits = split_rows(report)
+    if splits:
+        out += ["", "Where a step goes (profiled; seconds per step after the first, mean over ranks, share of the step):", ""]
+        out += ["| " + " | ".join(SPLIT_COLUMNS) + " |", "|" + "|".join("---" for _ in SPLIT_COLUMNS) + "|"]
+        out += ["| " + " | ".join(splits_row) + " |" for splits_row in splits]
     if notes(report):
         out += [""] + [f"- {line}" for line in notes(report)]
     if report.files and report.files.chart:

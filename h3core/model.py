@@ -98,13 +98,25 @@ def rope_table(config: ModelConfig, positions: torch.Tensor) -> Rope:
     return Rope(cos=theta.cos().float(), sin=theta.sin().float(), rows=Span(0, positions.shape[0]))
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE. x: [S, H, Dh]; cos, sin: [S, Dh/2]. Computed in float32."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate-half RoPE, computed in float32. x: [S, *heads, Dh] (e.g. [S, H, Dh]); cos, sin: [S, Dh/2].
+
+    `x * [cos, cos] + [x2, x1] * [-sin, sin]`: per element the same two products and one sum as
+    `[x1 cos - x2 sin, x2 cos + x1 sin]`, so the same bits. With `out` (x's shape, any dtype, any
+    strides) the result is written there instead of into a new tensor; in float32 straight into it,
+    whole head rows at a time (what lets Ulysses attention skip its pack copy).
+    """
     half = x.shape[-1] // 2
     xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+    broadcast = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)  # [S, 1.., Dh/2]
+    c, s = cos.reshape(broadcast), sin.reshape(broadcast)
+    cos2, sin2 = torch.cat([c, c], dim=-1), torch.cat([-s, s], dim=-1)  # [S, 1.., Dh]
+    rotated = torch.cat([xf[..., half:], xf[..., :half]], dim=-1).mul_(sin2)  # [x2, x1] * [-sin, sin]
+    if out is None:
+        return torch.mul(xf, cos2).add_(rotated).to(x.dtype)
+    if out.dtype == torch.float32:
+        return torch.mul(xf, cos2, out=out).add_(rotated)
+    return out.copy_(torch.mul(xf, cos2).add_(rotated))
 
 
 # --- packed inputs -------------------------------------------------------------------------------
@@ -208,6 +220,33 @@ def dense_linear(out_features: int, in_features: int) -> nn.Linear:
     return nn.Linear(in_features, out_features, device="meta").requires_grad_(False)
 
 
+@dataclass
+class ProjectedQKV:
+    """Attention inputs of some rows one step before they are final: q and k normalised, not yet rotated.
+
+    `split()` finishes them (RoPE on q and k) into q, k, v: [S, H, Dh] each, what a rank attends over.
+    `write(heads, out)` writes the same values for a range of heads into a destination laid out
+    differently, e.g. an all-to-all's send buffer, so that nothing is copied twice on the way out.
+    """
+
+    q: torch.Tensor  # [S, H, Dh], RMS-normalised
+    k: torch.Tensor  # [S, H, Dh], RMS-normalised
+    v: torch.Tensor  # [S, H, Dh]
+    cos: torch.Tensor  # [S, Dh/2]
+    sin: torch.Tensor  # [S, Dh/2]
+
+    def split(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return apply_rope(self.q, self.cos, self.sin), apply_rope(self.k, self.cos, self.sin), self.v
+
+    def write(self, heads: slice, out: torch.Tensor) -> None:
+        """Heads `heads` of q, k (rotated) and v into out: [S, 3, *group, Dh], any strides, with the
+        heads grouped as `group` (e.g. `(peers, heads_per_peer)`); bit-identical to `split()`."""
+        group = tuple(out.shape[2:-1])
+        apply_rope(self.q[:, heads].unflatten(1, group), self.cos, self.sin, out=out[:, 0])
+        apply_rope(self.k[:, heads].unflatten(1, group), self.cos, self.sin, out=out[:, 1])
+        out[:, 2].copy_(self.v[:, heads].unflatten(1, group))
+
+
 class AttentionCore(nn.Module):
     """Attention of q, k, v: [S, H, Dh] -> [S, H, Dh] with a named backend (a parallel plan wraps it)."""
 
@@ -217,6 +256,10 @@ class AttentionCore(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return attend(q, k, v, self.backend)
+
+    def attend_projected(self, qkv: ProjectedQKV) -> torch.Tensor:
+        """Attention of a projection still to be finished (a wrapper may finish it where it needs it)."""
+        return self(*qkv.split())
 
 
 class Attention(nn.Module):
@@ -234,9 +277,7 @@ class Attention(nn.Module):
         # h: [S, D] -> [S, D]. The head count comes from the qkv weight, so a head-sharded qkv just works.
         cos, sin = rope.local()
         q, k, v = self.qkv(h).unflatten(-1, (3, -1, self.head_dim)).unbind(1)  # [S, H, Dh] each
-        q = apply_rope(self.norm_q(q), cos, sin)
-        k = apply_rope(self.norm_k(k), cos, sin)
-        o = self.core(q, k, v)  # [S, H, Dh]
+        o = self.core.attend_projected(ProjectedQKV(self.norm_q(q), self.norm_k(k), v, cos, sin))  # [S, H, Dh]
         return self.out(o.flatten(1))
 
 

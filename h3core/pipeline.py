@@ -26,6 +26,7 @@ from typing import Callable, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from h3core import cpu_memory
 from h3core import device as dev
 from h3core import partition
 from h3core import attention
@@ -53,6 +54,7 @@ from h3core.plan import Mode, ParallelPlan
 from h3core.parity import LatentParity, latent_parity, run_tolerance
 from h3core.outputs import FileInFolder, OutputFile, OutputFolder, Outputs
 from h3core.preview import preview_png
+from h3core.profile import RankProfile, RunProfile, profiling, step_context
 from h3core.report import TensorChecksum, Versions, timestamp
 from h3core.sampler import FlowMatchEuler, check_finite, guided_velocity, initial_noise
 from h3core.validation import UserRequest
@@ -90,6 +92,7 @@ class GenerateRequest(UserRequest):
     attention: str = "sdpa"
     model_path: Path | None = None
     text_encoder_path: Path | None = None
+    profile: bool = Field(False, description="Split every step's time per rank: attention, NVFP4 linears, each collective, the rest (h3core.profile).")
 
 
 class RunShape(BaseModel):
@@ -236,6 +239,8 @@ class RankOutcome(BaseModel):
     comm: CommStats
     nvfp4_paths: dict[str, int]  # NVFP4 matmul path -> forward calls in the denoising loop (what ran)
     attention_kernels: dict[str, int]  # attention kernel -> calls in the denoising loop (what ran)
+    cpu_allocator: str = "n/a"  # h3core.cpu_memory policy of this rank (CPU runs)
+    profile: RankProfile | None = None  # with request.profile
     plan: ParallelPlan | None = None  # rank 0: the partition actually used (after tokenizing)
     text_encoder: dict | None = None  # rank 0
     video: torch.Tensor | None = None  # rank 0: [C, T, H, W] float32
@@ -363,10 +368,10 @@ def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcom
     attention.reset_kernel_record()
     nvfp4_matmul.reset_path_record()
     step_seconds = []
-    with torch.inference_mode():
+    with torch.inference_mode(), profiling(model, device, ctx.rank, req.profile) as profiler:
         for i, sigma in enumerate(sigmas):
             maybe_inject_fault("step", ctx.rank, index=i)
-            with dev.Stopwatch(device) as watch:
+            with dev.Stopwatch(device) as watch, step_context(profiler):
                 sigma_t = sigma.to(device)
                 v = velocity(0, state, sigma_t)
                 if len(sequences) > 1:
@@ -394,6 +399,8 @@ def rank_generate(ctx, run: ResolvedRun, distributed: bool = True) -> RankOutcom
         comm=runtime.stats,
         nvfp4_paths=nvfp4_matmul.paths_run(),
         attention_kernels=attention.kernels_run(),
+        cpu_allocator=cpu_memory.policy() if device.type == "cpu" else "n/a",
+        profile=profiler.result() if profiler is not None else None,
     )
     if ctx.rank == 0:
         outcome.plan = plans[0]
@@ -460,6 +467,8 @@ class RunReport(BaseModel):
     video: TensorChecksum | None
     audio: TensorChecksum | None
     parity: LatentParity | None = None  # with --parity: vs the single-rank run (at 1 rank: vs the other mode)
+    cpu_allocator: str = "n/a"  # CPU runs: the ranks' allocator policy (h3core.cpu_memory)
+    profile: RunProfile | None = None  # with --profile: per rank and step, where the time went
     files: RunFiles | None = None
     versions: Versions
 
@@ -514,6 +523,8 @@ def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
         comm_total=CommStats.total(o.comm for o in outcomes),
         video=TensorChecksum.of(first.video) if first.video is not None else None,
         audio=TensorChecksum.of(first.audio) if first.audio is not None else None,
+        cpu_allocator=first.cpu_allocator,
+        profile=RunProfile.of([o.profile for o in outcomes]) if all(o.profile for o in outcomes) else None,
         versions=Versions.collect(),
     )
 

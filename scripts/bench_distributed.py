@@ -3,18 +3,29 @@
 
 1. World size 1: the distributed pipeline (Ulysses and tensor mode applied, group of one) vs
    the plain pipeline (no mode applied) on the same inputs -> overhead ratio (target <= 1.05).
-2. 2 ranks vs 1 rank (Gloo on the CPU, or NCCL on 2 GPUs) -> speedup.
+2. 2 ranks vs 1 rank (Gloo on the CPU, or NCCL on 2 GPUs) -> speedup, at equal intra-op threads
+   per rank (on a 2-core machine: 2 ranks x 1 thread vs 1 rank x 1 thread).
+3. Why a mode scales as it does: one more profiled 2-rank run per mode prints the bytes each rank
+   sends per step (per collective kind) and where its step goes (h3core.profile).
+4. The physical limit of 2 vs 1 on this machine: two processes running the same single-threaded
+   GEMM loop at once vs one alone (CPU only). Two vCPUs that are SMT siblings, or a host that
+   throttles, give less than 2x whatever h3 does; each speedup is also shown as a share of it.
 
-Runs alternate (plain, ulysses, tensor, in a rotating order) so that drift on a shared machine hits all
-variants alike; each figure is the median of --repeat runs of the sampling loop.
+All five variants (plain, ulysses x1, tensor x1, ulysses x2, tensor x2) alternate in a rotating order, both
+Worlds kept up, so that drift on a shared machine hits all
+variants alike; each figure is the median of --repeat runs of the sampling loop. The default preset,
+narrow-1k, has enough compute per step (~1-2 s per step on one CPU thread) for scaling to show; narrow's 194
+tokens measure overheads only.
 
-    python scripts/bench_distributed.py --preset narrow --steps 4 --repeat 5
+    python scripts/bench_distributed.py --preset narrow-1k --steps 3 --repeat 5
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
+import time
 
 from rich.console import Console
 from rich.table import Table
@@ -29,35 +40,74 @@ def sampling_seconds(world: World, run, distributed: bool = True) -> float:
     return world.run(rank_generate, run, distributed=distributed)[0].timings["sampling"]
 
 
+GEMM_SIZE, GEMM_REPS = 768, 60
+
+
+def _gemm_loop(barrier, results, threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.randn(GEMM_SIZE, GEMM_SIZE)
+    for _ in range(3):
+        a @ a  # warm-up
+    barrier.wait()
+    start = time.perf_counter()
+    for _ in range(GEMM_REPS):
+        a @ a
+    results.put(time.perf_counter() - start)
+
+
+def _gemm_wall(processes: int, threads: int) -> float:
+    """Seconds until `processes` GEMM loops started together have all finished."""
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(processes), context.Queue()
+    workers = [context.Process(target=_gemm_loop, args=(barrier, results, threads)) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    seconds = [results.get() for _ in workers]
+    for worker in workers:
+        worker.join()
+    return max(seconds)
+
+
+def gemm_ceiling(processes: int, threads: int, repeat: int = 3) -> float:
+    """How much more GEMM work `processes` processes finish per second than one: the scaling ceiling."""
+    ratios = [processes * _gemm_wall(1, threads) / _gemm_wall(processes, threads) for _ in range(repeat)]
+    return statistics.median(ratios)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="narrow")
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--preset", default="narrow-1k")
+    parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
     device = resolve_device(args.device)
     console = Console()
 
-    def request(mode: Mode, world_size: int):
-        return resolve(GenerateRequest(preset=args.preset, steps=args.steps, mode=mode, world_size=world_size, device=device))
+    def request(mode: Mode, world_size: int, profile: bool = False):
+        return resolve(GenerateRequest(preset=args.preset, steps=args.steps, mode=mode, world_size=world_size, device=device, profile=profile))
 
     one = {mode: request(mode, 1) for mode in Mode}
-    times: dict[str, list[float]] = {"plain": [], "ulysses x1": [], "tensor x1": []}
-    # All one-rank variants at the 2-rank per-rank thread count, so that 1 vs 2 ranks compares
-    # equal cores per rank on the CPU (and the overhead ratio is not about threading).
-    with World(1, device) as world, cpu_threads(cpu_threads_per_rank(2)):
-        variants = [("plain", one[Mode.ULYSSES], False), ("ulysses x1", one[Mode.ULYSSES], True), ("tensor x1", one[Mode.TENSOR], True)]
-        for _, run, distributed in variants:  # warm-up
+    two = {mode: request(mode, 2) for mode in Mode}
+    # Both Worlds stay up (idle workers cost nothing) so that every variant alternates with every
+    # other: drift on a shared machine hits them alike. One-rank variants run at the 2-rank per-rank
+    # thread count, so that 1 vs 2 ranks compares equal cores per rank on the CPU.
+    with World(1, device) as lone, World(2, device) as pair, cpu_threads(cpu_threads_per_rank(2)):
+        variants = [
+            ("plain", lone, one[Mode.ULYSSES], False), ("ulysses x1", lone, one[Mode.ULYSSES], True),
+            ("tensor x1", lone, one[Mode.TENSOR], True), ("ulysses x2", pair, two[Mode.ULYSSES], True),
+            ("tensor x2", pair, two[Mode.TENSOR], True),
+        ]
+        times: dict[str, list[float]] = {name: [] for name, *_ in variants}
+        for _, world, run, distributed in variants:  # warm-up
             sampling_seconds(world, run, distributed)
         for i in range(args.repeat):
-            for name, run, distributed in variants[i % 3 :] + variants[: i % 3]:  # rotate: no variant always goes first
+            k = i % len(variants)
+            for name, world, run, distributed in variants[k:] + variants[:k]:  # rotate: no variant always goes first
                 times[name].append(sampling_seconds(world, run, distributed))
-    for mode in Mode:
-        with World(2, device) as world:
-            run = request(mode, 2)
-            sampling_seconds(world, run)  # warm-up
-            times[f"{mode.value} x2"] = [sampling_seconds(world, run) for _ in range(args.repeat)]
+        profiled = {mode: pair.run(rank_generate, request(mode, 2, profile=True)) for mode in Mode}
 
     med = {k: statistics.median(v) for k, v in times.items()}
     table = Table(title=f"{args.preset}, {args.steps} steps, {device}, median of {args.repeat} (sampling loop only)", title_justify="left")
@@ -73,6 +123,32 @@ def main() -> None:
     for name, runs in times.items():
         table.add_row(name, f"{med[name]:.3f}", " ".join(f"{t:.3f}" for t in runs), ratio[name])
     console.print(table)
+    threads = cpu_threads_per_rank(2) if device == "cpu" else None
+    console.print(f"1-rank variants ran at {threads} intra-op thread(s), like each of the 2 ranks" if threads else "one GPU per rank")
+    if threads:
+        ceiling = gemm_ceiling(2, threads)
+        console.print(
+            f"this machine's ceiling for 2 vs 1 (2 single-thread GEMM loops at once vs one, median of 3): {ceiling:.2f}x; "
+            f"ulysses reached {med['ulysses x1'] / med['ulysses x2'] / ceiling:.0%} of it, tensor {med['tensor x1'] / med['tensor x2'] / ceiling:.0%}",
+            soft_wrap=True,
+        )
+    for mode, outcomes in profiled.items():
+        _explain(console, mode, outcomes, args.steps)
+
+
+def _explain(console: Console, mode: Mode, outcomes, steps: int) -> None:
+    """Bytes each rank sent per step by kind, and the profiled split of a step (mean over ranks)."""
+    from h3core.profile import RunProfile, shares
+
+    sent = {kind: max(o.comm.kinds[kind].bytes_sent for o in outcomes if kind in o.comm.kinds) / steps for kind in outcomes[0].comm.kinds}
+    split = RunProfile.of([o.profile for o in outcomes]).steady_mean
+    console.print(
+        f"{mode.value} x2, per rank and step: sent "
+        + ", ".join(f"{kind} {b / 2**20:.2f} MiB" for kind, b in sorted(sent.items()) if kind != "broadcast")
+        + " · step " + f"{split.get('step', 0):.3f} s = "
+        + ", ".join(f"{name} {sec:.3f} s ({share:.0%})" for name, sec, share in shares(split)),
+        soft_wrap=True,
+    )
 
 
 if __name__ == "__main__":

@@ -45,11 +45,17 @@ def test_two_ranks_json_report_and_file(tmp_path):
     report = json.loads(proc.stdout)
     assert report["backend"] == "gloo" and report["config"]["world_size"] == 2
     assert report["tokens_per_rank"] == [258, 257] and report["heads_per_rank"] == [4, 4]
-    assert report["identity_exact"] is True and report["qkv_fused"] is True
-    assert set(report["phases"]) == {"seq_to_head", "attention", "head_to_seq", "baseline_qkv", "baseline_out"}
-    assert isinstance(report["ratio"], float) and report["ratio"] > 0
-    # rank 0 sends rank 1 its 4 heads of q|k|v for 258 tokens, fp32
-    assert report["phases"]["seq_to_head"]["bytes_sent_per_rank"][0] == 258 * 3 * 4 * 16 * 4
+    assert report["identity_exact"] is True and report["blocks_exact"] is True and report["qkv_fused"] is True
+    assert set(report["phases"]) == {
+        "finish_one_rank", "finish_into_blocks", "seq_to_head", "attention", "head_to_seq",
+        "seq_to_head_packed", "wire_qkv", "wire_out", "fresh_qkv", "fresh_out",
+    }
+    assert isinstance(report["ratio"], float) and report["ratio"] > 0 and report["target_ratio"] == 1.3
+    assert report["ratio"] == pytest.approx(report["round_trip_s"] / report["wire_s"])
+    assert report["packed_ratio"] > 0 and report["fresh_ratio"] > 0 and report["cpu_allocator"] in ("retain", "system")
+    # rank 0 sends rank 1 its 4 heads of q|k|v for 258 tokens, fp32; the wire moves the same bytes
+    for phase in ("seq_to_head", "seq_to_head_packed", "wire_qkv", "fresh_qkv"):
+        assert report["phases"][phase]["bytes_sent_per_rank"][0] == 258 * 3 * 4 * 16 * 4
     written = json.loads((tmp_path / "bench-transport-2x-sdpa.json").read_text())
     assert written == report
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
@@ -72,7 +78,7 @@ def test_table_output_names_the_ratio():
     proc = _h3("bench-transport", "2", *SMALL, "--skip-attention", env={"COLUMNS": "160"})
     assert proc.returncode == 0, proc.stderr
     assert "seq to head" in proc.stdout and "attention (" not in proc.stdout  # --skip-attention
-    assert "ratio (seq->head + head->seq) / plain all_to_all_single" in proc.stdout
+    assert "x the wire" in proc.stdout and "plain all_to_all_single of the same bytes" in proc.stdout
 
 
 def test_unavailable_backend_is_one_line_exit_2():
@@ -135,3 +141,15 @@ def test_seed_script_forwards_to_h3(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["config"]["attention"] == "math"
+
+
+def test_round_trip_and_wire_are_per_iteration_sums_of_the_slowest_rank():
+    from h3core.bench_transport import ROUND_TRIP, WIRE, combined, target_ratio
+
+    rank0 = {"samples": {"finish_into_blocks": [3.0, 5.0, 4.0], "finish_one_rank": [2.0, 2.0, 2.0],
+                         "seq_to_head": [1.0, 1.0, 1.0], "head_to_seq": [1.0, 1.0, 1.0],
+                         "wire_qkv": [1.0, 1.0, 1.0], "wire_out": [0.5, 0.5, 0.5]}}
+    rank1 = {"samples": {**rank0["samples"], "wire_qkv": [2.0, 2.0, 2.0]}}
+    assert combined([rank0, rank1], ROUND_TRIP) == 4.0  # median of (3, 5, 4) - 2 + 1 + 1
+    assert combined([rank0, rank1], WIRE) == 2.5  # the slower rank
+    assert (target_ratio(2), target_ratio(4), target_ratio(8)) == (1.3, 1.3, 1.5)

@@ -168,3 +168,21 @@ def test_a_real_qwen3_text_encoder_is_used_and_named_in_the_report(tmp_path, cac
     assert encoder["kind"] == "qwen3" and encoder["path"] == str(folder) and encoder["bytes_read"] > 0
     proc = h3("generate", "--steps", "1", "--text-encoder", str(tmp_path / "missing"), "--gpus", "2", env=cache)
     assert proc.returncode == 2 and "text encoder not found" in proc.stderr and "rank" not in proc.stderr
+
+
+def test_profile_splits_every_step_of_every_rank(tmp_path, cache):
+    result = runner.invoke(app, ["generate", "ulysses", "2", "--preset", "narrow", "--steps", "2", "--profile", "--no-save-latents",
+                                 "--device", "cpu", "--output", str(tmp_path / "run")], env={**cache, "COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    assert "where a step goes" in result.output and "seq to head" in result.output
+    report = RunReport.model_validate_json((tmp_path / "run" / "report.json").read_text())
+    profile = report.profile
+    assert [r.rank for r in profile.ranks] == [0, 1] and all(len(r.steps) == 2 for r in profile.ranks)
+    for rank in profile.ranks:
+        for split in rank.steps:
+            parts = sum(v for k, v in split.items() if k != "step")
+            assert abs(parts - split["step"]) < 1e-9 and split["rest"] > 0
+            assert split["attention"] > 0 and split["nvfp4_linears"] > 0 and split["seq_to_head"] > 0 and split["head_to_seq"] > 0
+    # the profiled step is the step the report times (same region, slowest rank)
+    assert max(r.steps[1]["step"] for r in profile.ranks) <= report.step_seconds[1] * 1.01
+    assert report.cpu_allocator in ("retain", "system")

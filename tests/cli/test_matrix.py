@@ -67,7 +67,12 @@ def test_both_modes_at_1_and_2_ranks_reports_only(tmp_path):
     # files: matrix JSON (also at H3_DISTRIBUTED_BENCHMARK), Markdown, PNG, a folder per cell, no latents
     assert MatrixReport.model_validate_json((out / "matrix.json").read_text()) == report
     assert MatrixReport.model_validate_json(bench.read_text()) == report
-    assert (out / "matrix.md").read_text().count("\n| ulysses |") == 2
+    markdown = (out / "matrix.md").read_text()
+    assert markdown.count("\n| ulysses |") == 4 and "Where a step goes" in markdown  # summary rows + split rows
+    # profiled by default: each cell's step split into categories that add up to it
+    for cell in report.cells:
+        assert abs(sum(v for k, v in cell.split.items() if k != "step") - cell.split["step"]) < 1e-9
+    assert report.cell(Mode.ULYSSES, 2).split["seq_to_head"] > 0 and report.cell(Mode.TENSOR, 2).split["gather_rows"] > 0
     assert (out / "matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["tensor-1", "tensor-2", "ulysses-1", "ulysses-2"]
     assert json.loads((out / "tensor-2" / "report.json").read_text())["parity"]["passed"] is True

@@ -271,7 +271,7 @@ def test_a_single_step_shows_no_step_time_speedup_or_efficiency_and_says_why():
     from h3core.pipeline import RunFiles
 
     planned = mx.PlannedCell(Mode.ULYSSES, 2, True, None, None)
-    run_report = SimpleNamespace(step_seconds=[0.9], timings={"sampling": 0.9}, ranks_on="2 CPU ranks (Gloo)", ranks=[], comm_total=SimpleNamespace(bytes_sent=0), parity=None, files=RunFiles(directory="d", report="d/report.json", latents=None, preview=None))
+    run_report = SimpleNamespace(step_seconds=[0.9], timings={"sampling": 0.9}, ranks_on="2 CPU ranks (Gloo)", ranks=[], comm_total=SimpleNamespace(bytes_sent=0), parity=None, profile=None, files=RunFiles(directory="d", report="d/report.json", latents=None, preview=None))
     run_report.ranks = [SimpleNamespace(peak_memory_sampling_bytes=1, weights=SimpleNamespace(resident=1))]
     cell = mx.summarise(planned, run_report, 1, baseline_seconds=mx.steady_step_seconds([5.0]), parity_error=None)
     assert cell.step_seconds is None and cell.speedup is None and cell.efficiency is None
@@ -280,3 +280,16 @@ def test_a_single_step_shows_no_step_time_speedup_or_efficiency_and_says_why():
     assert [row[COLUMNS.index(c)] for c in ("step", "speedup", "eff.")] == ["-", "-", "-"]
     assert any("with 1 denoising step there is no step after the first" in line for line in notes(report))
     assert "run with --steps 2 or more" in markdown(report)
+
+
+def test_split_rows_show_each_category_and_how_the_compute_alone_scales():
+    from h3core.matrix_render import SPLIT_COLUMNS, split_rows
+
+    one = {"attention": 0.6, "nvfp4_linears": 0.3, "rest": 0.1, "step": 1.0}
+    two = {"attention": 0.3, "nvfp4_linears": 0.15, "seq_to_head": 0.05, "head_to_seq": 0.03, "repartition_rows": 0.02, "rest": 0.05, "step": 0.6}
+    rows = split_rows(_report([_cell(Mode.ULYSSES, 1, split=one), _cell(Mode.ULYSSES, 2, split=two), _cell(Mode.TENSOR, 2)]))
+    assert len(rows) == 2 and all(len(r) == len(SPLIT_COLUMNS) for r in rows)  # the unprofiled cell has no row
+    assert rows[0][3:5] == ["0.6 (60%)", "0.3 (30%)"] and rows[0][-1] == "1.00"
+    assert rows[1][5] == "0.05 (8%)" and rows[1][9] == "0.02 (3%)"  # seq->head; other collectives
+    assert rows[1][-1] == "2.00"  # (0.6 + 0.3) / (0.3 + 0.15): the compute halved
+    assert "Where a step goes" in markdown(_report([_cell(Mode.ULYSSES, 1, split=one)]))

@@ -1,0 +1,214 @@
+"""`--profile`: where a denoising step's time goes on each rank.
+
+Categories: `attention` (the attention kernel itself: the model's innermost `AttentionCore`, without
+the all-to-alls around it), `nvfp4_linears` (every `NVFP4Linear` forward, weight decoding included
+on the dequant paths), one per collective kind (`seq_to_head`, `head_to_seq`, `gather_rows`,
+`reduce_scatter_rows`, `repartition_rows`, `broadcast`; waiting for a late peer counts there), and
+`rest`: the step's time minus all of them (norms, RoPE, modulation, residuals, the sampler, Python).
+
+How: forward hooks on those modules and `collectives.set_region_timer`, applied to a finished model
+from outside (the model file stays as it is); nothing is registered when profiling is off. Regions
+nest (a collective inside a hooked module, a collective calling another): each region's time counts
+once, in the innermost category it belongs to (exclusive time). On the CPU the clock is
+`perf_counter`; on CUDA each region records a pair of CUDA events on the current stream and the
+times are read once the step has finished, so asynchronous kernels are attributed to the region
+that queued them and the figures are device time, not launch time.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from statistics import mean
+from typing import Any, Iterable, Iterator
+
+import torch
+from pydantic import BaseModel, Field
+
+from h3core import collectives
+from h3core.nvfp4.linear import NVFP4Linear
+
+ATTENTION, LINEARS, REST = "attention", "nvfp4_linears", "rest"
+COLLECTIVES = (
+    collectives.SEQ_TO_HEAD, collectives.HEAD_TO_SEQ, collectives.GATHER_ROWS,
+    collectives.REDUCE_SCATTER_ROWS, collectives.REPARTITION_ROWS, collectives.BROADCAST,
+)
+CATEGORIES = (ATTENTION, LINEARS, *COLLECTIVES, REST)
+
+
+class RankProfile(BaseModel):
+    """One rank's split of every step: seconds per category (they add up to the step)."""
+
+    rank: int
+    clock: str = Field(description="'cuda events' or 'perf_counter'.")
+    steps: list[dict[str, float]] = Field(description="Per denoising step: seconds per category, and 'step' (the total).")
+
+    @property
+    def mean(self) -> dict[str, float]:
+        """Seconds per step, per category, averaged over the run's steps."""
+        return mean_split(self.steps)
+
+
+class RunProfile(BaseModel):
+    """The profile of a run: every rank's split, and their average."""
+
+    categories: list[str] = Field(default_factory=lambda: list(CATEGORIES))
+    ranks: list[RankProfile]
+    mean: dict[str, float] = Field(description="Seconds per step per category: mean over steps, then over ranks.")
+    steady_mean: dict[str, float] = Field(description="The same without the first step (one-time warm-up).")
+
+    @classmethod
+    def of(cls, ranks: list[RankProfile]) -> "RunProfile":
+        return cls(
+            ranks=ranks,
+            mean=mean_split([r.mean for r in ranks]),
+            steady_mean=mean_split([mean_split(r.steps[1:] or r.steps) for r in ranks]),
+        )
+
+
+def mean_split(splits: list[dict[str, float]]) -> dict[str, float]:
+    """Per key, the mean over `splits` (a key missing from one split counts as 0 there)."""
+    keys = sorted({k for s in splits for k in s})
+    return {k: mean(s.get(k, 0.0) for s in splits) for k in keys} if splits else {}
+
+
+def collective_seconds(split: dict[str, float]) -> float:
+    return sum(split.get(kind, 0.0) for kind in COLLECTIVES)
+
+
+# --- timing ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Region:
+    name: str
+    start: Any  # float (perf_counter) or torch.cuda.Event
+    end: Any = None
+    children: list[int] = field(default_factory=list)
+
+
+class Profiler:
+    """Times regions of the steps of one rank; `attach` a model, then run each step inside `step()`."""
+
+    def __init__(self, device: torch.device, rank: int = 0):
+        self.device = device
+        self.rank = rank
+        self.cuda = device.type == "cuda"
+        self.steps: list[dict[str, float]] = []
+        self._regions: list[_Region] = []
+        self._stack: list[int] = []
+        self._in_step = False
+        self._handles: list[Any] = []
+        self._events: list[torch.cuda.Event] = []
+        self._used_events = 0
+
+    # -- wiring -----------------------------------------------------------------------------------
+
+    def attach(self, model: torch.nn.Module) -> "Profiler":
+        """Hook every NVFP4 linear and every innermost attention core of `model`, and the collectives."""
+        from h3core.model import AttentionCore
+
+        for module in model.modules():
+            name = LINEARS if isinstance(module, NVFP4Linear) else ATTENTION if isinstance(module, AttentionCore) else None
+            if name is not None:
+                self._handles.append(module.register_forward_pre_hook(lambda m, a, n=name: self._enter(n)))
+                self._handles.append(module.register_forward_hook(lambda m, a, o: self._exit()))
+        collectives.set_region_timer(self.region)
+        return self
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        collectives.set_region_timer(None)
+
+    def result(self) -> RankProfile:
+        return RankProfile(rank=self.rank, clock="cuda events" if self.cuda else "perf_counter", steps=self.steps)
+
+    # -- regions ----------------------------------------------------------------------------------
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """One denoising step: its regions are resolved into a split when it ends."""
+        self._regions, self._stack, self._used_events, self._in_step = [], [], 0, True
+        start = self._mark()
+        try:
+            yield
+        finally:
+            self._in_step = False
+        end = self._mark()
+        if self.cuda:
+            end.synchronize()
+        self.steps.append(self._split(self._seconds(start, end)))
+
+    @contextmanager
+    def region(self, name: str) -> Iterator[None]:
+        self._enter(name)
+        try:
+            yield
+        finally:
+            self._exit()
+
+    def _enter(self, name: str) -> None:
+        if not self._in_step:
+            return
+        index = len(self._regions)
+        if self._stack:
+            self._regions[self._stack[-1]].children.append(index)
+        self._regions.append(_Region(name, self._mark()))
+        self._stack.append(index)
+
+    def _exit(self) -> None:
+        if self._in_step and self._stack:
+            self._regions[self._stack.pop()].end = self._mark()
+
+    def _mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        if self._used_events == len(self._events):
+            self._events.append(torch.cuda.Event(enable_timing=True))
+        event = self._events[self._used_events]
+        self._used_events += 1
+        event.record()
+        return event
+
+    def _seconds(self, start: Any, end: Any) -> float:
+        return start.elapsed_time(end) / 1000.0 if self.cuda else end - start
+
+    def _split(self, total: float) -> dict[str, float]:
+        """Exclusive seconds per category (a region minus the regions nested in it), the rest, the total."""
+        elapsed = [self._seconds(r.start, r.end) if r.end is not None else 0.0 for r in self._regions]
+        split = {name: 0.0 for name in CATEGORIES}
+        for region, seconds in zip(self._regions, elapsed):
+            split[region.name] += seconds - sum(elapsed[c] for c in region.children)
+        split[REST] = total - sum(split.values())
+        split["step"] = total
+        return split
+
+
+@contextmanager
+def profiling(model: torch.nn.Module, device: torch.device, rank: int, enabled: bool) -> Iterator[Profiler | None]:
+    """A `Profiler` attached to `model` for the block (None when not enabled: nothing is registered)."""
+    if not enabled:
+        yield None
+        return
+    profiler = Profiler(device, rank).attach(model)
+    try:
+        yield profiler
+    finally:
+        profiler.detach()
+
+
+def step_context(profiler: Profiler | None) -> Any:
+    """`profiler.step()`, or a context that does nothing."""
+    return profiler.step() if profiler is not None else nullcontext()
+
+
+def shares(split: dict[str, float]) -> Iterable[tuple[str, float, float]]:
+    """(category, seconds, share of the step) for the categories that took any time, in CATEGORIES order."""
+    total = split.get("step", 0.0) or sum(split.get(c, 0.0) for c in CATEGORIES)
+    for name in CATEGORIES:
+        seconds = split.get(name, 0.0)
+        if seconds or name in (ATTENTION, LINEARS, REST):
+            yield name, seconds, (seconds / total if total > 0 else 0.0)

@@ -1,0 +1,36 @@
+"""Ulysses attention's own path (RoPE written into the send blocks) vs finishing q|k|v first, on spawned ranks."""
+
+import pytest
+import torch
+
+from h3core.model import AttentionCore, ProjectedQKV
+from h3core.parallel import ParallelRuntime
+from h3core.parallel.ulysses import UlyssesAttention
+from h3core.partition import token_spans
+
+
+def _both_paths(ctx, size, num_tokens, num_heads, head_dim):
+    sub = ctx.first_ranks(size)
+    if sub is None:
+        return None
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(num_tokens, num_heads, head_dim, generator=g) for _ in range(3))  # [S, H, Dh]
+    angles = torch.rand(num_tokens, head_dim // 2, generator=g) * 30
+    tokens = token_spans(num_tokens, size)
+    rows = slice(tokens[sub.rank].start, tokens[sub.rank].stop)
+    mine = ProjectedQKV(q[rows], k[rows], v[rows], angles[rows].cos(), angles[rows].sin())
+    runtime = ParallelRuntime(sub.group, sub.rank, size, num_heads)
+    attention = UlyssesAttention(AttentionCore("math"), runtime)
+    with runtime.sequence(tokens), torch.inference_mode():
+        fused = attention.attend_projected(mine)  # [S_loc, H, Dh]
+        finished_first = attention(*mine.split())
+    one_rank = AttentionCore("math").attend_projected(ProjectedQKV(q, k, v, angles.cos(), angles.sin()))[rows]
+    return {"fused": fused, "finished_first": finished_first, "one_rank": one_rank}
+
+
+@pytest.mark.parametrize("size", [2, 6])
+def test_rope_into_send_blocks_is_bitwise_the_finished_path(world8, size):
+    """56 heads over 6 ranks are ragged (10,10,9,9,9,9): two runs of send blocks."""
+    for result in world8.run(_both_paths, size, 37, 56, 16)[:size]:
+        assert torch.equal(result["fused"], result["finished_first"])
+        torch.testing.assert_close(result["fused"], result["one_rank"], rtol=1e-5, atol=1e-6)
