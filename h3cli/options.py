@@ -10,7 +10,7 @@ import typer
 from h3core import environment as env
 
 Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
-Preset = Annotated[str, typer.Option("--preset", help="Model preset: h3, h3-2blocks, narrow, narrow-1k or tiny (a checkpoint's own config wins).")]
+Preset = Annotated[str, typer.Option("--preset", help="Model preset: h3, h3-2blocks, narrow, narrow-1k, wide-1k or tiny (a checkpoint's own config wins).")]
 Width = Annotated[Optional[int], typer.Option("--width", help="Video width in pixels (default: the preset's).")]
 Height = Annotated[Optional[int], typer.Option("--height", help="Video height in pixels (default: the preset's).")]
 Frames = Annotated[Optional[int], typer.Option("--frames", help="Video frames, 4k+1 (default: the preset's).")]
@@ -20,7 +20,7 @@ Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existin
 Prompt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="What to generate.", show_default=False)]
 NegativePrompt = Annotated[str, typer.Option("--negative-prompt", help="Unconditional prompt for guidance.")]
 Guidance = Annotated[float, typer.Option("--guidance", help="Classifier-free guidance scale (1 = off).")]
-RunPreset = Annotated[Optional[str], typer.Option("--preset", help="h3, h3-2blocks, narrow, narrow-1k (CPU scaling) or tiny (default: tiny without --model, h3 with one).")]
+RunPreset = Annotated[Optional[str], typer.Option("--preset", help="h3, h3-2blocks, narrow, narrow-1k, wide-1k (CPU scaling) or tiny (default: tiny without --model, h3 with one).")]
 Steps = Annotated[Optional[int], typer.Option("--steps", help="Denoising steps (default: the preset's).")]
 Seed = Annotated[int, typer.Option("--seed", help="Noise seed.")]
 Device = Annotated[str, typer.Option("--device", help="auto, cpu or cuda (cpu: ranks are Gloo processes).")]

@@ -168,6 +168,14 @@ PRESETS: dict[str, ModelConfig] = {
         video_channels=4, audio_channels=4, max_text_tokens=64,
         width=448, height=320, frames=25, steps=4, text_tokens=17,
     ),
+    # H3's 56 heads at head width 32 (hidden 1792) and a 169-block MLP (2704: ragged over every
+    # count) on narrow-1k's ~1,070 tokens: about 2 s per denoising step on one CPU thread, so that
+    # 2 ranks x 1 thread vs 1 rank x 1 thread measures scaling, not overheads (scripts/bench_distributed.py).
+    "wide-1k": ModelConfig(
+        name="wide-1k", num_heads=56, head_dim=32, num_blocks=2, mlp_width=2704, text_dim=64,
+        video_channels=4, audio_channels=4, max_text_tokens=64,
+        width=448, height=320, frames=25, steps=4, text_tokens=17,
+    ),
     # Seconds on a CPU; 8 heads so that every count up to 8 is possible.
     "tiny": ModelConfig(
         name="tiny", num_heads=8, head_dim=16, num_blocks=2, mlp_width=352, text_dim=64,

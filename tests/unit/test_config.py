@@ -31,7 +31,7 @@ def test_bad_sizes_say_what_to_use(w, h, f, match):
 
 
 def test_unknown_preset():
-    with pytest.raises(ConfigError, match="choose one of: h3, h3-2blocks, narrow, narrow-1k, tiny"):
+    with pytest.raises(ConfigError, match="choose one of: h3, h3-2blocks, narrow, narrow-1k, wide-1k, tiny"):
         preset("huge")
 
 
