@@ -12,11 +12,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from h3cli import options
-from h3cli.output import Output, is_rank_zero, progress_bar
+from h3cli.output import Output, progress_bar
+from h3core.reports.units import format_bytes
 
 
-def _render(report: Any, path: Path | None, console: Console) -> None:
-    from h3core.bench_transport import bytes_label
+def _render(report: Any, console: Console) -> None:
+    from h3core.generate.report import per_rank_summary
 
     cfg = report.config
     table = Table(
@@ -33,13 +34,11 @@ def _render(report: Any, path: Path | None, console: Console) -> None:
     for name, phase in report.phases.items():
         label = f"attention ({cfg.attention})" if name == "attention" else name.replace("_", " ")
         gbps = f"{phase.gb_per_s:.2f}" if phase.gb_per_s is not None else "-"
-        table.add_row(label, f"{phase.median_s * 1e3:.3f}", bytes_label(max(phase.bytes_sent_per_rank)), gbps)
+        table.add_row(label, f"{phase.median_s * 1e3:.3f}", format_bytes(max(phase.bytes_sent_per_rank)), gbps)
     console.print(table)
     exact = "exact" if report.identity_exact and report.blocks_exact else "[red]NOT EXACT[/]"
     console.print(f"seq->head->seq identity and RoPE-into-blocks vs seq->head of finished q|k|v: {exact}")
     if report.config.time_attention:
-        from h3core.pipeline import per_rank_summary
-
         console.print(f"attention kernel that ran: {per_rank_summary(report.attention_kernels)}")
     if report.ratio is None:
         console.print("ratio: n/a at one rank (nothing moves)")
@@ -58,8 +57,8 @@ def _render(report: Any, path: Path | None, console: Console) -> None:
         )
     if cfg.device == "cpu":
         console.print(f"CPU allocator of the ranks: {report.cpu_allocator} (H3_CPU_ALLOCATOR)")
-    if path is not None:
-        console.print(f"report: {path}")
+    if cfg.report_file is not None:
+        console.print(f"report: {cfg.report_file}")
 
 
 @contextmanager
@@ -92,27 +91,15 @@ def bench_transport(
     json: options.Json = False,
 ) -> None:
     """Time Ulysses seq->head, attention and head->seq on random q|k|v against the wire (a plain all-to-all of the same bytes)."""
-    from h3core.bench_transport import TransportBenchConfig, report_path, run_transport_benchmark
-    from h3core.launch import resolve_world_size
-    from h3core.outputs import Outputs
+    from h3core.bench_transport import TransportBenchConfig, run_transport_benchmark
 
     cfg = TransportBenchConfig.build(
-        world_size=resolve_world_size(count), attention=attention, tokens=tokens, width=width, height=height,
-        frames=frames, heads=heads, head_dim=head_dim, device=device, dtype=dtype, iters=iters, warmup=warmup,
-        time_attention=not skip_attention,
+        world_size=count, attention=attention, tokens=tokens, width=width, height=height, frames=frames, heads=heads,
+        head_dim=head_dim, device=device, dtype=dtype, iters=iters, warmup=warmup, time_attention=not skip_attention, output=output,
     )
-    out = Output(json)
-    path = report_path(output, cfg)
-    with Outputs(enabled=is_rank_zero()) as outputs:
-        target = outputs.file(path, flag="--output") if path is not None and outputs.enabled else None
-        with _progress(f"bench-transport {cfg.world_size}x") as on_progress:
-            report = run_transport_benchmark(cfg, on_progress)
-        if report is None:
-            return  # a torchrun rank other than 0: rank 0 reports
-        if target is not None:
-            target.write((report.model_dump_json(indent=2) + "\n").encode())
-            outputs.publish()
-    out.result(report, lambda console: _render(report, path, console))
+    with _progress(f"bench-transport {cfg.world_size}x") as on_progress:
+        report = run_transport_benchmark(cfg, on_progress)
+    Output(json).result(report, lambda console: _render(report, console))  # None on a torchrun rank other than 0
 
 
 def register(app: typer.Typer) -> None:

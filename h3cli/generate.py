@@ -17,13 +17,9 @@ from rich.table import Table
 
 from h3cli import options
 from h3cli.output import Output, progress_bar
-from h3core import environment as env
-from h3core.errors import CheckFailed, ConfigError
+from h3core.errors import ConfigError
 from h3core.plan import Mode
-
-
-def gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+from h3core.reports.units import format_bytes
 
 
 def render_run(report, console: Console) -> None:
@@ -42,13 +38,13 @@ def render_run(report, console: Console) -> None:
         f"text {t.get('text_encode', 0):.2f}s · load {t.get('load', 0):.2f}s · sampling {t.get('sampling', 0):.2f}s "
         f"(median step {median(steps) if steps else 0:.3f}s) · gather {t.get('gather', 0):.3f}s",
     )
-    table.add_row("peak memory", " · ".join(f"r{r.rank} {gib(r.peak_memory_sampling_bytes)}" for r in report.ranks))
+    table.add_row("peak memory", " · ".join(f"r{r.rank} {format_bytes(r.peak_memory_sampling_bytes)}" for r in report.ranks))
     table.add_row(
         "weights / rank",
-        " · ".join(f"r{r.rank} {gib(r.weights.resident)} held ({r.weights.block_share:.0%} of block linears), {gib(r.weights.read)} read" for r in report.ranks),
+        " · ".join(f"r{r.rank} {format_bytes(r.weights.resident)} held ({r.weights.block_share:.0%} of block linears), {format_bytes(r.weights.read)} read" for r in report.ranks),
     )
     if report.comm_total.kinds:
-        table.add_row("collectives (sent, all ranks)", " · ".join(f"{k} {gib(c.bytes_sent)} in {c.calls} calls" for k, c in sorted(report.comm_total.kinds.items())))
+        table.add_row("collectives (sent, all ranks)", " · ".join(f"{k} {format_bytes(c.bytes_sent)} in {c.calls} calls" for k, c in sorted(report.comm_total.kinds.items())))
     for name in ("video", "audio"):
         c = getattr(report, name)
         if c is not None:
@@ -67,7 +63,7 @@ def render_run(report, console: Console) -> None:
 
 def render_profile(profile, console: Console) -> None:
     """Where a step goes: seconds per step per category for every rank, their mean and its share."""
-    from h3core.profile import shares
+    from h3core.profile import shares  # (torch: only when a profile is rendered)
 
     ranks = profile.ranks
     table = Table(
@@ -104,7 +100,7 @@ def generate(
     height: options.Height = None,
     frames: options.Frames = None,
     steps: options.Steps = None,
-    seed: options.Seed = 440420,
+    seed: options.Seed = options.DEFAULT_SEED,
     mode: Annotated[Optional[Mode], typer.Option("--mode", help="Distributed mode.", show_default="ulysses")] = None,
     gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", help="Ranks: GPUs on CUDA, Gloo processes on CPU. Default: H3_WORLD_SIZE, else every visible GPU, else 1.")] = None,
     attention: Annotated[Optional[str], typer.Option("--attention", help="sdpa, math, sage2 or flash.", show_default="sdpa")] = None,
@@ -112,55 +108,37 @@ def generate(
     dtype: options.Dtype = None,
     model: options.Model = None,
     text_encoder: options.TextEncoder = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", envvar=env.OUTPUT, help="Report/latent folder: new or empty (see --overwrite). Default: outputs/<time>-generate-<mode>-<N>-<4 hex>.")] = None,
-    save_latents: Annotated[bool, typer.Option("--save-latents/--no-save-latents", envvar=env.SAVE_LATENTS, help="Write latents.safetensors.")] = True,
-    benchmark: Annotated[Optional[Path], typer.Option("--benchmark", envvar=env.BENCHMARK, help="Also write the report JSON here.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Report/latent folder: new or empty (see --overwrite). Default: H3_DISTRIBUTED_OUTPUT, else outputs/<time>-generate-<mode>-<N>-<4 hex>.", show_default=False)] = None,
+    save_latents: Annotated[Optional[bool], typer.Option("--save-latents/--no-save-latents", help="Write latents.safetensors. Default: H3_SAVE_LATENTS (0 = report only), else yes.", show_default=False)] = None,
+    benchmark: Annotated[Optional[Path], typer.Option("--benchmark", help="Also write the report JSON here. Default: H3_DISTRIBUTED_BENCHMARK.", show_default=False)] = None,
     parity: Annotated[bool, typer.Option("--parity", help="Also run one rank with the same seed and record the latent error (at 1 rank: vs the other mode).")] = False,
     overwrite: options.Overwrite = False,
     profile: Annotated[bool, typer.Option("--profile", help="Split each step's time per rank: attention, NVFP4 linears, each collective, the rest (table and report).")] = False,
     json: options.Json = False,
 ) -> None:
     """Generate video + audio latents from a prompt, on one rank or across all of them."""
-    from h3core.device import check_world_size_fits, resolve_device
-    from h3core.launch import resolve_world_size
-    from h3core.pipeline import DEFAULT_PROMPT, GenerateRequest, generate as run_generate
+    from h3core.generate.request import DEFAULT_PROMPT, GenerateJob
+    from h3core.generate.run import generate as run_generate
 
     if mode_arg is not None and mode_arg not in (m.value for m in Mode):
         raise ConfigError(f"unknown mode {mode_arg!r}: the first argument is the mode, ulysses or tensor")
-    chosen_mode = Mode(_pick(mode_arg, mode.value if mode else None, "the mode") or Mode.ULYSSES.value)
-    device_type = resolve_device(device)
-    world = resolve_world_size(_pick(count_arg, gpus, "the rank count"))
-    check_world_size_fits(world, device_type)
-    request = GenerateRequest(
-        prompt=DEFAULT_PROMPT if prompt is None else prompt,
-        negative_prompt=negative_prompt,
-        guidance_scale=guidance,
-        preset=preset,
-        width=width,
-        height=height,
-        frames=frames,
-        steps=steps,
-        seed=seed,
-        mode=chosen_mode,
-        world_size=world,
-        device=device_type,
-        dtype=dtype,
+    job = GenerateJob.from_flags(
+        count=_pick(count_arg, gpus, "the rank count"), device=device, output=output, save_latents=save_latents,
+        benchmark=benchmark, parity=parity, overwrite=overwrite,
+        mode=Mode(_pick(mode_arg, mode.value if mode else None, "the mode") or Mode.ULYSSES.value),
         attention=_pick(attn_arg, attention, "the attention backend") or "sdpa",
-        model_path=model,
-        text_encoder_path=text_encoder,
-        profile=profile,
+        prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
+        preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, dtype=dtype,
+        model_path=model, text_encoder_path=text_encoder, profile=profile,
     )
     out = Output(json)
-    columns = (TextColumn("[bold]denoising"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())
-    with progress_bar(out.err if json else out.console, *columns) as update:
-        report = run_generate(
-            request, output=output, save_latents=save_latents, benchmark=benchmark, parity=parity, overwrite=overwrite,
-            on_step=lambda msg: update(completed=msg.step, total=msg.steps, description=f"{msg.seconds:.2f}s/step"),
-        )
+    with progress_bar(out.err if json else out.console, *_BAR) as update:
+        report = run_generate(job, on_step=lambda msg: update(completed=msg.step, total=msg.steps, description=f"{msg.seconds:.2f}s/step"))
     out.result(report, lambda console: render_run(report, console))
-    if report is not None and report.parity is not None and not report.parity.passed:
-        p = report.parity
-        raise CheckFailed(f"latent parity failed: relative error {p.relative:.3g} > tolerance {p.tolerance:g} vs {p.reference} (report: {report.files.report})")
+    out.exit_for(report)
+
+
+_BAR = (TextColumn("[bold]denoising"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())
 
 
 def register(app: typer.Typer) -> None:

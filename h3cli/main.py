@@ -10,7 +10,6 @@ in flight may have been applied). (Typer would otherwise exit 130 without a word
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from typing import Annotated, Any, Callable, Optional
 
@@ -18,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from h3core import __version__
+from h3core import __version__, settings
 from h3core.errors import H3Error, Interrupted
 from h3core.paths import os_error_reason
 
@@ -85,7 +84,7 @@ _register()
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; an `H3Error` becomes one red line on stderr and its exit code."""
-    debug = os.environ.get("H3_DEBUG", "") not in ("", "0")
+    debug = settings.debug()
     err_console = Console(stderr=True, highlight=False)
     try:
         app(args=argv, prog_name="h3")

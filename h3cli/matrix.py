@@ -17,7 +17,7 @@ from h3cli.output import Output, progress_bar
 
 
 def _render(report, console: Console) -> None:
-    from h3core.matrix_render import COLUMNS, caption, notes, summary_rows
+    from h3core.matrix.render import COLUMNS, caption, notes, summary_rows
 
     lines = caption(report)
     rows = summary_rows(report)
@@ -50,8 +50,8 @@ def _render(report, console: Console) -> None:
 
 
 def _render_split(report, console: Console) -> None:
-    """Where each profiled cell's step goes (h3core.matrix_render.split_rows)."""
-    from h3core.matrix_render import SPLIT_COLUMNS, split_rows
+    """Where each profiled cell's step goes (h3core.matrix.render.split_rows)."""
+    from h3core.matrix.render import SPLIT_COLUMNS, split_rows
 
     rows = split_rows(report)
     if not rows:
@@ -75,7 +75,7 @@ def matrix(
     height: options.Height = None,
     frames: options.Frames = None,
     steps: options.Steps = None,
-    seed: options.Seed = 440420,
+    seed: options.Seed = options.DEFAULT_SEED,
     attention: Annotated[str, typer.Option("--attention", help="sdpa, math, sage2 or flash.")] = "sdpa",
     device: options.Device = "auto",
     dtype: options.Dtype = None,
@@ -89,8 +89,9 @@ def matrix(
     json: options.Json = False,
 ) -> None:
     """Run generate for every mode x rank count this machine can take; speedup, memory and parity per cell."""
-    from h3core.matrix import MatrixRequest, check_matrix, run_matrix
-    from h3core.pipeline import DEFAULT_PROMPT, GenerateRequest
+    from h3core.generate.request import DEFAULT_PROMPT, GenerateRequest
+    from h3core.matrix.request import MatrixRequest
+    from h3core.matrix.run import run_matrix
 
     template = GenerateRequest(
         prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
@@ -103,7 +104,7 @@ def matrix(
     with progress_bar(out.err if json else out.console, *columns) as update:
         report = run_matrix(request, lambda m: update(completed=m.completed, total=m.total, description=escape(m.label)))
     out.result(report, lambda console: _render(report, console))
-    check_matrix(report)
+    out.exit_for(report)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from h3core import environment as env
+from h3core import settings
 
 Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 Preset = Annotated[str, typer.Option("--preset", help="Model preset: h3, h3-2blocks, narrow, narrow-1k, wide-1k or tiny (a checkpoint's own config wins).")]
@@ -23,7 +23,8 @@ Guidance = Annotated[float, typer.Option("--guidance", help="Classifier-free gui
 RunPreset = Annotated[Optional[str], typer.Option("--preset", help="h3, h3-2blocks, narrow, narrow-1k, wide-1k (CPU scaling) or tiny (default: tiny without --model, h3 with one).")]
 Steps = Annotated[Optional[int], typer.Option("--steps", help="Denoising steps (default: the preset's).")]
 Seed = Annotated[int, typer.Option("--seed", help="Noise seed.")]
+DEFAULT_SEED = settings.DEFAULT_SEED
 Device = Annotated[str, typer.Option("--device", help="auto, cpu or cuda (cpu: ranks are Gloo processes).")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU).")]
-Model = Annotated[Optional[Path], typer.Option("--model", envvar=env.MODEL_PATH, help="H3 checkpoint (.safetensors). Default: the embedded synthetic one.")]
-TextEncoder = Annotated[Optional[Path], typer.Option("--text-encoder", envvar=env.TEXT_ENCODER_PATH, help="Qwen3-VL text encoder (file or folder). Default: synthetic.")]
+Model = Annotated[Optional[Path], typer.Option("--model", help=f"H3 checkpoint (.safetensors). Default: {settings.MODEL_PATH}, else the embedded synthetic one.", show_default=False)]
+TextEncoder = Annotated[Optional[Path], typer.Option("--text-encoder", help=f"Qwen3-VL text encoder (file or folder). Default: {settings.TEXT_ENCODER_PATH}, else synthetic.", show_default=False)]

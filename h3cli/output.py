@@ -16,17 +16,8 @@ from rich.console import Console
 from rich.progress import Progress, ProgressColumn
 from rich.markup import escape
 
-from h3core.environment import torchrun_env
-from h3core.errors import ConfigError
-
-
-def is_rank_zero() -> bool:
-    """False only in a torchrun-launched process (`environment.torchrun_env`) whose rank is not 0."""
-    try:
-        launched = torchrun_env()
-    except ConfigError:
-        return True  # a malformed launch environment: the command refuses it, and that line must show
-    return launched is None or launched.rank == 0
+from h3core.report import Verdict
+from h3core.settings import is_rank_zero
 
 
 class Output:
@@ -47,6 +38,12 @@ class Output:
             sys.stdout.flush()
         elif render is not None:
             render(self.console)
+
+    def exit_for(self, report: Verdict | None) -> None:
+        """The one way from a report to an exit code: raise the report's failure (exit 1), if any."""
+        failure = report.failure() if report is not None else None
+        if failure is not None:
+            raise failure
 
     def info(self, message: str) -> None:
         """A progress or status line: stderr in --json mode so that stdout stays parseable."""

@@ -1,4 +1,4 @@
-"""`h3 plan`: print the partition contract for a rank count."""
+"""`h3 plan`: print the partition contract for a rank count (the same `ParallelPlan` a run's ranks get)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,13 @@ from rich.table import Table
 
 from h3cli import options
 from h3cli.output import Output
-from h3core.config import preset as get_preset
-from h3core.launch import resolve_world_size
-from h3core.plan import Mode, ParallelPlan, SpanModel
-
-
-def _fmt(span: SpanModel) -> str:
-    return f"{span.start}:{span.stop}"
+from h3core.nvfp4.layout import ColumnSlice
+from h3core.plan import Mode, ParallelPlan
+from h3core.reports.units import format_bytes
 
 
 def _render(plan: ParallelPlan, console: Console) -> None:
-    seg_text = ", ".join(f"{s.kind} {s.stop - s.start}" for s in plan.segments)
+    seg_text = ", ".join(f"{s.kind} {len(s)}" for s in plan.segments)
     table = Table(
         title=f"{plan.preset} · {plan.mode.value} · {plan.world_size} rank(s) · {plan.num_tokens} tokens ({seg_text})",
         title_justify="left",
@@ -36,31 +32,29 @@ def _render(plan: ParallelPlan, console: Console) -> None:
         table.add_column(col)
     for i, r in enumerate(plan.ranks):
         table.add_row(
-            str(r.rank),
-            f"{r.heads.stop - r.heads.start}  [{_fmt(r.heads)}]",
-            f"{r.tokens.stop - r.tokens.start}  [{_fmt(r.tokens)}]",
-            "  ".join(f"{s.kind}[{s.start}:{s.stop}]" for s in r.segments),
-            f"{w.per_rank[i] / 2**30:.2f} GiB" if w else "",
+            str(r.rank), f"{len(r.heads)}  [{r.heads}]", f"{len(r.tokens)}  [{r.tokens}]",
+            "  ".join(f"{s.kind}[{s.start}:{s.stop}]" for s in r.segments), format_bytes(w.per_rank[i]) if w else "",
         )
     console.print(table)
-    if plan.mode is not Mode.TENSOR:
-        return
+    if plan.mode is Mode.TENSOR:
+        _render_shards(plan, console)
+
+
+def _render_shards(plan: ParallelPlan, console: Console) -> None:
     shards = Table(
         title="NVFP4 shards per block (rows of column-parallel weights; input columns as elements · packed bytes · scale columns)",
         title_justify="left",
     )
     for col in ("rank", "QKV rows q | k | v", "attn-out columns", "FC1 rows gate | value", "FC2 columns"):
         shards.add_column(col)
-    cols = lambda c: f"{_fmt(c.elements)} · {_fmt(c.packed_bytes)} · {_fmt(c.scale_columns)}"
+
+    def cols(c: ColumnSlice) -> str:
+        return f"{c.elements} · {c.packed_bytes} · {c.scale_columns}"
+
     for r in plan.ranks:
         t = r.tensor
-        shards.add_row(
-            str(r.rank),
-            " | ".join(_fmt(s) for s in t.qkv_rows),
-            cols(t.attn_out_columns),
-            " | ".join(_fmt(s) for s in t.fc1_rows),
-            cols(t.fc2_columns),
-        )
+        assert t is not None
+        shards.add_row(str(r.rank), " | ".join(map(str, t.qkv_rows)), cols(t.attn_out_columns), " | ".join(map(str, t.fc1_rows)), cols(t.fc2_columns))
     console.print(shards)
 
 
@@ -75,16 +69,7 @@ def plan(
     json: options.Json = False,
 ) -> None:
     """Print, per rank, the heads, token interval, clipped segments and (tensor mode) NVFP4 slices."""
-    cfg = get_preset(preset)
-    segments = cfg.segments(
-        width or cfg.width, height or cfg.height, frames or cfg.frames,
-        cfg.text_tokens if text_tokens is None else text_tokens,
-    )
-    world = resolve_world_size(count)
-    result = ParallelPlan.build(cfg, world, mode, segments)
-    from h3core.checkpoint import weight_bytes  # torch: only once the partition is known to be valid
-
-    result = result.model_copy(update={"weights": weight_bytes(cfg, result)})
+    result = ParallelPlan.for_preset(preset, count, mode, width=width, height=height, frames=frames, text_tokens=text_tokens)
     Output(json).result(result, lambda console: _render(result, console))
 
 

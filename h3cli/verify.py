@@ -13,7 +13,6 @@ from rich.table import Table
 
 from h3cli import options
 from h3cli.output import Output
-from h3core import environment as env
 from h3core.verify import CHECK_NAMES, CheckRow, VerifyConfig, VerifyReport
 
 _VERDICT_STYLE = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "skip": "[dim]skip[/]"}
@@ -79,7 +78,7 @@ def verify(
     steps: Annotated[int, typer.Option("--steps", min=1, help="Denoising steps of the end-to-end parity runs.")] = 2,
     output: Annotated[
         Optional[Path],
-        typer.Option("--output", "-o", envvar=env.OUTPUT, help="Report folder: new or empty (see --overwrite). Default: outputs/<time>-verify-<4 hex>.", show_default=False),
+        typer.Option("--output", "-o", help="Report folder: new or empty (see --overwrite). Default: H3_DISTRIBUTED_OUTPUT, else outputs/<time>-verify-<4 hex>.", show_default=False),
     ] = None,
     overwrite: options.Overwrite = False,
     json: options.Json = False,
@@ -88,17 +87,12 @@ def verify(
     NVFP4 shards, end-to-end latents, attention backends) with its single-rank reference."""
     from h3core.verify.runner import verify as run_verify
 
-    config = VerifyConfig(
-        checks=checks or [], counts=env.parse_int_list(counts, "--counts"), device=device, preset=preset,
-        steps=steps, output=output, overwrite=overwrite,
-    )
+    config = VerifyConfig.from_flags(checks=checks or [], counts=counts, device=device, preset=preset, steps=steps, output=output, overwrite=overwrite)
     out = Output(json)
     with out.err.status("h3 verify: preparing") as status:
         report = run_verify(config, on_event=lambda message: status.update(f"h3 verify: {message}"))
     out.result(report, lambda console: _render(report, console))
-    failure = report.failure()
-    if failure is not None:
-        raise failure
+    out.exit_for(report)
 
 
 def register(app: typer.Typer) -> None:

@@ -163,6 +163,21 @@ def planned_sdpa_kernel(device: torch.device, dtype: torch.dtype, heads: int, he
     return sdpa_kernel_of(*_sdpa_views(q, q, q))
 
 
+def scores_bytes(attention: str, device: str, dtype: torch.dtype, heads: int, tokens: int, head_dim: int) -> int:
+    """Bytes of the [heads, S, S] scores (and their softmax) one call holds at once, where the kernel
+    materialises them: the `math` backend always; `sdpa` when PyTorch's dispatcher picks its math
+    kernel for inputs laid out as `_sdpa` passes them (`planned_sdpa_kernel`; with the 4-D views it
+    passes, the CPU takes flash); never the fused kernels (flash, memory-efficient, cuDNN,
+    SageAttention). Decided without touching CUDA: on a GPU `sdpa` is taken as fused. A memory
+    estimate's term (`h3core.limits`)."""
+    if attention == "math":
+        return 2 * 4 * heads * tokens * tokens  # h3's reference: float32 scores and softmax
+    if attention != "sdpa" or device == "cuda":
+        return 0
+    kernel = planned_sdpa_kernel(torch.device("cpu"), dtype, heads, head_dim)
+    return 2 * dtype.itemsize * heads * tokens * tokens if kernel == "sdpa:math" else 0
+
+
 def is_math_kernel(kernel: str) -> bool:
     """True for the unfused kernels: sdpa's math fallback and h3's own fp32 reference."""
     return kernel in ("sdpa:math", KERNEL_NAMES["math"])

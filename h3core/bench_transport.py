@@ -30,21 +30,31 @@ bit for bit as `seq_to_head` of the finished q|k|v.
 
 from __future__ import annotations
 
-import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
+import torch
+import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 
-from h3core.attention import check_backend
+from h3core import attention, cpu_memory, settings
+from h3core.attention import attend, check_backend, scores_bytes
+from h3core.collectives import CommStats, SendBlocks, exchange_blocks, head_to_seq, send_blocks, seq_to_head
 from h3core.config import preset
-from h3core.device import check_world_size_fits, dtype_name, resolve_device
-from h3core.environment import BENCHMARK, env_str
+from h3core.device import Stopwatch, check_world_size_fits, compute_dtype, dtype_name, resolve_device, synchronize, visible_gpu_count
 from h3core.errors import ConfigError
+from h3core.limits import PROCESS_BYTES, MemoryNeed, capacity, check_memory
+from h3core.model import ProjectedQKV
+from h3core.outputs import Outputs
 from h3core.partition import head_spans, token_spans
-from h3core.report import Versions
-from h3core.validation import UserRequest
+from h3core.report import Versions, report_json
+from h3core.runtime.context import RankContext
+from h3core.runtime.faults import maybe_inject_fault
+from h3core.runtime.world import World
+from h3core.settings import UserRequest
+from h3core.span import Span
 
 PHASES = (
     "finish_one_rank", "finish_into_blocks", "seq_to_head", "attention", "head_to_seq",
@@ -79,12 +89,13 @@ class TransportBenchConfig(UserRequest):
     warmup: int = Field(3, ge=0, description="Untimed iterations before them.")
     time_attention: bool = Field(True, description="Run and time the attention phase (off: transport only).")
     seed: int = Field(default=0, description="Seed of the random q|k|v (rank r uses seed + r).")
+    report_file: Path | None = Field(None, description="Where the JSON report is written (--output, else H3_DISTRIBUTED_BENCHMARK; None: nowhere).")
 
     @classmethod
     def build(
         cls,
         *,
-        world_size: int,
+        world_size: int | None,
         attention: str = "sdpa",
         tokens: int | None = None,
         width: int | None = None,
@@ -97,11 +108,12 @@ class TransportBenchConfig(UserRequest):
         iters: int = 20,
         warmup: int = 3,
         time_attention: bool = True,
+        output: Path | None = None,
     ) -> "TransportBenchConfig":
-        """Resolve and check a request before any rank exists (each problem is one ConfigError)."""
-        from h3core.device import compute_dtype
-
+        """Resolve and check a request before any rank exists (each problem is one ConfigError).
+        `world_size` None: H3_WORLD_SIZE, else every visible GPU, else 1."""
         device_type = resolve_device(device)
+        world_size = settings.world_size(world_size, visible_gpu_count)
         if tokens is not None and (width or height or frames):
             raise ConfigError("give either --tokens or --width/--height/--frames, not both")
         if tokens is None:
@@ -118,15 +130,13 @@ class TransportBenchConfig(UserRequest):
             world_size=world_size, attention=attention, tokens=tokens, heads=heads, head_dim=head_dim,
             device=device_type, dtype=dtype_name(compute_dtype(device_type, dtype)), iters=iters,
             warmup=warmup, time_attention=time_attention,
+            report_file=report_file(settings.benchmark_path(output), world_size, attention if time_attention else "transport-only"),
         )
         cfg.check_memory()
         return cfg
 
     def check_memory(self) -> None:
         """Refuse (one line) what the ranks of this machine cannot hold (`h3core.limits`)."""
-        from h3core.device import compute_dtype
-        from h3core.limits import capacity, check_memory, transport_need
-
         need = transport_need(self.tokens, self.heads, self.head_dim, self.world_size, self.device,
                               compute_dtype(self.device, self.dtype), self.attention if self.time_attention else None)
         check_memory(need, capacity(self.device, self.world_size), "--tokens (or --width/--height/--frames), --heads or --head-dim")
@@ -174,85 +184,99 @@ class TransportReport(BaseModel):
 # --- the rank side --------------------------------------------------------------------------------
 
 
-def _bench_rank(ctx: Any, cfg: TransportBenchConfig) -> dict[str, Any]:
-    """Runs on every rank: builds the shards, checks exactness, times every phase."""
-    import torch
+@dataclass
+class _Inputs:
+    """One rank's inputs: its shares of q|k|v as the model has them before RoPE, and the splits."""
 
-    from h3core import attention, cpu_memory
-    from h3core.collectives import CommStats, exchange_blocks, head_to_seq, seq_to_head
-    from h3core.device import compute_dtype
-    from h3core.launch import maybe_inject_fault
-    from h3core.model import ProjectedQKV
+    tokens: list[Span]
+    heads: list[Span]
+    projected: ProjectedQKV  # q, k (normalised), v: [S_loc, H, Dh]; angles [S_loc, Dh/2]
+    qkv: torch.Tensor  # [S_loc, 3, H, Dh], the finished q|k|v
+    stand_in_out: torch.Tensor  # [S, H_loc, Dh], what attention would return when it is not timed
 
+
+def _inputs(ctx: RankContext, cfg: TransportBenchConfig) -> _Inputs:
+    """Seeded random inputs (rank r: seed + r) in H3's head layout, sharded as h3 shards them."""
     dtype = compute_dtype(ctx.device.type, cfg.dtype)
     tokens, heads = token_spans(cfg.tokens, ctx.world_size), head_spans(cfg.heads, ctx.world_size)
     local_tokens, local_heads = len(tokens[ctx.rank]), len(heads[ctx.rank])
     generator = torch.Generator(device=ctx.device).manual_seed(cfg.seed + ctx.rank)
 
-    def randn(*shape: int) -> Any:
+    def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator, device=ctx.device, dtype=dtype)
 
-    # q, k (normalised), v: [S_loc, H, Dh]; angles: [S_loc, Dh/2]. What the model holds before RoPE.
     angles = torch.rand(local_tokens, cfg.head_dim // 2, generator=generator, device=ctx.device) * 6.3
-    projected = ProjectedQKV(randn(local_tokens, cfg.heads, cfg.head_dim), randn(local_tokens, cfg.heads, cfg.head_dim),
-                             randn(local_tokens, cfg.heads, cfg.head_dim), angles.cos(), angles.sin())
-    qkv = torch.stack(projected.split(), dim=1)  # [S_loc, 3, H, Dh], the finished q|k|v
-    # stand_in_out: [S, H_loc, Dh], what attention would return when it is not timed.
-    stand_in_out = randn(cfg.tokens, local_heads, cfg.head_dim)
-    by_head = seq_to_head(qkv, tokens, heads, ctx.group)
-    identity = bool(torch.equal(head_to_seq(by_head, tokens, heads, ctx.group), qkv))
-    blocks_exact = bool(torch.equal(_through_blocks(projected, tokens, heads, ctx.group), by_head))
-    del by_head
-    wire = {
-        "qkv": _all_to_all_of(ctx, qkv, [local_tokens * 3 * len(h) * cfg.head_dim for h in heads],
-                              [len(t) * 3 * local_heads * cfg.head_dim for t in tokens]),
-        "out": _all_to_all_of(ctx, stand_in_out, [len(t) * local_heads * cfg.head_dim for t in tokens],
-                              [local_tokens * len(h) * cfg.head_dim for h in heads]),
+    q, k, v = (randn(local_tokens, cfg.heads, cfg.head_dim) for _ in range(3))
+    projected = ProjectedQKV(q, k, v, angles.cos(), angles.sin())
+    qkv = torch.stack(projected.split(), dim=1)
+    return _Inputs(tokens, heads, projected, qkv, randn(cfg.tokens, local_heads, cfg.head_dim))
+
+
+def _exactness(ctx: RankContext, x: _Inputs) -> tuple[bool, bool]:
+    """(seq->head->seq gives x back, RoPE written into the send blocks arrives as seq->head of the finished q|k|v)."""
+    by_head = seq_to_head(x.qkv, x.tokens, x.heads, ctx.group)
+    identity = bool(torch.equal(head_to_seq(by_head, x.tokens, x.heads, ctx.group), x.qkv))
+    through_blocks = exchange_blocks(_write_blocks(x.projected, x.heads), x.tokens, x.heads, ctx.group)
+    return identity, bool(torch.equal(through_blocks, by_head))
+
+
+def _wire(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
+    """The wire for q|k|v and for the attention output: plain all-to-alls of the same bytes and splits."""
+    s_loc, h_loc, dh = len(x.tokens[ctx.rank]), len(x.heads[ctx.rank]), cfg.head_dim
+    return {
+        "qkv": _all_to_all_of(ctx, x.qkv, [s_loc * 3 * len(h) * dh for h in x.heads], [len(t) * 3 * h_loc * dh for t in x.tokens]),
+        "out": _all_to_all_of(ctx, x.stand_in_out, [len(t) * h_loc * dh for t in x.tokens], [s_loc * len(h) * dh for h in x.heads]),
     }
+
+
+def _iteration(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs, wire: dict, stats: CommStats, timed: Callable) -> None:  # type: ignore[type-arg]
+    """One timed iteration of every phase, in the order of the module docstring."""
+    timed("finish_one_rank", x.projected.split)
+    blocks = timed("finish_into_blocks", lambda: _write_blocks(x.projected, x.heads))
+    by_head = timed("seq_to_head", lambda: exchange_blocks(blocks, x.tokens, x.heads, ctx.group, stats))
+    out = timed("attention", lambda: _attend(by_head, cfg.attention)) if cfg.time_attention else x.stand_in_out
+    by_head = None  # freed before head->seq, as in the model
+    timed("head_to_seq", lambda: head_to_seq(out, x.tokens, x.heads, ctx.group, stats))
+    timed("seq_to_head_packed", lambda: seq_to_head(x.qkv, x.tokens, x.heads, ctx.group))
+    for name, (preallocated, fresh) in wire.items():
+        timed(f"wire_{name}", preallocated)
+        timed(f"fresh_{name}", fresh)
+
+
+def _bench_rank(ctx: RankContext, cfg: TransportBenchConfig) -> dict[str, Any]:
+    """Runs on every rank: builds the shards, checks exactness, times every phase."""
+    x = _inputs(ctx, cfg)
+    identity, blocks_exact = _exactness(ctx, x)
+    wire = _wire(ctx, cfg, x)
     samples: dict[str, list[float]] = {phase: [] for phase in PHASES}
-    stats = CommStats()
-    total = cfg.warmup + cfg.iters
+    stats, total = CommStats(), cfg.warmup + cfg.iters
     attention.reset_kernel_record()
     for step in range(total):
         maybe_inject_fault("iter", ctx.rank, step)
         keep = step >= cfg.warmup
-
-        def timed(phase: str, work: Callable[[], Any]) -> Any:
-            return _timed(ctx, samples[phase], keep, work)
-
-        timed("finish_one_rank", projected.split)
-        blocks = timed("finish_into_blocks", lambda: _write_blocks(projected, heads))
-        by_head = timed("seq_to_head", lambda: exchange_blocks(blocks, tokens, heads, ctx.group, stats))
-        out = timed("attention", lambda: _attend(by_head, cfg.attention)) if cfg.time_attention else stand_in_out
-        by_head = None  # freed before head->seq, as in the model
-        timed("head_to_seq", lambda: head_to_seq(out, tokens, heads, ctx.group, stats))
-        timed("seq_to_head_packed", lambda: seq_to_head(qkv, tokens, heads, ctx.group))
-        for name, (preallocated, fresh) in wire.items():
-            timed(f"wire_{name}", preallocated)
-            timed(f"fresh_{name}", fresh)
+        _iteration(ctx, cfg, x, wire, stats, lambda phase, work: _timed(ctx, samples[phase], keep, work))
         ctx.report(("iter", step + 1, total))
     if not cfg.time_attention:
         samples["attention"] = []
-    calls = max(1, total)
-    per_call = {kind: counts.bytes_sent // calls for kind, counts in stats.kinds.items()}
-    qkv_bytes, out_bytes = per_call.get("seq_to_head", 0), per_call.get("head_to_seq", 0)
     return {
-        "identity": identity,
-        "blocks_exact": blocks_exact,
-        "attention_kernels": attention.kernels_run(),
-        "allocator": cpu_memory.policy() if ctx.device.type == "cpu" else "n/a",
-        "samples": samples,
-        "bytes": {
-            "seq_to_head": qkv_bytes, "seq_to_head_packed": qkv_bytes, "wire_qkv": qkv_bytes, "fresh_qkv": qkv_bytes,
-            "head_to_seq": out_bytes, "wire_out": out_bytes, "fresh_out": out_bytes,
-        },
+        "identity": identity, "blocks_exact": blocks_exact, "attention_kernels": attention.kernels_run(),
+        "allocator": cpu_memory.policy() if ctx.device.type == "cpu" else "n/a", "samples": samples,
+        "bytes": _bytes_per_call(stats, max(1, total)),
     }
 
 
-def _write_blocks(projected: Any, heads: list) -> Any:
-    """Ulysses attention's producer step: RoPE of q, k and the copy of v, into the send blocks."""
-    from h3core.collectives import send_blocks
+def _bytes_per_call(stats: CommStats, calls: int) -> dict[str, int]:
+    """Bytes each phase sends per call: h3's all-to-alls counted them; the wire moves the same bytes."""
+    per_call = {kind: counts.bytes_sent // calls for kind, counts in stats.kinds.items()}
+    qkv_bytes, out_bytes = per_call.get("seq_to_head", 0), per_call.get("head_to_seq", 0)
+    return {
+        "seq_to_head": qkv_bytes, "seq_to_head_packed": qkv_bytes, "wire_qkv": qkv_bytes, "fresh_qkv": qkv_bytes,
+        "head_to_seq": out_bytes, "wire_out": out_bytes, "fresh_out": out_bytes,
+    }
 
+
+def _write_blocks(projected: ProjectedQKV, heads: list[Span]) -> SendBlocks:
+    """Ulysses attention's producer step: RoPE of q, k and the copy of v, into the send blocks."""
     local_tokens, _, head_dim = projected.v.shape
     blocks = send_blocks(local_tokens, (3,), head_dim, heads, projected.v)
     for head_range, view in blocks.pieces:
@@ -260,29 +284,19 @@ def _write_blocks(projected: Any, heads: list) -> Any:
     return blocks
 
 
-def _through_blocks(projected: Any, tokens: list, heads: list, group: Any) -> Any:
-    from h3core.collectives import exchange_blocks
-
-    return exchange_blocks(_write_blocks(projected, heads), tokens, heads, group)
-
-
-def _attend(by_head: Any, backend: str) -> Any:
-    from h3core.attention import attend
-
+def _attend(by_head: torch.Tensor, backend: str) -> torch.Tensor:
     # by_head: [S, 3, H_loc, Dh] -> q, k, v: [S, H_loc, Dh] each -> out: [S, H_loc, Dh]
     return attend(by_head[:, 0], by_head[:, 1], by_head[:, 2], backend)
 
 
-def _all_to_all_of(ctx: Any, x: Any, send_sizes: list[int], recv_sizes: list[int]) -> tuple[Callable[[], Any], Callable[[], Any]]:
+def _all_to_all_of(ctx: RankContext, x: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """Two plain all_to_all_single of x's bytes with h3's split sizes (no-ops at one rank): into a
     receive buffer allocated once here (the wire), and into a fresh one per call."""
-    import torch.distributed as dist
-
     flat = x.contiguous().view(-1)
     even = len(set(send_sizes)) == 1 and len(set(recv_sizes)) == 1
     ready = flat.new_empty(sum(recv_sizes))
 
-    def run(recv: Any) -> Any:
+    def run(recv: torch.Tensor) -> torch.Tensor:
         if ctx.group is not None:
             dist.all_to_all_single(recv, flat, None if even else recv_sizes, None if even else send_sizes, group=ctx.group)
         return recv
@@ -290,12 +304,8 @@ def _all_to_all_of(ctx: Any, x: Any, send_sizes: list[int], recv_sizes: list[int
     return (lambda: run(ready)), (lambda: run(flat.new_empty(sum(recv_sizes))))
 
 
-def _timed(ctx: Any, samples: list[float], keep: bool, work: Callable[[], Any]) -> Any:
+def _timed(ctx: RankContext, samples: list[float], keep: bool, work: Callable[[], Any]) -> Any:
     """Barrier, then time `work` to device completion; the seconds go to `samples` when `keep`."""
-    import torch.distributed as dist
-
-    from h3core.device import Stopwatch, synchronize
-
     if ctx.group is not None:
         dist.barrier(group=ctx.group)
     synchronize(ctx.device)
@@ -309,22 +319,48 @@ def _timed(ctx: Any, samples: list[float], keep: bool, work: Callable[[], Any]) 
 # --- the parent side --------------------------------------------------------------------------------
 
 
-def run_transport_benchmark(
-    cfg: TransportBenchConfig, on_progress: Callable[[Any], None] | None = None
-) -> TransportReport | None:
-    """Start `cfg.world_size` ranks, benchmark, and summarise (see the module docstring).
+def run_transport_benchmark(cfg: TransportBenchConfig, on_progress: Callable[[Any], None] | None = None) -> TransportReport | None:
+    """`h3 bench-transport`: start `cfg.world_size` ranks, benchmark, summarise, and write the report
+    to `cfg.report_file` (checked before any rank starts; written only when the run succeeded).
 
     Under torchrun every rank calls this; rank 0 gets the report, the other ranks None.
     """
-    from h3core.launch import World
-
-    with World(cfg.world_size, cfg.device, on_progress=on_progress) as world:
-        per_rank = world.run(_bench_rank, cfg)
-        backend, is_main = world.backend, world.is_main
-    return _summarise(cfg, backend, per_rank) if is_main else None
+    with Outputs(enabled=settings.is_rank_zero()) as outputs:
+        target = outputs.file(cfg.report_file, flag="--output") if cfg.report_file is not None and outputs.enabled else None
+        with World(cfg.world_size, cfg.device, on_progress=on_progress) as world:
+            per_rank = world.run(_bench_rank, cfg)
+            backend, is_main = world.backend, world.is_main
+        if not is_main:
+            return None
+        report = _summarise(cfg, backend, per_rank)
+        if target is not None:
+            target.write(report_json(report))
+            outputs.publish()
+    return report
 
 
 def _summarise(cfg: TransportBenchConfig, backend: str, per_rank: list[dict[str, Any]]) -> TransportReport:
+    round_trip, wire = combined(per_rank, ROUND_TRIP), combined(per_rank, WIRE)
+    packed, fresh = combined(per_rank, PACKED_ROUND_TRIP), combined(per_rank, FRESH)
+    moves = cfg.world_size > 1 and wire > 0
+
+    def over_wire(seconds: float) -> float | None:
+        return seconds / wire if moves else None
+
+    return TransportReport(
+        config=cfg, backend=backend, cpu_allocator=per_rank[0].get("allocator", "n/a"),
+        tokens_per_rank=[len(s) for s in token_spans(cfg.tokens, cfg.world_size)],
+        heads_per_rank=[len(s) for s in head_spans(cfg.heads, cfg.world_size)],
+        identity_exact=all(r["identity"] for r in per_rank), blocks_exact=all(r["blocks_exact"] for r in per_rank),
+        attention_kernels=[r.get("attention_kernels", {}) for r in per_rank], phases=_phases(cfg, per_rank),
+        round_trip_s=round_trip, wire_s=wire, fresh_s=fresh, packed_round_trip_s=packed,
+        ratio=over_wire(round_trip), packed_ratio=over_wire(packed), fresh_ratio=over_wire(fresh),
+        target_ratio=target_ratio(cfg.world_size), versions=Versions.collect(),
+    )
+
+
+def _phases(cfg: TransportBenchConfig, per_rank: list[dict[str, Any]]) -> dict[str, PhaseTiming]:
+    """Per phase: every rank's median, the slowest of them, the bytes each rank sent and the bandwidth."""
     phases: dict[str, PhaseTiming] = {}
     for phase in PHASES:
         if phase == "attention" and not cfg.time_attention:
@@ -334,33 +370,7 @@ def _summarise(cfg: TransportBenchConfig, backend: str, per_rank: list[dict[str,
         slowest = max(medians)
         gbps = max(sent) / slowest / 1e9 if max(sent) and slowest > 0 else None
         phases[phase] = PhaseTiming(median_s_per_rank=medians, median_s=slowest, bytes_sent_per_rank=sent, gb_per_s=gbps)
-    round_trip, wire = combined(per_rank, ROUND_TRIP), combined(per_rank, WIRE)
-    packed, fresh = combined(per_rank, PACKED_ROUND_TRIP), combined(per_rank, FRESH)
-    moves = cfg.world_size > 1 and wire > 0
-
-    def over_wire(seconds: float) -> float | None:
-        return seconds / wire if moves else None
-
-    return TransportReport(
-        config=cfg,
-        backend=backend,
-        cpu_allocator=per_rank[0].get("allocator", "n/a"),
-        tokens_per_rank=[len(s) for s in token_spans(cfg.tokens, cfg.world_size)],
-        heads_per_rank=[len(s) for s in head_spans(cfg.heads, cfg.world_size)],
-        identity_exact=all(r["identity"] for r in per_rank),
-        blocks_exact=all(r["blocks_exact"] for r in per_rank),
-        attention_kernels=[r.get("attention_kernels", {}) for r in per_rank],
-        phases=phases,
-        round_trip_s=round_trip,
-        wire_s=wire,
-        fresh_s=fresh,
-        packed_round_trip_s=packed,
-        ratio=over_wire(round_trip),
-        packed_ratio=over_wire(packed),
-        fresh_ratio=over_wire(fresh),
-        target_ratio=target_ratio(cfg.world_size),
-        versions=Versions.collect(),
-    )
+    return phases
 
 
 def combined(per_rank: list[dict[str, Any]], terms: dict[str, int]) -> float:
@@ -373,25 +383,25 @@ def combined(per_rank: list[dict[str, Any]], terms: dict[str, int]) -> float:
     return max(medians)
 
 
-def report_path(output: str | Path | None, cfg: TransportBenchConfig) -> Path | None:
-    """Where the JSON report goes: --output, else H3_DISTRIBUTED_BENCHMARK, else nowhere.
-
-    A path ending in .json is the file itself (the seed's variable); anything else is a folder
-    that receives `bench-transport-{N}x-{ATTN}.json`.
-    """
-    chosen = str(output) if output is not None else env_str(BENCHMARK)
+def report_file(chosen: Path | None, world_size: int, attention: str) -> Path | None:
+    """Where the JSON report goes: a path ending in .json is the file itself (the seed's variable);
+    anything else is a folder that receives `bench-transport-{N}x-{ATTN}.json`."""
     if chosen is None:
         return None
-    path = Path(chosen)
-    if path.suffix.lower() == ".json":
-        return path
-    attention = cfg.attention if cfg.time_attention else "transport-only"
-    return path / f"bench-transport-{cfg.world_size}x-{attention}.json"
+    if chosen.suffix.lower() == ".json":
+        return chosen
+    return chosen / f"bench-transport-{world_size}x-{attention}.json"
 
 
-def bytes_label(n: int) -> str:
-    """1234567 -> '1.23 MB' (decimal units, as bandwidth is quoted)."""
-    if n == 0:
-        return "0"
-    exponent = min(int(math.log10(n) // 3), 4)
-    return f"{n / 10 ** (3 * exponent):.2f} {['B', 'kB', 'MB', 'GB', 'TB'][exponent]}"
+def transport_need(tokens: int, heads: int, head_dim: int, world_size: int, device: str, dtype: torch.dtype,
+                   attention: str | None) -> MemoryNeed:
+    """`h3 bench-transport`'s need per rank: q|k|v rows, their head-sharded copy, the output and the
+    baseline's buffers (and attention's scores where its kernel materialises them)."""
+    s_loc, h_loc = -(-tokens // world_size), -(-heads // world_size)
+    rows = 2 * s_loc * 3 * heads * head_dim  # q|k|v and the send side of seq->head
+    by_head = 2 * tokens * 3 * h_loc * head_dim  # received q|k|v and the baseline's receive buffer
+    outputs = 2 * tokens * h_loc * head_dim  # the attention output (or its stand-in) and head->seq
+    scores = scores_bytes(attention, device, dtype, h_loc, tokens, head_dim) if attention else 0
+    on_device = {"activations": (rows + by_head + outputs) * dtype.itemsize, "attention scores": scores}
+    on_host = {"process": PROCESS_BYTES} if world_size > 1 else {}
+    return MemoryNeed(ranks=world_size, device=device, on_device=on_device, on_host=on_host, spawned=world_size > 1)

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, Field
 
-from h3core.partition import Span
+from h3core.span import Span
 
 SEQ_TO_HEAD = "seq_to_head"
 HEAD_TO_SEQ = "head_to_seq"

@@ -14,7 +14,7 @@ Latent arithmetic (the contract `h3 plan`, the model and the checkpoint share):
 H3 at 864x480, 141 frames: T = 36, 15 x 27 patches per frame -> 14,580 video tokens;
 ceil(141 * 25 / 24) = 147 audio tokens; with a 128-token prompt the packed sequence is 14,855.
 
-Pure pydantic, no torch: `h3 plan` and the partition checks use it before any heavy import.
+Pure pydantic, no torch (`h3core.sequence` imports torch only for its tensor helpers): `h3 plan` and the partition checks use it before any heavy import.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import math
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from h3core.errors import ConfigError
-from h3core.partition import SegmentKind, Segment, pack_segments
+from h3core.nvfp4 import layout
+from h3core.sequence import Segment, SegmentKind, pack_segments
 
 
 class ModelConfig(BaseModel):
@@ -60,10 +61,10 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
-        if self.head_dim % 16:
-            raise ValueError(f"head_dim {self.head_dim} must be a multiple of 16 (NVFP4 blocks follow heads)")
-        if self.mlp_width % 16:
-            raise ValueError(f"mlp_width {self.mlp_width} must be a multiple of 16 (NVFP4 blocks)")
+        if not layout.is_block_aligned(self.head_dim):
+            raise ValueError(f"head_dim {self.head_dim} must be a multiple of {layout.BLOCK_ELEMENTS} (NVFP4 blocks follow heads)")
+        if not layout.is_block_aligned(self.mlp_width):
+            raise ValueError(f"mlp_width {self.mlp_width} must be a multiple of {layout.BLOCK_ELEMENTS} (NVFP4 blocks)")
         if self.head_dim % 2 or min(self.rope_axes) <= 0:
             raise ValueError(f"head_dim {self.head_dim} too small for 3-axis RoPE")
         return self

@@ -24,7 +24,7 @@ transport's steady state: no page faults). `GLIBC_TUNABLES=glibc.malloc.tcache_c
 the pinning, but tunables are read only when a process starts, so h3 does not set them.
 
 Where it applies: CPU runs only, in every process that computes as a rank (the launching process at
-world size 1 or under torchrun, and each spawned Gloo worker; see `h3core.launch`). CUDA runs keep
+world size 1 or under torchrun, and each spawned Gloo worker; see `h3core.runtime.world`). CUDA runs keep
 glibc's defaults: their activations live in PyTorch's caching allocator already, and host memory there
 mostly holds transient checkpoint reads that should go back to the system.
 
@@ -37,14 +37,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 from functools import lru_cache
 
-from h3core.errors import ConfigError
+from h3core import settings
 
-ALLOCATOR_ENV = "H3_CPU_ALLOCATOR"
-RETAIN, SYSTEM = "retain", "system"
-CHOICES = (RETAIN, SYSTEM)
+ALLOCATOR_ENV = settings.CPU_ALLOCATOR
+RETAIN, SYSTEM = settings.CPU_ALLOCATOR_CHOICES
 
 MMAP_THRESHOLD = 1 << 30
 """Blocks up to 1 GiB come from the heap (the largest activation of H3's real sequence on one rank,
@@ -60,10 +58,7 @@ _applied: str | None = None  # what `apply` did in this process
 
 def requested() -> str:
     """The policy `H3_CPU_ALLOCATOR` asks for (default `retain`); a bad value is a ConfigError."""
-    value = os.environ.get(ALLOCATOR_ENV, "").strip().lower() or RETAIN
-    if value not in CHOICES:
-        raise ConfigError(f"{ALLOCATOR_ENV}={value!r} is not a CPU allocator policy; use {' or '.join(CHOICES)}")
-    return value
+    return settings.cpu_allocator()
 
 
 @lru_cache(maxsize=1)

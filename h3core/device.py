@@ -109,7 +109,7 @@ def device_name(device_type: str) -> str:
 
 
 def check_world_size_fits(world_size: int, device_type: str) -> None:
-    """A CUDA run needs one visible GPU per rank; a CPU run takes Gloo ranks up to `limits.max_cpu_ranks`."""
+    """A CUDA run needs one visible GPU per rank; a CPU run takes Gloo ranks up to `H3_MAX_CPU_RANKS`."""
     if world_size < 1:
         raise ConfigError(f"world size must be at least 1, got {world_size}")
     if device_type != "cuda":

@@ -4,7 +4,8 @@ This file knows nothing about parallelism. It works on "some rows of a packed se
 `PackedSequence` says which segments those rows hold (`text | video | audio`, in local
 coordinates) and carries the RoPE table of the whole sequence with the rows it covers. On one
 rank the rows are the whole sequence; a parallel plan (h3core.parallel) feeds each rank its own
-rows and reshapes the modules from outside.
+rows and reshapes the modules from outside. Which linears tensor mode splits, and whether by rows or
+columns, the model declares (`TENSOR_PARALLEL`, as Hugging Face models declare a tp plan).
 
 Block, per segment `s` with modulation `shift/scale/gate`:
     h = LN(x) * (1 + scale1_s) + shift1_s
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from enum import Enum
 
 import torch
 import torch.nn as nn
@@ -32,11 +34,8 @@ import torch.nn.functional as F
 from h3core.attention import attend
 from h3core.config import ModelConfig
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.partition import Segment, SegmentKind, Span
-
-KINDS = (SegmentKind.TEXT, SegmentKind.VIDEO, SegmentKind.AUDIO)
-KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
-LATENT_KINDS = (SegmentKind.VIDEO, SegmentKind.AUDIO)
+from h3core.sequence import KIND_INDEX, KINDS, Segment, SegmentKind
+from h3core.span import Span
 
 
 # --- positions -----------------------------------------------------------------------------------
@@ -290,6 +289,31 @@ class MLP(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         gate, value = self.fc1(h).chunk(2, dim=-1)  # [S, F] each
         return self.fc2(F.silu(gate) * value)
+
+
+class Split(str, Enum):
+    """How a linear divides over ranks in tensor mode (docs/nvfp4.md, "Tensor-parallel slicing")."""
+
+    COLUMN = "column"
+    """Output rows: each rank computes its rows of the output from the whole input; the bias is sliced with the rows."""
+    ROW = "row"
+    """Input columns (block aligned): each rank computes a partial output; the bias is added once after the sum."""
+
+
+TENSOR_PARALLEL: dict[str, Split] = {
+    "attn.qkv": Split.COLUMN,  # the rows of this rank's heads, inside each of the q, k and v thirds
+    "attn.out": Split.ROW,  # the input columns of this rank's heads
+    "mlp.fc1": Split.COLUMN,  # the same feature range inside the gate half and the value half
+    "mlp.fc2": Split.ROW,  # the input columns of that feature range
+}
+"""The linears of every block that tensor mode splits, and how. The model declares this (as it
+declares its shapes); `h3core.parallel` applies it from outside: the plan computes each rank's
+ranges, `parallelize` swaps the modules. The rest of the model is replicated."""
+
+
+def tensor_parallel_prefixes(num_blocks: int) -> tuple[str, ...]:
+    """State-dict prefixes of every block's `TENSOR_PARALLEL` linears (tensor mode reads them as shards)."""
+    return tuple(f"blocks.{i}.{name}." for i in range(num_blocks) for name in TENSOR_PARALLEL)
 
 
 class Block(nn.Module):

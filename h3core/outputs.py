@@ -11,7 +11,8 @@ Every command that writes results (`generate`, `matrix`, `verify`, `bench-transp
    only one of those: h3 never deletes a folder it did not write).
 2. A lock (`.NAME.h3-lock` beside the target, `flock`) is held from the check until the end: a
    second run into the same place is refused at once instead of racing the first.
-3. Files are written into a private staging folder beside the target (`.NAME.h3-staging-PID-XX`).
+3. Files are written into a private staging folder beside the target (`.NAME.h3-staging-PID-XX`),
+   each through the one atomic writer (`h3core.files.atomic`): whole at every moment.
 4. `publish()` renames the staging folder onto the target (atomic; `rename` replaces an empty
    folder), then moves single files into place. If a later step fails the earlier are rolled back.
    Until then nothing exists under the target's name; after it, every file does.
@@ -33,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from h3core.errors import ConfigError, H3Error, Interrupted, OutputError
+from h3core.files.atomic import write_atomic
 from h3core.paths import free_bytes, os_error_reason, path_kind
 
 REPORT_FILES = ("report.json", "matrix.json", "verify.json")
@@ -156,7 +158,7 @@ class _Target:
         """Write, sync and remove a small file where the results will go; check the free space."""
         assert self.staging is not None
         probe = self.staging / ".probe"
-        _write_synced(probe, b"\0" * PROBE_BYTES)
+        write_atomic(probe, b"\0" * PROBE_BYTES)
         probe.unlink()
         need = need_bytes + MARGIN_BYTES
         free = free_bytes(self.staging)
@@ -225,16 +227,9 @@ class OutputFolder(_Target):
     def write(self, name: str | Path, data: bytes) -> Path:
         """Stage `data` as `name` (may hold subfolders) and return the path it will have once published."""
         assert self.staging is not None, "this output folder was already published or discarded"
-        staged = self.staging / name
-        tmp = staged.with_name(f".{staged.name}.tmp")
         try:
-            staged.parent.mkdir(parents=True, exist_ok=True)
-            _write_synced(tmp, data)
-            os.replace(tmp, staged)  # a file rewritten (matrix.json after every cell) is whole at every moment
-        except BaseException as err:
-            tmp.unlink(missing_ok=True)
-            if not isinstance(err, OSError):
-                raise
+            write_atomic(self.staging / name, data)  # a file rewritten (matrix.json after every cell) is whole at every moment
+        except OSError as err:
             raise OutputError(f"cannot write {self.path / name}: {os_error_reason(err)}; nothing was written") from None
         return self.path / name
 
@@ -288,7 +283,7 @@ class OutputFile(_Target):
         """Stage the file's content; returns the path it will have."""
         assert self.staging is not None
         try:
-            _write_synced(self.staging / self.path.name, data)
+            write_atomic(self.staging / self.path.name, data)
         except OSError as err:
             raise OutputError(f"cannot write {self.path}: {os_error_reason(err)}; nothing was written") from None
         self._data = data
@@ -384,13 +379,6 @@ def publish_on_interrupt(outputs: Outputs, message: str) -> None:
     except H3Error as err:
         raise Interrupted(f"interrupted (Ctrl-C), and the partial results could not be written: {err}") from None
     raise Interrupted(message)
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _sync_folder(folder: Path) -> None:

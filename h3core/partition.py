@@ -1,7 +1,8 @@
 """The partition contract (DESIGN.md §3): how heads, tokens, segments and NVFP4 columns split.
 
 Everything that decides "which rank owns what" asks this module; nothing else does the
-arithmetic. Pure Python, no torch, so it is cheap to import and to test.
+arithmetic (the parallel plan, `h3core.plan`, applies it to one run once, and every rank takes its
+spans and shards from that plan). Pure Python, no torch, so it is cheap to import and to test.
 
 Rule for every split: `q, r = divmod(n, world)`; rank `i` owns `q + 1` items if `i < r`, else
 `q`; ranges are contiguous and in rank order. A split that would leave a rank empty is an
@@ -10,40 +11,11 @@ error, raised before any process exists. Nothing is ever padded to make shapes d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum
-
 from h3core.errors import PartitionError
 from h3core.nvfp4 import layout
-
-
-@dataclass(frozen=True)
-class Span:
-    """A half-open range `[start, stop)` of items (heads, tokens, rows, columns)."""
-
-    start: int
-    stop: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.start <= self.stop:
-            raise ValueError(f"invalid span [{self.start}, {self.stop})")
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def scaled(self, factor: int) -> "Span":
-        """The same range in units `factor` times smaller (heads -> elements of width factor)."""
-        return Span(self.start * factor, self.stop * factor)
-
-    def shifted(self, offset: int) -> "Span":
-        return Span(self.start + offset, self.stop + offset)
-
-    def overlap(self, other: "Span") -> int:
-        """How many items the two spans share."""
-        return max(0, min(self.stop, other.stop) - max(self.start, other.start))
-
-    def as_list(self) -> list[int]:
-        return [self.start, self.stop]
+from h3core.nvfp4.layout import ColumnSlice, column_slice
+from h3core.sequence import Segment, SegmentKind
+from h3core.span import Span
 
 
 def balanced_sizes(n: int, world: int, what: str = "items") -> list[int]:
@@ -79,40 +51,6 @@ def token_spans(num_tokens: int, world: int) -> list[Span]:
 
 
 # --- segments ----------------------------------------------------------------------------------
-
-
-class SegmentKind(str, Enum):
-    TEXT = "text"
-    VIDEO = "video"
-    AUDIO = "audio"
-
-
-@dataclass(frozen=True)
-class Segment:
-    """`kind` tokens at rows `[start, stop)` of a packed sequence."""
-
-    kind: SegmentKind
-    start: int
-    stop: int
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    @property
-    def span(self) -> Span:
-        return Span(self.start, self.stop)
-
-
-def pack_segments(lengths: list[tuple[SegmentKind, int]]) -> list[Segment]:
-    """Lay segments back to back in the given order, with no padding; empty ones are dropped."""
-    segments, start = [], 0
-    for kind, length in lengths:
-        if length < 0:
-            raise ValueError(f"negative segment length {length} for {kind.value}")
-        if length:
-            segments.append(Segment(kind, start, start + length))
-            start += length
-    return segments
 
 
 def clip_segments(segments: list[Segment], interval: Span) -> list[Segment]:
@@ -160,35 +98,6 @@ def kind_spans(segments: list[Segment], token_spans: list[Span], kind: SegmentKi
 
 
 # --- NVFP4 column blocks -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ColumnSlice:
-    """A rank's block-aligned slice of the input (K) axis of an NVFP4 weight."""
-
-    elements: Span
-    """Dense input columns `[start, stop)`; both ends are multiples of the block size."""
-
-    @property
-    def packed_bytes(self) -> Span:
-        """Columns of the packed `uint8` weight (two codes per byte)."""
-        return Span(layout.packed_bytes(self.elements.start), layout.packed_bytes(self.elements.stop))
-
-    @property
-    def scale_columns(self) -> Span:
-        """Columns of the fp8 `weight_scale` (one per block)."""
-        return Span(layout.scale_columns(self.elements.start), layout.scale_columns(self.elements.stop))
-
-    @property
-    def blocks(self) -> int:
-        return len(self.scale_columns)
-
-
-def column_slice(elements: Span) -> ColumnSlice:
-    """Wrap an element span as a column slice, checking that both ends are block aligned."""
-    layout.check_column_cut(elements.start, "column slice start")
-    layout.check_column_cut(elements.stop, "column slice end")
-    return ColumnSlice(elements)
 
 
 def nvfp4_column_slices(width: int, world: int) -> list[ColumnSlice]:

@@ -1,19 +1,40 @@
-"""A parallel plan: the partition contract applied to one model and one run.
+"""The parallel plan: the partition contract applied to one run, built and validated once.
 
-`ParallelPlan.build` validates everything a distributed run needs (no empty head, token or
-NVFP4-block partition; block-aligned attention-output columns) before any process is spawned.
-`h3 plan` prints it; the runtime shards the model with it.
+`ParallelPlan.build` runs in the launching process (`h3core.generate.resolve`, and `h3 plan`):
+it applies `h3core.partition` to a model config, a rank count, a mode and every packed sequence of
+the run (the prompt's and, with guidance, the negative prompt's), and raises `PartitionError` for
+any empty or misaligned part before a process exists. The plan travels to every rank inside the
+resolved run, and every rank consumes it (torchtitan's `ParallelDims` is the model):
+
+- `h3core.parallel.runtime.ParallelRuntime` takes from it the head spans and, per sequence, the
+  token spans its wrappers and collectives use;
+- tensor mode takes each rank's shards from it (`RankPlan.tensor`): QKV rows, attention-out
+  columns, FC1 rows, FC2 columns. Nothing recomputes a split;
+- its `weights` say what each rank holds of the checkpoint (the memory check before a run uses it).
+
+`h3 plan` prints this object, a run's report carries it as `partition`, and each rank's report
+records the spans and shards it actually used (`RankUsage`), so the three can be compared.
+
+One axis today: the plan's ranks are the ranks of one group (the world) that share a sequence or
+the weights. More mesh axes (classifier-free-guidance halves, replica groups) become an outer
+layout of such groups; `ranks` then describe one group and the runtime is given that group.
 """
 
 from __future__ import annotations
 
 from enum import Enum
+from typing import Sequence
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from h3core import partition
-from h3core.config import ModelConfig
-from h3core.partition import Segment, Span
+from h3core import partition, settings
+from h3core.config import ModelConfig, preset
+from h3core.nvfp4.layout import ColumnSlice
+from h3core.sequence import Segment
+from h3core.span import Span
+
+SEQUENCE_NAMES = ("prompt", "negative prompt")
+"""The packed sequences of a run, in order: the prompt's, and guidance's negative prompt's."""
 
 
 class Mode(str, Enum):
@@ -21,85 +42,50 @@ class Mode(str, Enum):
     TENSOR = "tensor"
 
 
-class SpanModel(BaseModel):
-    """A `[start, stop)` range as it appears in reports."""
-
-    model_config = ConfigDict(frozen=True)
-    start: int
-    stop: int
-
-    @classmethod
-    def of(cls, span: Span) -> "SpanModel":
-        return cls(start=span.start, stop=span.stop)
-
-    @property
-    def span(self) -> Span:
-        return Span(self.start, self.stop)
-
-
-class SegmentModel(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    kind: str
-    start: int
-    stop: int
-
-    @classmethod
-    def of(cls, seg: Segment) -> "SegmentModel":
-        return cls(kind=seg.kind.value, start=seg.start, stop=seg.stop)
-
-
-class ColumnsModel(BaseModel):
-    """Block-aligned input columns of an NVFP4 weight, in the three units that address them."""
-
-    model_config = ConfigDict(frozen=True)
-    elements: SpanModel
-    packed_bytes: SpanModel
-    scale_columns: SpanModel
-
-    @classmethod
-    def of(cls, cols: partition.ColumnSlice) -> "ColumnsModel":
-        return cls(
-            elements=SpanModel.of(cols.elements),
-            packed_bytes=SpanModel.of(cols.packed_bytes),
-            scale_columns=SpanModel.of(cols.scale_columns),
-        )
-
-
 class TensorShards(BaseModel):
-    """What one rank holds of each block's NVFP4 linears in tensor mode."""
+    """What one rank holds of each block's NVFP4 linears in tensor mode (`h3core.model.TENSOR_PARALLEL`)."""
 
     model_config = ConfigDict(frozen=True)
-    qkv_rows: list[SpanModel]
-    """Rows of the fused [q | k | v] weight, one span per third."""
-    attn_out_columns: ColumnsModel
-    fc1_rows: list[SpanModel]
-    """Rows of the fused [gate | value] FC1 weight: the gate span, then the value span."""
-    fc2_columns: ColumnsModel
+    qkv_rows: list[Span] = Field(description="Rows of the fused [q | k | v] weight, one span per third (this rank's heads).")
+    attn_out_columns: ColumnSlice = Field(description="Input columns of the attention output projection (this rank's heads).")
+    fc1_rows: list[Span] = Field(description="Rows of the fused [gate | value] FC1 weight: the gate span, then the value span.")
+    fc2_columns: ColumnSlice = Field(description="Input columns of FC2: the same feature range as FC1's rows, in whole NVFP4 blocks.")
+
+    def of(self, linear: str) -> list[Span] | ColumnSlice:
+        """The range of block linear `linear` ('attn.qkv', 'attn.out', 'mlp.fc1', 'mlp.fc2')."""
+        return {"attn.qkv": self.qkv_rows, "attn.out": self.attn_out_columns, "mlp.fc1": self.fc1_rows, "mlp.fc2": self.fc2_columns}[linear]
 
 
 class RankPlan(BaseModel):
+    """One rank's share of the run (its token rows and segments are those of the prompt's sequence)."""
+
     model_config = ConfigDict(frozen=True)
     rank: int
-    heads: SpanModel
-    tokens: SpanModel
-    segments: list[SegmentModel]
-    """This rank's segments, clipped to its token interval and rebased to local rows."""
+    heads: Span
+    tokens: Span
+    segments: list[Segment] = Field(description="This rank's segments, clipped to its token interval and rebased to local rows.")
     tensor: TensorShards | None = None
+
+
+class SequencePlan(BaseModel):
+    """One packed sequence of the run, and how its tokens split over the ranks."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str = Field(description="'prompt' or 'negative prompt'.")
+    segments: list[Segment]
+    num_tokens: int
+    tokens: list[Span] = Field(description="Token rows of each rank, in rank order.")
 
 
 class WeightBytes(BaseModel):
     """Checkpoint bytes of a model, and what each rank of a plan holds of them."""
 
     model_config = ConfigDict(frozen=True)
-    parameters: int
-    """Weights (NVFP4 elements + dense values)."""
-    checkpoint_bytes: int
-    """Tensor bytes of the checkpoint (NVFP4 packed codes and scales, dense tensors in bf16)."""
+    parameters: int = Field(description="Weights (NVFP4 elements + dense values).")
+    checkpoint_bytes: int = Field(description="Tensor bytes of the checkpoint (NVFP4 packed codes and scales, dense tensors in bf16).")
     nvfp4_bytes: int
-    block_linears_bytes: int
-    """The per-block QKV/Out/FC1/FC2 (with biases): what tensor mode splits."""
-    per_rank: list[int]
-    """Bytes each rank holds: all of it in Ulysses mode; replicated parts + its shards in tensor mode."""
+    block_linears_bytes: int = Field(description="The per-block QKV/Out/FC1/FC2 (with biases): what tensor mode splits.")
+    per_rank: list[int] = Field(description="Bytes each rank holds: all of it in Ulysses mode; replicated parts + its shards in tensor mode.")
 
 
 class ParallelPlan(BaseModel):
@@ -110,56 +96,114 @@ class ParallelPlan(BaseModel):
     num_heads: int
     head_dim: int
     mlp_width: int
-    num_tokens: int
-    segments: list[SegmentModel]
-    heads: list[int]
-    """Heads per rank."""
-    tokens: list[int]
-    """Tokens per rank."""
+    num_tokens: int = Field(description="Tokens of the prompt's sequence.")
+    segments: list[Segment] = Field(description="The prompt's packed sequence.")
+    heads: list[int] = Field(description="Heads per rank.")
+    tokens: list[int] = Field(description="Tokens per rank (the prompt's sequence).")
     ranks: list[RankPlan]
     weights: WeightBytes | None = None
-    """Filled by `h3 plan` (needs the model's schema); None inside a run."""
+    sequences: list[SequencePlan] = Field(default_factory=list, description="Every packed sequence of the run: the prompt's, then guidance's negative prompt's.")
 
     @classmethod
-    def build(cls, config: ModelConfig, world_size: int, mode: Mode, segments: list[Segment]) -> "ParallelPlan":
-        """Apply the partition contract; raise `PartitionError` for any empty or misaligned part."""
-        num_tokens = segments[-1].stop if segments else 0
-        head_spans = partition.head_spans(config.num_heads, world_size)
-        token_spans = partition.token_spans(num_tokens, world_size)
-        tensor = None
-        if mode is Mode.TENSOR:
-            out_cols = partition.head_column_slices(config.num_heads, config.head_dim, world_size)
-            fc2_cols = partition.nvfp4_column_slices(config.mlp_width, world_size)
-            tensor = [
-                TensorShards(
-                    qkv_rows=[SpanModel.of(s) for s in partition.fused_qkv_rows(heads, config.num_heads, config.head_dim)],
-                    attn_out_columns=ColumnsModel.of(out),
-                    fc1_rows=[SpanModel.of(s) for s in partition.gate_value_rows(fc2, config.mlp_width)],
-                    fc2_columns=ColumnsModel.of(fc2),
-                )
-                for heads, out, fc2 in zip(head_spans, out_cols, fc2_cols)
-            ]
+    def build(cls, config: ModelConfig, world_size: int, mode: Mode, *sequences: list[Segment]) -> "ParallelPlan":
+        """Apply the partition contract to each of the run's `sequences` (the prompt's first); raise
+        `PartitionError` for any empty or misaligned part."""
+        heads = partition.head_spans(config.num_heads, world_size)
+        splits = [_sequence_plan(name, segments, world_size) for name, segments in zip(SEQUENCE_NAMES, sequences)]
+        shards = _tensor_shards(config, heads) if mode is Mode.TENSOR else [None] * world_size
+        prompt = splits[0]
         ranks = [
-            RankPlan(
-                rank=rank,
-                heads=SpanModel.of(heads),
-                tokens=SpanModel.of(tokens),
-                segments=[SegmentModel.of(s) for s in partition.clip_segments(segments, tokens)],
-                tensor=tensor[rank] if tensor else None,
-            )
-            for rank, (heads, tokens) in enumerate(zip(head_spans, token_spans))
+            RankPlan(rank=r, heads=heads[r], tokens=prompt.tokens[r], segments=partition.clip_segments(prompt.segments, prompt.tokens[r]), tensor=shards[r])
+            for r in range(world_size)
         ]
         return cls(
-            mode=mode,
-            world_size=world_size,
-            preset=config.name,
-            num_heads=config.num_heads,
-            head_dim=config.head_dim,
-            mlp_width=config.mlp_width,
-            num_tokens=num_tokens,
-            segments=[SegmentModel.of(s) for s in segments],
-            heads=[len(s) for s in head_spans],
-            tokens=[len(s) for s in token_spans],
-            ranks=ranks,
+            mode=mode, world_size=world_size, preset=config.name, num_heads=config.num_heads, head_dim=config.head_dim,
+            mlp_width=config.mlp_width, num_tokens=prompt.num_tokens, segments=prompt.segments,
+            heads=[len(h) for h in heads], tokens=[len(t) for t in prompt.tokens], ranks=ranks,
+            weights=weight_bytes(config, mode, ranks), sequences=splits,
         )
 
+    @classmethod
+    def for_preset(cls, name: str, count: int | None, mode: Mode, *, width: int | None = None, height: int | None = None,
+                   frames: int | None = None, text_tokens: int | None = None) -> "ParallelPlan":
+        """`h3 plan`: the plan of preset `name` at `count` ranks (None: H3_WORLD_SIZE, else every
+        visible GPU, else 1) for a prompt of `text_tokens` tokens (None: the preset's)."""
+        from h3core.device import visible_gpu_count
+
+        cfg = preset(name)
+        tokens = cfg.text_tokens if text_tokens is None else text_tokens
+        segments = cfg.segments(width or cfg.width, height or cfg.height, frames or cfg.frames, tokens)
+        return cls.build(cfg, settings.world_size(count, visible_gpu_count), mode, segments)
+
+    @property
+    def head_spans(self) -> list[Span]:
+        return [r.heads for r in self.ranks]
+
+
+def _sequence_plan(name: str, segments: list[Segment], world_size: int) -> SequencePlan:
+    num_tokens = segments[-1].stop if segments else 0
+    return SequencePlan(name=name, segments=segments, num_tokens=num_tokens, tokens=partition.token_spans(num_tokens, world_size))
+
+
+def _tensor_shards(config: ModelConfig, heads: list[Span]) -> list[TensorShards | None]:
+    """Every rank's ranges of the block linears: heads decide QKV rows and Out columns; FC2 columns
+    are whole NVFP4 blocks of the MLP width, and FC1's rows follow them in both halves."""
+    world = len(heads)
+    out_columns = partition.head_column_slices(config.num_heads, config.head_dim, world)
+    fc2_columns = partition.nvfp4_column_slices(config.mlp_width, world)
+    return [
+        TensorShards(
+            qkv_rows=partition.fused_qkv_rows(h, config.num_heads, config.head_dim),
+            attn_out_columns=out,
+            fc1_rows=partition.gate_value_rows(fc2, config.mlp_width),
+            fc2_columns=fc2,
+        )
+        for h, out, fc2 in zip(heads, out_columns, fc2_columns)
+    ]
+
+
+# --- what each rank holds of the checkpoint -----------------------------------------------------------
+
+
+def weight_bytes(config: ModelConfig, mode: Mode, ranks: Sequence[RankPlan]) -> WeightBytes:
+    """The checkpoint's size for `config` (its contract, `h3core.checkpoint.schema`), and what each
+    rank holds of it: everything in Ulysses mode; the replicated tensors plus, per block, its
+    shards of the `TENSOR_PARALLEL` linears in tensor mode (counted with `h3core.nvfp4.layout`)."""
+    from h3core.checkpoint import parameters, schema, stored_bytes
+    from h3core.model import tensor_parallel_prefixes
+
+    specs = schema(config)
+    split = tensor_parallel_prefixes(config.num_blocks)
+    total = sum(stored_bytes(s) for s in specs)
+    block_full = sum(stored_bytes(s) for s in specs if s.name.startswith(split))
+    if mode is Mode.TENSOR:
+        per_rank = [total - block_full + config.num_blocks * _shard_bytes(specs, r.tensor) for r in ranks]
+    else:
+        per_rank = [total] * len(ranks)
+    return WeightBytes(
+        parameters=sum(parameters(s) for s in specs),
+        checkpoint_bytes=total,
+        nvfp4_bytes=sum(stored_bytes(s) for s in specs if s.nvfp4),
+        block_linears_bytes=block_full,
+        per_rank=per_rank,
+    )
+
+
+def _shard_bytes(specs, shards: TensorShards | None) -> int:  # type: ignore[no-untyped-def]
+    """Bytes of one block's shards: column-parallel rows with their bias rows; row-parallel columns
+    with the whole bias (added once after the reduction)."""
+    from h3core.model import TENSOR_PARALLEL, Split
+    from h3core.nvfp4 import layout
+
+    assert shards is not None, "tensor mode plans shards for every rank"
+    shapes = {s.name: s.shape for s in specs}
+    total = 0
+    for name, split in TENSOR_PARALLEL.items():
+        out, packed = shapes[f"blocks.0.{name}.weight"]
+        width, bias = layout.unpacked_width(packed), f"blocks.0.{name}.bias" in shapes
+        part = shards.of(name)
+        if split is Split.COLUMN:
+            total += layout.linear_bytes(sum(len(s) for s in part), width, bias)
+        else:
+            total += layout.linear_bytes(out, len(part.elements), bias)
+    return total

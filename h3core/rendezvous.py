@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Iterator
 
-from h3core.environment import RANK_TIMEOUT, TorchrunEnv
+from h3core import settings
 from h3core.errors import ConfigError
+from h3core.settings import RANK_TIMEOUT, TorchrunEnv
 
 _STALE = "if torchrun did not start this command, unset RANK, WORLD_SIZE and LOCAL_RANK"
 
@@ -55,6 +56,6 @@ def _native_stderr_held() -> Iterator[None]:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-            if os.environ.get("H3_DEBUG", "") not in ("", "0"):
+            if settings.debug():
                 held.seek(0)
                 os.write(2, held.read())

@@ -1,38 +1,44 @@
-"""Reports: pydantic models written atomically as JSON, and the small helpers every report uses."""
+"""What every report shares: pydantic models written as JSON, versions, latent checksums, the one
+error metric, and the one way from a report to an exit code.
+
+- `report_json(report)`: the bytes every report file holds (indented JSON and a newline);
+- `error_between(result, reference)`: max |result - reference| and max |reference| (every parity
+  figure and every verify row is made of these two numbers);
+- `Verdict`: a report that can fail (`failure()` gives the `CheckFailed` to exit with, or None); the
+  CLI turns it into the exit code the same way for every command.
+"""
 
 from __future__ import annotations
 
 import hashlib
-import os
+import math
 import platform
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from h3core import __version__
+from h3core.errors import CheckFailed
+from h3core.files.atomic import write_atomic
 
 
-def write_atomic(path: Path, data: bytes) -> Path:
-    """Write `data` to `path` through a temp file in the same folder and a rename: all or nothing."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+def report_json(report: BaseModel) -> bytes:
+    """A report as its files hold it: indented JSON and a final newline."""
+    return (report.model_dump_json(indent=2) + "\n").encode()
 
 
 def write_report(path: Path, report: BaseModel) -> Path:
-    return write_atomic(path, (report.model_dump_json(indent=2) + "\n").encode())
+    """Write `report` to `path` atomically (outside an output folder; commands stage theirs in one)."""
+    return write_atomic(path, report_json(report))
+
+
+class Verdict(Protocol):
+    """A report whose checks can fail: `failure()` is the error to exit with (None: exit 0)."""
+
+    def failure(self) -> CheckFailed | None: ...
 
 
 def timestamp() -> str:
@@ -72,6 +78,21 @@ class TensorChecksum(BaseModel):
         )
 
 
+def error_between(result: Any, reference: Any) -> tuple[float, float]:
+    """`(max |result - reference|, max |reference|)`, computed in float64 on `result`'s device (0, 0
+    for empty tensors; a NaN anywhere in the result makes the error NaN). The one error metric."""
+    import torch
+
+    if result.shape != reference.shape:
+        raise ValueError(f"shape {list(result.shape)} vs reference {list(reference.shape)}")
+    if result.numel() == 0:
+        return 0.0, 0.0
+    a = result.detach().to(torch.float64)
+    b = reference.detach().to(device=a.device, dtype=torch.float64)
+    diff = (a - b).abs().max().item()
+    return (math.nan if torch.isnan(a).any().item() else diff), b.abs().max().item()
+
+
 class ErrorStats(BaseModel):
     """How far a result is from its reference: max |a - b| and max |a - b| / max |b|."""
 
@@ -80,9 +101,5 @@ class ErrorStats(BaseModel):
 
     @classmethod
     def between(cls, result: Any, reference: Any) -> "ErrorStats":
-        a, b = result.detach().double().cpu(), reference.detach().double().cpu()
-        if a.shape != b.shape:
-            raise ValueError(f"shape {list(a.shape)} vs reference {list(b.shape)}")
-        diff = (a - b).abs().max().item() if a.numel() else 0.0
-        scale = b.abs().max().item() if b.numel() else 0.0
+        diff, scale = error_between(result, reference)
         return cls(max_abs=diff, relative=diff / scale if scale else diff)

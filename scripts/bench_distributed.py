@@ -2,7 +2,8 @@
 """What the distributed layer costs, measured side by side in one run on this machine.
 
 1. World size 1: the distributed pipeline (Ulysses and tensor mode applied, group of one) vs
-   the plain pipeline (no mode applied) on the same inputs -> overhead ratio (target <= 1.05).
+   the plain pipeline (`RankPipeline.unparallelized`: the model loaded, `parallelize` never
+   called) on the same inputs -> overhead ratio (target <= 1.05).
 2. 2 ranks vs 1 rank (Gloo on the CPU, or NCCL on 2 GPUs) -> speedup, at equal intra-op threads
    per rank (on a 2-core machine: 2 ranks x 1 thread vs 1 rank x 1 thread).
 3. Why a mode scales as it does: one more profiled 2-rank run per mode prints the bytes each rank
@@ -31,15 +32,17 @@ from rich.console import Console
 from rich.table import Table
 
 from h3core.device import cpu_threads, cpu_threads_per_rank, resolve_device
-from h3core.launch import World
-from h3core.pipeline import GenerateRequest, rank_generate, resolve
+from h3core.generate.pipeline import RankPipeline, rank_generate
+from h3core.generate.request import GenerateRequest, resolve
 from h3core.plan import Mode
+from h3core.runtime.world import World
 
 
-def step_seconds(world: World, run, distributed: bool = True) -> float:
+def step_seconds(world: World, run, load=RankPipeline.load) -> float:  # type: ignore[no-untyped-def]
     """The run's steady step time: per step the slowest rank, then the median of the steps after
-    the first (the first carries one-time warm-up), as `h3 matrix` counts it."""
-    outcomes = world.run(rank_generate, run, distributed=distributed)
+    the first (the first carries one-time warm-up), as `h3 matrix` counts it. `load` builds each
+    rank's pipeline (the baseline: `RankPipeline.unparallelized`)."""
+    outcomes = world.run(rank_generate, run, load=load)
     slowest = [max(o.step_seconds[i] for o in outcomes) for i in range(len(outcomes[0].step_seconds))]
     return statistics.median(slowest[1:] or slowest)
 
@@ -100,17 +103,17 @@ def main() -> None:
     # thread count, so that 1 vs 2 ranks compares equal cores per rank on the CPU.
     with World(1, device) as lone, World(2, device) as pair, cpu_threads(cpu_threads_per_rank(2)):
         variants = [
-            ("plain", lone, one[Mode.ULYSSES], False), ("ulysses x1", lone, one[Mode.ULYSSES], True),
-            ("tensor x1", lone, one[Mode.TENSOR], True), ("ulysses x2", pair, two[Mode.ULYSSES], True),
-            ("tensor x2", pair, two[Mode.TENSOR], True),
+            ("plain", lone, one[Mode.ULYSSES], RankPipeline.unparallelized), ("ulysses x1", lone, one[Mode.ULYSSES], RankPipeline.load),
+            ("tensor x1", lone, one[Mode.TENSOR], RankPipeline.load), ("ulysses x2", pair, two[Mode.ULYSSES], RankPipeline.load),
+            ("tensor x2", pair, two[Mode.TENSOR], RankPipeline.load),
         ]
         times: dict[str, list[float]] = {name: [] for name, *_ in variants}
-        for _, world, run, distributed in variants:  # warm-up
-            step_seconds(world, run, distributed)
+        for _, world, run, load in variants:  # warm-up
+            step_seconds(world, run, load)
         for i in range(args.repeat):
             k = i % len(variants)
-            for name, world, run, distributed in variants[k:] + variants[:k]:  # rotate: no variant always goes first
-                times[name].append(step_seconds(world, run, distributed))
+            for name, world, run, load in variants[k:] + variants[:k]:  # rotate: no variant always goes first
+                times[name].append(step_seconds(world, run, load))
         profiled = {mode: pair.run(rank_generate, request(mode, 2, profile=True)) for mode in Mode}
 
     med = {k: statistics.median(v) for k, v in times.items()}

@@ -30,15 +30,17 @@ from pathlib import Path
 import torch
 
 from h3core import parity
-from h3core.checkpoint import Checkpoint, synthetic_checkpoint
+from h3core.checkpoint import Checkpoint
 from h3core.config import preset
 from h3core.nvfp4.codec import dequantize
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.nvfp4.shard import select_columns
 from h3core.parity import latent_parity
 from h3core.partition import nvfp4_column_slices, token_spans
-from h3core.pipeline import GenerateRequest, one_rank_latents, resolve
+from h3core.generate.request import GenerateRequest, resolve
+from h3core.generate.run import one_rank_latents
 from h3core.plan import Mode
+from h3core.report import error_between
+from h3core.synthetic import synthetic_checkpoint
 
 NEGATIVE_PROMPT = "blurry, low quality, distorted"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -85,7 +87,8 @@ def columns_delta(weight: torch.Tensor, x: torch.Tensor) -> float:
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+    diff, scale = error_between(a, b)  # h3's one error metric: max |a - b| and max |b|
+    return diff / scale
 
 
 def measure_delta(presets: list[str]) -> dict[str, dict[str, float]]:

@@ -1,273 +1,41 @@
-"""NVFP4 linears in safetensors files, with ModelOpt names, read lazily slice by slice.
+"""NVFP4 linears in safetensors files, with ModelOpt names, and the one `WeightSource` loaders read through.
 
 A linear `<prefix>` is stored as `<prefix>.weight` (uint8 `[out, in/2]`), `.weight_scale` (F8_E4M3
 `[out, in/16]`), `.weight_scale_2` (F32 `[]`) and optionally `.bias` (`[out]`), `.pre_quant_scale`
-(`[in]`) and `.input_scale` (F32 `[]`). `SafetensorsReader` opens one file or the shards of one
-checkpoint and reads whole tensors, row ranges or column ranges through `safe_open(...).get_slice`,
-so a tensor-parallel rank reads only its slice (it counts the bytes it asks for in `bytes_read`).
-`read_linear` builds an `NVFP4Linear` (whole, column-parallel rows, or row-parallel columns) and
-checks every tensor's dtype and shape against the others before reading any data.
+(`[in]`) and `.input_scale` (F32 `[]`). `read_linear` builds an `NVFP4Linear` (whole, column-parallel
+rows, or row-parallel block-aligned columns) through a `SafetensorsReader` (`h3core.files`), which
+reads only the bytes of the slice asked for, after checking every tensor's dtype and shape against
+the others from the headers.
+
+`WeightSource` is how a model is assembled from named weights, whoever holds them:
+`CheckpointWeights` (a safetensors checkpoint: the H3 denoiser's tensor-mode shards, the text
+encoder's layers), the synthetic text encoder's generator, an in-memory model's shards
+(`h3core.parallel.tensor.ModelWeights`).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-import weakref
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from torch import nn
 
 from h3core.errors import CheckpointError, NVFP4FormatError
+from h3core.files.safetensors import FLOAT_DTYPE_NAMES, SafetensorsReader
 from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import NVFP4Weight
-from h3core.nvfp4.linear import NVFP4Linear
+from h3core.nvfp4.layout import ColumnSlice
+from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
 from h3core.nvfp4.shard import check_columns, check_rows
-from h3core.partition import ColumnSlice, Span
-from h3core.paths import path_kind
+from h3core.span import Span
 
 WEIGHT, WEIGHT_SCALE, GLOBAL_SCALE = "weight", "weight_scale", "weight_scale_2"
 BIAS, PRE_QUANT_SCALE, INPUT_SCALE = "bias", "pre_quant_scale", "input_scale"
-
-INDEX_FILE = "model.safetensors.index.json"
-"""Hugging Face's map of a sharded checkpoint: {"weight_map": {tensor name: shard file}}."""
-
-_DTYPES: dict[str, torch.dtype] = {
-    "U8": torch.uint8,
-    "I8": torch.int8,
-    "I32": torch.int32,
-    "I64": torch.int64,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F32": torch.float32,
-    "F64": torch.float64,
-    "BOOL": torch.bool,
-}
-_FLOAT_NAMES = ("F16", "BF16", "F32", "F64")
 
 
 def linear_tensors(prefix: str, linear: NVFP4Linear) -> dict[str, torch.Tensor]:
     """`{<prefix>.<ModelOpt name>: CPU tensor}` of `linear`, ready for `safetensors.torch.save_file`."""
     return {f"{prefix}.{name}": t.detach().to("cpu").contiguous() for name, t in linear.state_dict().items()}
-
-
-def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    """Write `tensors` to `path` atomically (temp file in the same folder, then `os.replace`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """Where one tensor's bytes are: file, absolute offset, dtype and shape (from the file's header)."""
-
-    path: Path
-    fd: int
-    dtype: str
-    shape: tuple[int, ...]
-    offset: int
-
-
-class SafetensorsReader:
-    """Lazy reader over one safetensors file or the shards of one checkpoint.
-
-    Opening checks every file with `safe_open` (a truncated or corrupt file fails here, naming the
-    file) and keeps each header's tensor offsets. Data is read only when asked for, and only the
-    requested byte ranges, with `pread` on a descriptor advised `POSIX_FADV_RANDOM`: the kernel then
-    reads the pages asked for and no read-ahead around them. (Slicing through `safe_open`'s memory
-    map lets the kernel read ahead around every touched region: with this project's 8 MiB windows,
-    reading rank 0 of 8's QKV rows paged in the whole tensor.) Row ranges are one read each;
-    column ranges one read per row, so a column slice touches fewer disk pages only where rows are
-    wider than a page. `bytes_read` counts the bytes of every tensor or slice returned.
-    """
-
-    def __init__(self, paths: Sequence[Path | str]):
-        self.paths = [Path(p) for p in paths]
-        if not self.paths:
-            raise CheckpointError("no safetensors files given; point H3_MODEL_PATH at a checkpoint file or folder")
-        self.bytes_read = 0
-        self._entries: dict[str, _Entry] = {}
-        self._metadata: dict[str, str] = {}
-        self._fds: list[int] = []
-        self._finalizer = weakref.finalize(self, _close_all, self._fds)
-        for path in self.paths:
-            self._index(path)
-
-    @classmethod
-    def open(cls, path: Path | str) -> "SafetensorsReader":
-        """A file, or a folder holding `model.safetensors.index.json` or `*.safetensors` shards."""
-        path = Path(path)
-        if path.is_dir():
-            return cls(_checkpoint_files(path))
-        return cls([path])
-
-    def _index(self, path: Path) -> None:
-        if not path.is_file():
-            kind = path_kind(path, follow=True)
-            what = "does not exist" if kind == "nothing" else f"is {kind}, not a file"
-            raise CheckpointError(f"checkpoint file {path} {what}; check the path (H3_MODEL_PATH)")
-        try:
-            with safe_open(str(path), framework="pt") as handle:  # validates header and data coverage
-                metadata = handle.metadata() or {}
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(
-                f"{path} is not a readable safetensors file ({err}); it may be truncated or corrupt: download it again"
-            ) from None
-        header, data_start = _read_header(path)
-        fd = os.open(path, os.O_RDONLY)
-        self._fds.append(fd)
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        for name, info in header.items():
-            if name in self._entries:
-                raise CheckpointError(
-                    f"tensor {name} is in both {self._entries[name].path} and {path}; use one checkpoint's shards"
-                )
-            begin = info["data_offsets"][0]
-            self._entries[name] = _Entry(path, fd, info["dtype"], tuple(info["shape"]), data_start + begin)
-        for key, value in metadata.items():
-            self._metadata.setdefault(key, value)
-
-    def close(self) -> None:
-        """Close the files (also done when the reader is garbage collected)."""
-        self._finalizer()
-
-    def __enter__(self) -> "SafetensorsReader":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def metadata(self) -> dict[str, str]:
-        """The files' `__metadata__` merged (the first file wins on a conflicting key)."""
-        return dict(self._metadata)
-
-    def keys(self) -> list[str]:
-        return sorted(self._entries)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._entries
-
-    def file_of(self, name: str) -> Path:
-        return self._entry(name).path
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self._entry(name).shape
-
-    def dtype_name(self, name: str) -> str:
-        """The safetensors dtype string (`U8`, `F8_E4M3`, `F32`, `BF16`, ...)."""
-        return self._entry(name).dtype
-
-    def dtype(self, name: str) -> torch.dtype:
-        entry = self._entry(name)
-        if entry.dtype not in _DTYPES:
-            raise CheckpointError(f"tensor {name} in {entry.path} has dtype {entry.dtype}, which h3 does not read")
-        return _DTYPES[entry.dtype]
-
-    def get(self, name: str) -> torch.Tensor:
-        """The whole tensor."""
-        entry = self._entry(name)
-        out = torch.empty(entry.shape, dtype=self.dtype(name))
-        self._fill(name, _bytes_of(out), [(entry.offset, 0, out.numel() * out.element_size())])
-        return out
-
-    def get_rows(self, name: str, rows: Sequence[Span]) -> torch.Tensor:
-        """Rows (dim 0) `rows` of a tensor, concatenated in order: one read per span."""
-        entry = self._entry(name)
-        if not rows or not entry.shape:
-            raise CheckpointError(f"cannot take rows {list(rows)} of {name} (shape {list(entry.shape)})")
-        for span in rows:
-            self._check_span(name, span, entry.shape[0], "rows")
-        out = torch.empty((sum(len(s) for s in rows), *entry.shape[1:]), dtype=self.dtype(name))
-        row_bytes = out[:1].numel() * out.element_size()
-        reads, at = [], 0
-        for span in rows:
-            reads.append((entry.offset + span.start * row_bytes, at, len(span) * row_bytes))
-            at += len(span) * row_bytes
-        self._fill(name, _bytes_of(out), reads)
-        return out
-
-    def get_columns(self, name: str, cols: Span) -> torch.Tensor:
-        """Columns (last dim) `cols` of a 1-D or 2-D tensor, compact: one read per row."""
-        entry = self._entry(name)
-        if len(entry.shape) not in (1, 2):
-            raise CheckpointError(
-                f"tensor {name} has shape {list(entry.shape)}; only 1-D or 2-D tensors have column ranges"
-            )
-        self._check_span(name, cols, entry.shape[-1], "columns")
-        rows = entry.shape[0] if len(entry.shape) == 2 else 1
-        out = torch.empty((*entry.shape[:-1], len(cols)), dtype=self.dtype(name))
-        item = out.element_size()
-        row_bytes, piece = entry.shape[-1] * item, len(cols) * item
-        reads = [(entry.offset + r * row_bytes + cols.start * item, r * piece, piece) for r in range(rows)]
-        self._fill(name, _bytes_of(out), reads)
-        return out
-
-    def _entry(self, name: str) -> _Entry:
-        if not self._finalizer.alive:  # its descriptor numbers may belong to other files by now
-            raise ValueError(f"reading {name} from a closed SafetensorsReader")
-        if name not in self._entries:
-            files = ", ".join(str(p) for p in self.paths)
-            raise CheckpointError(
-                f"tensor {name} is not in {files}; the checkpoint does not match this model "
-                f"(wrong file, preset or export)"
-            )
-        return self._entries[name]
-
-    def _fill(self, name: str, dest: memoryview, reads: list[tuple[int, int, int]]) -> None:
-        """Read `(file offset, dest offset, length)` ranges of `name`'s file into `dest`."""
-        entry = self._entry(name)
-        for offset, at, length in reads:
-            view = dest[at : at + length]
-            while view.nbytes:
-                got = os.preadv(entry.fd, [view], offset)
-                if got <= 0:
-                    raise CheckpointError(
-                        f"{entry.path} ended while reading {name}; the file is truncated: download it again"
-                    )
-                view, offset = view[got:], offset + got
-            self.bytes_read += length
-
-    def _check_span(self, name: str, span: Span, size: int, what: str) -> None:
-        if span.stop > size:
-            raise CheckpointError(
-                f"{what} [{span.start}, {span.stop}) of {name} are out of range (it has {size}) in "
-                f"{self.file_of(name)}; the checkpoint's shapes do not match the model config"
-            )
-
-
-def _read_header(path: Path) -> tuple[dict[str, Any], int]:
-    """The tensors of a safetensors header (already validated by `safe_open`) and where data starts."""
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-    header.pop("__metadata__", None)
-    return header, 8 + size
-
-
-def _bytes_of(t: torch.Tensor) -> memoryview:
-    """A writable byte view of a fresh contiguous tensor (safetensors data is little-endian, as are our hosts)."""
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
-
-
-def _close_all(fds: list[int]) -> None:
-    while fds:
-        os.close(fds.pop())
 
 
 def read_linear(
@@ -348,9 +116,9 @@ def _check_linear_header(reader: SafetensorsReader, prefix: str) -> tuple[int, i
     if f"{prefix}.{INPUT_SCALE}" in reader:
         _expect(reader, f"{prefix}.{INPUT_SCALE}", ("F32",), ())
     if f"{prefix}.{BIAS}" in reader:
-        _expect(reader, f"{prefix}.{BIAS}", _FLOAT_NAMES, (out_features,))
+        _expect(reader, f"{prefix}.{BIAS}", FLOAT_DTYPE_NAMES, (out_features,))
     if f"{prefix}.{PRE_QUANT_SCALE}" in reader:
-        _expect(reader, f"{prefix}.{PRE_QUANT_SCALE}", _FLOAT_NAMES, (in_features,))
+        _expect(reader, f"{prefix}.{PRE_QUANT_SCALE}", FLOAT_DTYPE_NAMES, (in_features,))
     return out_features, in_features
 
 
@@ -376,21 +144,54 @@ def _check_values(reader: SafetensorsReader, prefix: str, scale: torch.Tensor, g
         raise CheckpointError(f"{prefix}.{WEIGHT_SCALE} holds NaN block scales; the file is corrupt: download it again")
 
 
-def _checkpoint_files(folder: Path) -> list[Path]:
-    index = folder / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as err:
-            raise CheckpointError(f"{index} is not a valid safetensors index ({err}); download it again") from None
-        return [folder / name for name in dict.fromkeys(weight_map.values())]
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{folder} holds no *.safetensors files; point H3_MODEL_PATH at a checkpoint")
-    return files
-
-
 def iter_prefixes(reader: SafetensorsReader) -> Iterator[str]:
     """Prefixes of the NVFP4 linears in `reader` (names ending in `.weight_scale_2`)."""
     suffix = f".{GLOBAL_SCALE}"
     return (name[: -len(suffix)] for name in reader.keys() if name.endswith(suffix))
+
+
+# --- where weights come from --------------------------------------------------------------------------
+
+
+class WeightSource(Protocol):
+    """Hands out a model's tensors and linears by their names in the state dict (or checkpoint)."""
+
+    def has(self, name: str) -> bool:
+        """Whether tensor `name` exists (optional tensors: biases, scales)."""
+        ...
+
+    def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A plain tensor on the target device, in `dtype` (None: as stored)."""
+        ...
+
+    def linear(self, prefix: str, *, rows: Sequence[Span] | None = None, columns: ColumnSlice | None = None) -> nn.Module:
+        """The linear whose tensors are `prefix.*`; with `rows` only those output rows (column-parallel,
+        bias rows included), with `columns` only those input columns (row-parallel, no bias: read
+        `tensor(prefix + ".bias")` and add it once after the reduction)."""
+        ...
+
+
+class CheckpointWeights:
+    """A `WeightSource` over a safetensors reader: NVFP4 linears through `read_linear` (a shard reads
+    only its slice), unquantized ones as `DenseLinear` in their stored dtype. `kinds` records which
+    kinds of linear were read ('nvfp4', 'dense')."""
+
+    def __init__(self, reader: SafetensorsReader, device: torch.device | str):
+        self.reader, self.device = reader, torch.device(device)
+        self.kinds: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return name in self.reader
+
+    def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self.reader.get(name).to(device=self.device, dtype=dtype)
+
+    def linear(self, prefix: str, *, rows: Sequence[Span] | None = None, columns: ColumnSlice | None = None) -> nn.Module:
+        if self.has(f"{prefix}.{WEIGHT_SCALE}"):
+            self.kinds.add("nvfp4")
+            return read_linear(self.reader, prefix, rows=rows, columns=columns, device=self.device)
+        if rows is not None or columns is not None:
+            raise CheckpointError(f"{prefix} is not an NVFP4 linear; only NVFP4 linears are read as tensor-parallel shards")
+        self.kinds.add("dense")
+        bias = self.tensor(f"{prefix}.{BIAS}") if self.has(f"{prefix}.{BIAS}") else None
+        return DenseLinear(self.tensor(f"{prefix}.{WEIGHT}"), bias)

@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from h3core.errors import NVFP4FormatError
@@ -265,3 +266,25 @@ def _checked_scalar(scalar: torch.Tensor | None, name: str) -> torch.Tensor | No
     if not scalar.is_floating_point() or scalar.numel() != 1:
         raise NVFP4FormatError(f"{name} must be one float value, got {scalar.dtype} {tuple(scalar.shape)}")
     return scalar.to(torch.float32).reshape(())
+
+
+class DenseLinear(nn.Module):
+    """The unquantized linear a checkpoint may hold beside NVFP4 ones (`h3core.nvfp4.io.CheckpointWeights`), kept in its stored dtype (bf16 on disk stays bf16 in memory) and cast
+    to the activation dtype when used."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.register_buffer("weight", weight)  # [out, in]
+        self.register_buffer("bias", bias)  # [out] or None
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.to(x.dtype), bias)

@@ -31,8 +31,6 @@ project's CPU every chunking then gives bitwise the output of one whole GEMM (te
 
 from __future__ import annotations
 
-import functools
-import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -40,7 +38,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from h3core.errors import ConfigError
+from h3core import settings
 from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import NVFP4Weight, decode_rows, quantize_unchecked
 from h3core.nvfp4.swizzle import swizzle_block_scales, unswizzle_block_scales
@@ -53,7 +51,7 @@ PATHS = (PATH_CPU_DEQUANT, PATH_CPU_FP4_EMULATED, PATH_CUDA_BF16, PATH_CUDA_FP4)
 FP4_PATHS = (PATH_CUDA_FP4, PATH_CPU_FP4_EMULATED)
 """The paths that quantize activations (and so need an activation global scale)."""
 
-EMULATE_FP4_ENV = "H3_EMULATE_FP4"
+EMULATE_FP4_ENV = settings.EMULATE_FP4
 """1: linears on the CPU take `cpu-fp4-emulated` instead of `cpu-dequant` (also in spawned ranks)."""
 
 FP4_MIN_CAPABILITY = (10, 0)
@@ -108,17 +106,7 @@ def choose_path(
 
 def emulate_fp4_from_env() -> bool:
     """`H3_EMULATE_FP4` as a bool (unset: False); a malformed value is a ConfigError naming it."""
-    return _parse_emulate(os.environ.get(EMULATE_FP4_ENV, ""))
-
-
-@functools.lru_cache(maxsize=8)
-def _parse_emulate(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    if value in ("1", "true", "yes", "on"):
-        return True
-    raise ConfigError(f"{EMULATE_FP4_ENV}={text!r} is not a boolean; use 1 or 0, or unset it")
+    return settings.emulate_fp4()
 
 
 # --- what ran ----------------------------------------------------------------------------------------

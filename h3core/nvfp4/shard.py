@@ -5,7 +5,7 @@ A shard is made of the very bytes of the full tensors: rows of `weight` and `wei
 `k/16` scale columns per element range `k`). The global scale is shared and unchanged, so
 `dequantize(shard)` is exactly the matching slice of `dequantize(full)`.
 
-Ranges always come from `h3core.partition` (`Span`, `ColumnSlice`); nothing here decides a split.
+Ranges always come from the parallel plan (`Span`, `ColumnSlice`); nothing here decides a split.
 Every shard owns compact copies of its bytes, so dropping the full tensors frees their memory,
 and is prepared for its device's matmul path (`NVFP4Linear.prepare`) before it is returned. The
 input scale is the full linear's: one value for the whole logical input, on every rank.
@@ -20,7 +20,8 @@ import torch
 from h3core.errors import NVFP4FormatError
 from h3core.nvfp4.codec import NVFP4Weight
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.partition import ColumnSlice, Span
+from h3core.nvfp4.layout import ColumnSlice
+from h3core.span import Span
 
 
 def select_rows(w: NVFP4Weight, rows: Sequence[Span]) -> NVFP4Weight:

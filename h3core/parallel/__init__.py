@@ -1,14 +1,10 @@
-"""The two distributed modes, applied to a finished model from outside (the model file has no parallelism).
+"""Parallelism, applied to a finished model from outside (the model file has no parallelism).
 
-Order of application (both modes):
-1. the model is built and loaded (tensor mode: the per-block linears are left out and read as shards);
-2. `apply_ulysses` / `apply_tensor` swap or shard modules and register hooks;
-3. every forward runs inside `runtime.sequence(token_spans)`, which tells the wrappers how the
-   packed sequence being processed is split over ranks.
+- `partition`    the partition contract (DESIGN.md §3): balanced splits of heads, tokens, NVFP4 blocks
+- `plan`         `ParallelPlan`: that contract applied to one run, built once, consumed by every rank
+- `collectives`  the typed collectives both modes are built from (ragged spans, byte counters)
+- `runtime`      `ParallelRuntime`: one rank's view of the plan (group, spans, counters, what it used)
+- `ulysses`      Ulysses sequence parallelism (DESIGN.md §4)
+- `tensor`       NVFP4 tensor parallelism (DESIGN.md §5)
+- `parallelize`  the one entry that applies a plan's mode to a loaded model, in a fixed order
 """
-
-from h3core.parallel.runtime import ParallelRuntime
-from h3core.parallel.tensor import CheckpointWeights, ModelWeights, apply_tensor
-from h3core.parallel.ulysses import apply_ulysses
-
-__all__ = ["ParallelRuntime", "apply_ulysses", "apply_tensor", "CheckpointWeights", "ModelWeights"]

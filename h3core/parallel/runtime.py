@@ -1,18 +1,25 @@
-"""What one rank's parallel wrappers share: group, head partition, the current sequence's token
-partition, the byte counters of every collective they call, and the NVFP4 activation-scale
-agreement of the linears whose input the ranks split."""
+"""What one rank's parallel wrappers share, made from the run's `ParallelPlan`: the process group, the
+head spans, the token spans of the sequence being processed, the byte counters of every collective
+they call, the NVFP4 activation-scale agreement of the linears whose input the ranks split, and a
+record of the spans and shards this rank really used (`RankUsage`, in the run's report).
+
+The group is whatever group the plan's ranks form (today the world's; a sub-group for a later
+mesh axis): every collective here takes it from the runtime, never the world group.
+"""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
+from pydantic import BaseModel, Field
 
-from h3core import partition
 from h3core.collectives import CommStats, gather_rows
-from h3core.partition import SegmentKind, Span
+from h3core.plan import ParallelPlan, SequencePlan, TensorShards
+from h3core.sequence import SegmentKind
+from h3core.span import Span
 
 if TYPE_CHECKING:
     from h3core.model import H3Model
@@ -21,44 +28,58 @@ if TYPE_CHECKING:
 ALL_REDUCE_MAX = "all_reduce_max"
 
 
+class RankUsage(BaseModel):
+    """The spans and shards one rank ran with, recorded where they were used (compare with its `RankPlan`)."""
+
+    heads: Span | None = Field(None, description="The heads this rank attended: its block of Ulysses' all-to-all, or its QKV shard's heads.")
+    tokens: dict[str, Span] = Field(default_factory=dict, description="Per sequence ('prompt', 'negative prompt'): the rows the model was fed.")
+    shards: TensorShards | None = Field(None, description="Tensor mode: the ranges of each block linear read as this rank's shards.")
+
+
 class ParallelRuntime:
-    def __init__(self, group, rank: int, world_size: int, num_heads: int):
-        self.group = group
+    """One rank's view of a `ParallelPlan`: see the module docstring."""
+
+    def __init__(self, plan: ParallelPlan, rank: int, group: Any):
+        self.plan = plan
         self.rank = rank
-        self.world_size = world_size
-        self.heads: list[Span] = partition.head_spans(num_heads, world_size)
+        self.group = group  # None at one rank: every collective is then the identity
+        self.world_size = plan.world_size
+        self.heads: list[Span] = plan.head_spans
         self.stats = CommStats()
-        self._tokens: list[Span] | None = None
+        self.used = RankUsage()
+        self._sequence: SequencePlan | None = None
 
     @property
     def tokens(self) -> list[Span]:
         """Token spans of every rank for the sequence being processed (set by `sequence`)."""
-        if self._tokens is None:
-            raise RuntimeError("no sequence layout set: run the model inside runtime.sequence(token_spans)")
-        return self._tokens
+        if self._sequence is None:
+            raise RuntimeError("no sequence layout set: run the model inside runtime.sequence(...)")
+        return self._sequence.tokens
 
     @property
     def rows(self) -> Span:
         return self.tokens[self.rank]
 
     @contextmanager
-    def sequence(self, tokens: list[Span]) -> Iterator[None]:
-        """Run forwards of a packed sequence split as `tokens` (one span per rank, in rank order)."""
-        if len(tokens) != self.world_size:
-            raise ValueError(f"{len(tokens)} token spans for {self.world_size} ranks")
-        previous, self._tokens = self._tokens, tokens
+    def sequence(self, sequence: SequencePlan) -> Iterator[None]:
+        """Run forwards of one of the plan's packed sequences (its token spans, one per rank)."""
+        if len(sequence.tokens) != self.world_size:
+            raise ValueError(f"{len(sequence.tokens)} token spans for {self.world_size} ranks")
+        previous, self._sequence = self._sequence, sequence
         try:
             yield
         finally:
-            self._tokens = previous
+            self._sequence = previous
 
     def guard_rows(self, model: torch.nn.Module) -> None:
-        """Check at every forward that the rows a rank feeds the model are exactly its token span."""
+        """Check at every forward that the rows a rank feeds the model are exactly its token span
+        (and record them per sequence)."""
 
         def hook(module: torch.nn.Module, args: tuple) -> None:
             held = args[0].rope.rows  # args[0]: the PackedSequence
             if held != self.rows:
                 raise RuntimeError(f"rank {self.rank} holds rows {held} but its token span is {self.rows}")
+            self.used.tokens[self._sequence.name] = held  # type: ignore[union-attr]
 
         model.register_forward_pre_hook(hook)
 

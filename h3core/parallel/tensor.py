@@ -9,77 +9,55 @@ Between blocks every rank holds its own token rows, as in Ulysses. Inside a bloc
                 --silu(gate)*value--> [S, F_loc] --FC2 my F columns (no bias)--> partial [S, D]
                 --reduce-scatter--> [S_loc, D] + bias
 
-QKV and FC1 are column-parallel (rows selected, bias sliced with them); Out and FC2 are
-row-parallel (block-aligned input columns, bias added once after the reduction). Every shard is
-byte-for-byte a slice of the full packed NVFP4 tensors, read straight from the checkpoint when
-one is given (so per-rank weight bytes read and held fall as 1/N). The ranges come from
-`h3core.partition`; the slicing from `h3core.nvfp4.shard`.
+Which linears split, and how, is the model's declaration (`h3core.model.TENSOR_PARALLEL`): QKV and
+FC1 column-parallel (rows selected, bias sliced with them), Out and FC2 row-parallel (block-aligned
+input columns, bias added once after the reduction). The ranges are this rank's `TensorShards` of
+the run's plan, never recomputed here. Every shard is byte-for-byte a slice of the full packed
+NVFP4 tensors, read straight from the checkpoint when one is given (so per-rank weight bytes read
+and held fall as 1/N); the slicing is `h3core.nvfp4`'s.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Sequence
 
 import torch
 import torch.nn as nn
 
-from h3core import partition
-from h3core.checkpoint import Checkpoint
 from h3core.collectives import gather_rows, reduce_scatter_rows
-from h3core.model import H3Model
+from h3core.model import TENSOR_PARALLEL, H3Model, Split
+from h3core.nvfp4.layout import ColumnSlice
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.shard import column_parallel, row_parallel
 from h3core.parallel.runtime import ParallelRuntime
-from h3core.partition import ColumnSlice, Span
-
-SHARDED_LINEARS = ("attn.qkv", "attn.out", "mlp.fc1", "mlp.fc2")
-
-
-def sharded_prefixes(num_blocks: int) -> tuple[str, ...]:
-    """State-dict prefixes of the linears tensor mode reads as shards (the loader skips them)."""
-    return tuple(f"blocks.{i}.{name}." for i in range(num_blocks) for name in SHARDED_LINEARS)
+from h3core.plan import TensorShards
+from h3core.nvfp4.io import WeightSource
+from h3core.span import Span
 
 
 def block_linears(model: H3Model) -> list[nn.Module]:
     """The modules tensor mode shards: each block's QKV, Out, FC1, FC2 (biases of Out/FC2 sit on attn/mlp)."""
-    return [block.get_submodule(name) for block in model.blocks for name in SHARDED_LINEARS]
-
-
-class WeightSource(Protocol):
-    def column_parallel(self, prefix: str, rows: list[Span]) -> NVFP4Linear: ...
-    def row_parallel(self, prefix: str, columns: ColumnSlice) -> tuple[NVFP4Linear, torch.Tensor | None]: ...
+    return [block.get_submodule(name) for block in model.blocks for name in TENSOR_PARALLEL]
 
 
 class ModelWeights:
-    """Shards cut from the full linears of an in-memory model (tests, verification)."""
+    """A `WeightSource` over an in-memory model: shards cut from its full linears (tests, verification)."""
 
     def __init__(self, model: H3Model):
         self.model = model
+        self.state = model.state_dict()
 
-    def column_parallel(self, prefix: str, rows: list[Span]) -> NVFP4Linear:
-        return column_parallel(self.model.get_submodule(prefix), rows)
+    def has(self, name: str) -> bool:
+        return self.state.get(name) is not None
 
-    def row_parallel(self, prefix: str, columns: ColumnSlice) -> tuple[NVFP4Linear, torch.Tensor | None]:
-        return row_parallel(self.model.get_submodule(prefix), columns)
+    def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self.state[name].to(dtype=dtype, copy=True)
 
-
-class CheckpointWeights:
-    """Shards read from disk: only this rank's rows or block-aligned columns are ever read."""
-
-    def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype):
-        self.checkpoint = checkpoint
-        self.device = device
-        self.dtype = dtype
-
-    def column_parallel(self, prefix: str, rows: list[Span]) -> NVFP4Linear:
-        return self.checkpoint.read_linear(prefix, rows=rows, device=self.device)
-
-    def row_parallel(self, prefix: str, columns: ColumnSlice) -> tuple[NVFP4Linear, torch.Tensor | None]:
-        shard = self.checkpoint.read_linear(prefix, columns=columns, device=self.device)
-        bias_name = f"{prefix}.bias"
-        has_bias = bias_name in self.checkpoint.reader.keys()
-        bias = self.checkpoint.tensor(bias_name, device=self.device, dtype=self.dtype) if has_bias else None
-        return shard, bias
+    def linear(self, prefix: str, *, rows: Sequence[Span] | None = None, columns: ColumnSlice | None = None) -> nn.Module:
+        full = self.model.get_submodule(prefix)
+        if rows is not None:
+            return column_parallel(full, rows)
+        return row_parallel(full, columns)[0] if columns is not None else full
 
 
 class _GatherRows:
@@ -112,29 +90,46 @@ class _ReduceScatterBias:
         return out if bias is None else out + bias
 
 
+def read_shard(weights: WeightSource, prefix: str, split: Split, part: list[Span] | ColumnSlice, dtype: torch.dtype) -> tuple[NVFP4Linear, torch.Tensor | None]:
+    """This rank's shard of linear `prefix`, and the bias to add after the reduction (row-parallel only)."""
+    if split is Split.COLUMN:
+        return weights.linear(prefix, rows=part), None
+    bias = f"{prefix}.bias"
+    return weights.linear(prefix, columns=part), weights.tensor(bias, dtype) if weights.has(bias) else None
+
+
+def _check_shard(prefix: str, shard: NVFP4Linear, split: Split, part: list[Span] | ColumnSlice) -> None:
+    """A shard must hold exactly the rows or columns the plan gave it (what `RankUsage.shards` records)."""
+    held, want = (shard.out_features, sum(len(s) for s in part)) if split is Split.COLUMN else (shard.in_features, len(part.elements))
+    if held != want:
+        raise RuntimeError(f"{prefix}: the shard read holds {held} {'rows' if split is Split.COLUMN else 'columns'}, the plan gives {want}")
+
+
 def apply_tensor(model: H3Model, runtime: ParallelRuntime, weights: WeightSource) -> H3Model:
-    """Replace each block's four big linears by this rank's NVFP4 shards and hook in the collectives."""
-    cfg = model.config
-    heads = runtime.heads[runtime.rank]
-    qkv_rows = partition.fused_qkv_rows(heads, cfg.num_heads, cfg.head_dim)
-    out_columns = partition.head_column_slices(cfg.num_heads, cfg.head_dim, runtime.world_size)[runtime.rank]
-    fc2_columns = partition.nvfp4_column_slices(cfg.mlp_width, runtime.world_size)[runtime.rank]
-    fc1_rows = partition.gate_value_rows(fc2_columns, cfg.mlp_width)
+    """Replace each block's `TENSOR_PARALLEL` linears by this rank's NVFP4 shards (ranges from the
+    plan) and hook in the collectives around attention and MLP."""
+    shards: TensorShards = runtime.plan.ranks[runtime.rank].tensor  # type: ignore[assignment]
+    dtype = model.dtype
     for i, block in enumerate(model.blocks):
-        attn, mlp = block.attn, block.mlp
-        attn.qkv = weights.column_parallel(f"blocks.{i}.attn.qkv", qkv_rows)
-        attn.out, out_bias = weights.row_parallel(f"blocks.{i}.attn.out", out_columns)
-        mlp.fc1 = weights.column_parallel(f"blocks.{i}.mlp.fc1", fc1_rows)
-        mlp.fc2, fc2_bias = weights.row_parallel(f"blocks.{i}.mlp.fc2", fc2_columns)
-        attn.register_buffer("out_bias", out_bias)
-        mlp.register_buffer("fc2_bias", fc2_bias)
-        attn.register_forward_pre_hook(_GatherRows(runtime, whole_rope=True))
-        attn.register_forward_hook(_ReduceScatterBias(runtime, "out_bias"))
-        mlp.register_forward_pre_hook(_GatherRows(runtime, whole_rope=False))
-        mlp.register_forward_hook(_ReduceScatterBias(runtime, "fc2_bias"))
-    # Row-parallel shards see their columns of the full rows, the text embedding its token rows;
-    # QKV and FC1 see gathered full rows and the conditioning is replicated: no agreement needed.
-    row_parallel = [layer for block in model.blocks for layer in (block.attn.out, block.mlp.fc2)]
-    runtime.agree_activation_scales(model, [model.text_embed, *row_parallel])
-    runtime.guard_rows(model)
+        biases = {}
+        for name, split in TENSOR_PARALLEL.items():
+            part = shards.of(name)
+            parent, leaf = name.split(".")
+            shard, biases[name] = read_shard(weights, f"blocks.{i}.{name}", split, part, dtype)
+            _check_shard(f"blocks.{i}.{name}", shard, split, part)
+            setattr(block.get_submodule(parent), leaf, shard)
+        _hook_block(block, runtime, biases["attn.out"], biases["mlp.fc2"])
+    q_rows = shards.qkv_rows[0]  # the q third: this rank's heads x head_dim
+    runtime.used.shards = shards
+    runtime.used.heads = Span(q_rows.start // runtime.plan.head_dim, q_rows.stop // runtime.plan.head_dim)
     return model
+
+
+def _hook_block(block: nn.Module, runtime: ParallelRuntime, out_bias: torch.Tensor | None, fc2_bias: torch.Tensor | None) -> None:
+    attn, mlp = block.attn, block.mlp
+    attn.register_buffer("out_bias", out_bias)
+    mlp.register_buffer("fc2_bias", fc2_bias)
+    attn.register_forward_pre_hook(_GatherRows(runtime, whole_rope=True))
+    attn.register_forward_hook(_ReduceScatterBias(runtime, "out_bias"))
+    mlp.register_forward_pre_hook(_GatherRows(runtime, whole_rope=False))
+    mlp.register_forward_hook(_ReduceScatterBias(runtime, "fc2_bias"))

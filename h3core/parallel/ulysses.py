@@ -27,6 +27,7 @@ class UlyssesAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         rt = self.runtime
+        rt.used.heads = rt.heads[rt.rank]
         if rt.world_size == 1:  # the identity path: nothing to exchange
             return self.inner(q, k, v)
         qkv = torch.stack([q, k, v], dim=1)  # [S_loc, 3, H, Dh]: one all-to-all for all three
@@ -39,6 +40,7 @@ class UlyssesAttention(nn.Module):
         copied there, instead of finishing q|k|v, stacking them and packing the stack (two passes
         over 3x the activations saved); bit-identical to `forward(*qkv.split())`."""
         rt = self.runtime
+        rt.used.heads = rt.heads[rt.rank]
         if rt.world_size == 1:
             return self.inner.attend_projected(qkv)
         local_tokens, _, head_dim = qkv.v.shape
@@ -54,8 +56,4 @@ def apply_ulysses(model: H3Model, runtime: ParallelRuntime) -> H3Model:
     """Wrap every block's attention core; the rest of the model already works on local rows."""
     for block in model.blocks:
         block.attn.core = UlyssesAttention(block.attn.core, runtime)
-    # Every NVFP4 linear but the conditioning's (whose input every rank holds whole) sees only its rows.
-    row_split = [block.get_submodule(name) for block in model.blocks for name in ("attn.qkv", "attn.out", "mlp.fc1", "mlp.fc2")]
-    runtime.agree_activation_scales(model, [model.text_embed, *row_split])
-    runtime.guard_rows(model)
     return model

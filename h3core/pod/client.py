@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import email.utils
 import http.client
-import os
 import re
 import time
 from typing import Any, Callable, Optional, TypeVar
@@ -35,6 +34,7 @@ import urllib3
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from h3core.errors import ConfigError, Interrupted, RemoteAPIError
+from h3core.settings import env_str
 from h3core.pod.deadline import Deadline, DeadlineAdapter
 from h3core.pod.models import Cloud, CreatePodRequest, GpuType, NetworkVolume, Pod
 
@@ -91,7 +91,7 @@ class _Bearer(requests.auth.AuthBase):
 
 def api_key_from_env() -> str:
     """`RUNPOD_API_KEY`, checked; a missing or malformed key is a `ConfigError` that never echoes it."""
-    key = os.environ.get(API_KEY_VAR, "").strip()
+    key = env_str(API_KEY_VAR)
     if not key:
         raise ConfigError(f"{API_KEY_VAR} is not set; create an API key {KEYS_WHERE} and export {API_KEY_VAR}=...")
     if not all(33 <= ord(c) <= 126 for c in key):
@@ -103,7 +103,7 @@ def api_key_from_env() -> str:
 
 def base_url_from_env() -> str:
     """`RUNPOD_API_BASE_URL` or the production URL; plain http is allowed only to loopback."""
-    url = (os.environ.get(BASE_URL_VAR, "").strip() or DEFAULT_BASE_URL).rstrip("/")
+    url = (env_str(BASE_URL_VAR) or DEFAULT_BASE_URL).rstrip("/")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{BASE_URL_VAR}={url!r} is not an http(s) URL; e.g. {DEFAULT_BASE_URL}")

@@ -33,7 +33,7 @@ from h3core.pod.models import (
     PersistentMount,
     Pod,
 )
-from h3core.validation import UserRequest
+from h3core.settings import UserRequest
 
 DEFAULT_IMAGE = "runpod/pytorch:1.0.3-cu1300-torch291-ubuntu2404"
 DEFAULT_DISK_GB = 50

@@ -1,27 +1,13 @@
-"""Build a `Qwen3TextModel` from named tensors, whatever provides them (a checkpoint reader or the
-synthetic generator): one assembly path, so the synthetic encoder is the same module as a real one."""
+"""Build a `Qwen3TextModel` from named tensors, whatever provides them (a `WeightSource`: a checkpoint
+reader or the synthetic generator): one assembly path, so the synthetic encoder is the same module as a real one."""
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
-from torch import nn
 
+from h3core.nvfp4.io import WeightSource
 from h3core.text.config import Qwen3TextConfig
 from h3core.text.model import Qwen3Attention, Qwen3Layer, Qwen3TextModel, RMSNorm, SwiGLU
-
-
-class WeightSource(Protocol):
-    """Hands out the tensors and linears of a decoder by their Hugging Face names."""
-
-    def tensor(self, name: str) -> torch.Tensor:
-        """A plain tensor (embedding, norm weight), on the target device, in its stored dtype."""
-        ...
-
-    def linear(self, name: str) -> nn.Module:
-        """The linear whose tensors are `name.*` (NVFP4 or dense), on the target device."""
-        ...
 
 
 def assemble(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from h3core.errors import CheckpointError
+from h3core.nvfp4 import layout
 from h3core.paths import path_kind
 from h3core.text.config import (
     QWEN3_RMS_NORM_EPS,
@@ -32,7 +33,7 @@ from h3core.text.config import (
 )
 
 if TYPE_CHECKING:
-    from h3core.nvfp4.io import SafetensorsReader
+    from h3core.files.safetensors import SafetensorsReader
 
 CONFIG_FILE = "config.json"
 
@@ -112,12 +113,12 @@ def is_nvfp4(headers: Mapping[str, TensorHeader], linear: str) -> bool:
 
 
 def linear_shape(headers: Mapping[str, TensorHeader], linear: str) -> tuple[int, int]:
-    """`(out, in)` of a linear, NVFP4 (in = 2 x packed bytes) or dense."""
+    """`(out, in)` of a linear, NVFP4 (in from its packed byte columns) or dense."""
     weight = require(headers, f"{linear}.weight")
     if len(weight.shape) != 2:
         raise CheckpointError(f"{linear}.weight has shape {list(weight.shape)}; a linear weight is 2-D")
     out, width = weight.shape
-    return (out, 2 * width) if is_nvfp4(headers, linear) else (out, width)
+    return (out, layout.unpacked_width(width)) if is_nvfp4(headers, linear) else (out, width)
 
 
 def require(headers: Mapping[str, TensorHeader], name: str) -> TensorHeader:
@@ -219,7 +220,7 @@ def check_tensors(
 
 def _check_linear(headers: Mapping[str, TensorHeader], linear: str, out: int, inp: int, bias: bool) -> None:
     if is_nvfp4(headers, linear):
-        _check_shape(headers, f"{linear}.weight", (out, inp // 2), dtype="U8")
+        _check_shape(headers, f"{linear}.weight", (out, layout.packed_columns(inp)), dtype="U8")
         if f"{linear}.pre_quant_scale" in headers:
             _check_shape(headers, f"{linear}.pre_quant_scale", (inp,), float_only=True)
     else:

@@ -29,23 +29,21 @@ from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from torch import nn
 
 from h3core.errors import CheckpointError, ConfigError
-from h3core.nvfp4.io import SafetensorsReader, read_linear
+from h3core.files.safetensors import SafetensorsReader
+from h3core.nvfp4.io import CheckpointWeights
 from h3core.text.assemble import assemble
 from h3core.text.config import Qwen3TextConfig
 from h3core.text.checkpoint import (
-    TensorHeader,
     check_tensors,
     checkpoint_files,
     find_layout,
-    is_nvfp4,
     read_headers,
     resolve_config,
 )
 from h3core.device import resident_bytes
-from h3core.text.model import DenseLinear, Qwen3TextModel
+from h3core.text.model import Qwen3TextModel
 from h3core.text.synthetic import SYNTHETIC_PREFIX, SyntheticWeights, synthetic_config
 from h3core.text.tokenizer import TOKENIZER_FILE, ByteTokenizer, FileTokenizer, PromptTokenizer
 
@@ -173,26 +171,6 @@ def _load_synthetic(
     return TextEncoder(model, ByteTokenizer(), info, device)
 
 
-class CheckpointWeights:
-    """A `WeightSource` over a safetensors reader: NVFP4 linears via `read_linear`, dense ones as
-    `DenseLinear` in their stored dtype."""
-
-    def __init__(self, reader: SafetensorsReader, headers: dict[str, TensorHeader], device: torch.device):
-        self.reader, self.headers, self.device = reader, headers, device
-        self.kinds: set[str] = set()
-
-    def tensor(self, name: str) -> torch.Tensor:
-        return self.reader.get(name).to(self.device)
-
-    def linear(self, name: str) -> nn.Module:
-        if is_nvfp4(self.headers, name):
-            self.kinds.add("nvfp4")
-            return read_linear(self.reader, name, device=self.device)
-        self.kinds.add("dense")
-        bias = self.tensor(f"{name}.bias") if f"{name}.bias" in self.headers else None
-        return DenseLinear(self.tensor(f"{name}.weight"), bias)
-
-
 @dataclass
 class _Inspected:
     """A text-encoder checkpoint checked from its headers, config and tokenizer; no weight read yet."""
@@ -252,7 +230,7 @@ def _load_checkpoint(
 ) -> TextEncoder:
     found = _inspect(path, hidden_size, output_layer)
     reader, config, layer = found.reader, found.config, found.layer
-    source = CheckpointWeights(reader, found.headers, device)
+    source = CheckpointWeights(reader, device)
     try:
         model = assemble(source, found.prefix, config, layers=layer, final_norm=found.final_norm, dtype=dtype)
     finally:

@@ -9,7 +9,7 @@
 The arithmetic follows Hugging Face's `Qwen3Model` operation for operation (RMSNorm in float32
 then cast back, RoPE tables in float32, `rotate_half` RoPE, softmax scale `head_dim ** -0.5`), so
 that in float32 the two agree to rounding. Linears are any module mapping `[..., in] -> [..., out]`:
-h3's `NVFP4Linear` for quantized checkpoints, `DenseLinear` for unquantized ones.
+h3's `NVFP4Linear` for quantized checkpoints, `DenseLinear` (`h3core.nvfp4.linear`) for unquantized ones.
 
 Positions are the 1-D token indices `0..L-1`. For Qwen3-VL that is exact for text-only input: its
 interleaved multimodal RoPE gives each frequency slot one of three position streams (time,
@@ -22,28 +22,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-
-class DenseLinear(nn.Module):
-    """An unquantized linear, kept in its stored dtype (bf16 on disk stays bf16 in memory) and cast
-    to the activation dtype when used."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        super().__init__()
-        self.register_buffer("weight", weight)  # [out, in]
-        self.register_buffer("bias", bias)  # [out] or None
-
-    @property
-    def in_features(self) -> int:
-        return self.weight.shape[1]
-
-    @property
-    def out_features(self) -> int:
-        return self.weight.shape[0]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.weight.to(x.dtype), bias)
 
 
 class RMSNorm(nn.Module):

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from h3core.errors import ConfigError
-from h3core.nvfp4.layout import BLOCK_ELEMENTS
+from h3core.nvfp4 import layout
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.text.checkpoint import expected_linear_shapes, expected_vector_shapes
 from h3core.text.config import QWEN3_RMS_NORM_EPS, QWEN3_ROPE_THETA, Qwen3TextConfig
@@ -26,9 +26,9 @@ SYNTHETIC_PREFIX = "model."
 
 def synthetic_config(hidden_size: int) -> Qwen3TextConfig:
     """The synthetic decoder's dimensions for a denoiser text width of `hidden_size`."""
-    if hidden_size <= 0 or hidden_size % BLOCK_ELEMENTS:
+    if hidden_size <= 0 or not layout.is_block_aligned(hidden_size):
         raise ConfigError(
-            f"text width {hidden_size} is not a positive multiple of {BLOCK_ELEMENTS}; the synthetic "
+            f"text width {hidden_size} is not a positive multiple of {layout.BLOCK_ELEMENTS}; the synthetic "
             "text encoder's NVFP4 linears need whole 16-element blocks"
         )
     return Qwen3TextConfig(
@@ -62,13 +62,18 @@ class SyntheticWeights:
     def _normal(self, *shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=self.generator)
 
-    def tensor(self, name: str) -> torch.Tensor:
+    def has(self, name: str) -> bool:
+        return name.endswith(tuple(self.vectors))
+
+    def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         shape = self.vectors[_suffix(name, self.vectors)]
         if name.endswith("embed_tokens.weight"):
-            return self._normal(*shape).to(self.device)  # [V, D], unit variance like a trained table
-        return (1.0 + 0.1 * self._normal(*shape)).to(self.device)  # norm gains near 1
+            return self._normal(*shape).to(device=self.device, dtype=dtype)  # [V, D], unit variance like a trained table
+        return (1.0 + 0.1 * self._normal(*shape)).to(device=self.device, dtype=dtype)  # norm gains near 1
 
-    def linear(self, name: str) -> nn.Module:
+    def linear(self, name: str, *, rows=None, columns=None) -> nn.Module:  # type: ignore[no-untyped-def]
+        if rows is not None or columns is not None:
+            raise ValueError("the synthetic text encoder is never sharded")
         out, inp = self.linears[_suffix(name, self.linears)]
         weight = self._normal(out, inp) / math.sqrt(inp)  # [out, in], variance-preserving
         return NVFP4Linear.from_float(weight).to(self.device)

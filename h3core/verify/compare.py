@@ -7,8 +7,10 @@ import math
 
 import torch
 
+from h3core.checkpoint import Checkpoint
 from h3core.device import compute_dtype
 from h3core.model import H3Model
+from h3core.report import error_between
 from h3core.verify.rows import Measure
 from h3core.verify.spec import VerifySpec
 
@@ -24,26 +26,19 @@ def seeded(shape: tuple[int, ...], seed: int, dtype: torch.dtype, device: torch.
 
 def load_model(spec: VerifySpec, device: torch.device, skip: tuple[str, ...] = ()) -> H3Model:
     """The spec's synthetic checkpoint through the real loader (NVFP4 linears stay packed)."""
-    from h3core.checkpoint import Checkpoint
-
     return Checkpoint.open(spec.checkpoint, spec.config).load(device=device, dtype=spec_dtype(spec), skip=skip)
 
 
 def measure(variant: str, result: torch.Tensor, reference: torch.Tensor, tolerance: float, worst: str = "") -> Measure:
-    """max |result - reference| and max |reference|, in float32 (float64 for float64 inputs)."""
+    """max |result - reference| and max |reference| (`h3core.report.error_between`, the one error
+    metric), as this rank's `Measure`; a shape mismatch is a mismatch, not a number."""
     if result.shape != reference.shape:
         return Measure(
             variant=variant, max_abs=math.inf, scale=0.0, tolerance=tolerance,
             mismatches=[f"{worst or variant}: shape {list(result.shape)} vs reference {list(reference.shape)}"],
         )
-    if result.numel() == 0:
-        return Measure(variant=variant, max_abs=0.0, scale=0.0, tolerance=tolerance, worst=worst)
-    wide = torch.float64 if torch.float64 in (result.dtype, reference.dtype) else torch.float32
-    a, b = result.detach().to(wide), reference.detach().to(device=result.device, dtype=wide)
-    diff = (a - b).abs().max().item()
-    if torch.isnan(a).any().item():
-        diff = math.nan
-    return Measure(variant=variant, max_abs=diff, scale=b.abs().max().item(), tolerance=tolerance, worst=worst)
+    diff, scale = error_between(result, reference)
+    return Measure(variant=variant, max_abs=diff, scale=scale, tolerance=tolerance, worst=worst)
 
 
 def measure_all(variant: str, pairs: list[tuple[str, torch.Tensor, torch.Tensor]], tolerance: float) -> Measure:

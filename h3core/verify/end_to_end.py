@@ -1,4 +1,4 @@
-"""End-to-end checks through the real pipeline (`h3core.pipeline.rank_generate`):
+"""End-to-end checks through the real pipeline (`h3core.generate.pipeline.rank_generate`):
 
 - `parity`: final latents of both modes at every count vs the single-rank run with the same seed
   and prompt, plus the identity row: tensor mode at one rank must equal Ulysses at one rank bit
@@ -23,9 +23,10 @@ import torch
 from h3core.attention import BACKENDS, attend, check_backend
 from h3core.device import Stopwatch
 from h3core.errors import BackendUnavailable
-from h3core.launch import RankContext
+from h3core.generate.pipeline import rank_generate
+from h3core.generate.request import GenerateRequest, ResolvedRun, resolve
 from h3core.parity import latent_parity, run_tolerance
-from h3core.pipeline import GenerateRequest, ResolvedRun, rank_generate, resolve
+from h3core.runtime.context import RankContext
 from h3core.plan import Mode
 from h3core.verify.compare import measure, seeded, spec_dtype
 from h3core.verify.rows import CheckRow, Measure, row_of, skipped, verdict_of

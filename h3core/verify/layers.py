@@ -2,8 +2,9 @@
 
 - `sdpa`: `UlyssesAttention` around the model's `AttentionCore` vs `attend` on every token;
 - `projection`: the `FinalLayer` on each rank's rows, gathered per latent kind, vs the whole sequence;
-- `tp`: every block's attention and MLP sharded by `apply_tensor` (NVFP4 shards cut by
-  `ModelWeights`, ragged heads and NVFP4 blocks, gather and reduce-scatter hooks) vs the unsharded block.
+- `tp`: every block's attention and MLP sharded by `parallelize` in tensor mode (NVFP4 shards cut
+  by `ModelWeights` for the plan's ranges, ragged heads and NVFP4 blocks, gather and reduce-scatter
+  hooks) vs the unsharded block.
 
 Tolerances are `h3core.parity.layer_tolerance` (one layer: one rounding source, nothing to amplify
 it): Ulysses-style checks (rows multiplied apart) get the Ulysses bound, tensor parallelism
@@ -17,14 +18,15 @@ import torch
 from h3core import collectives
 from h3core.attention import attend
 from h3core.device import Stopwatch
-from h3core.launch import RankContext
 from h3core.model import AttentionCore, rope_table, token_positions
-from h3core.parallel import ModelWeights, ParallelRuntime, apply_tensor
-from h3core.parallel.tensor import sharded_prefixes
+from h3core.parallel.parallelize import left_out_at_load, parallelize
+from h3core.parallel.runtime import ParallelRuntime
+from h3core.parallel.tensor import ModelWeights
 from h3core.parallel.ulysses import UlyssesAttention
 from h3core.parity import layer_tolerance
-from h3core.partition import clip_segments, kind_spans, token_spans
+from h3core.partition import clip_segments, kind_spans
 from h3core.plan import Mode
+from h3core.runtime.context import RankContext
 from h3core.verify.compare import load_model, measure, measure_all, seeded, spec_dtype
 from h3core.verify.rows import Measure
 from h3core.verify.spec import VerifySpec
@@ -37,14 +39,14 @@ TP_VARIANTS = ("attention", "mlp")
 def measure_sdpa(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
     """Ulysses attention (seq->head, SDPA on this rank's heads, head->seq) vs SDPA on everything."""
     cfg, dtype = spec.config, spec_dtype(spec)
-    tokens = token_spans(spec.num_tokens, ctx.world_size)
-    rows = tokens[ctx.rank]
-    runtime = ParallelRuntime(ctx.group, ctx.rank, ctx.world_size, cfg.num_heads)
+    plan = spec.plan(ctx.world_size, Mode.ULYSSES)
+    rows = plan.sequences[0].tokens[ctx.rank]
+    runtime = ParallelRuntime(plan, ctx.rank, ctx.group)
     attention = UlyssesAttention(AttentionCore("sdpa"), runtime)
     shape = (spec.num_tokens, cfg.num_heads, cfg.head_dim)
     with Stopwatch(ctx.device) as watch, torch.inference_mode():
         q, k, v = (seeded(shape, spec.seed + i, dtype, ctx.device) for i in (1, 2, 3))  # [S, H, Dh] each
-        with runtime.sequence(tokens):
+        with runtime.sequence(plan.sequences[0]):
             out = attention(q[rows.start : rows.stop], k[rows.start : rows.stop], v[rows.start : rows.stop])  # [S_loc, H, Dh]
         reference = attend(q, k, v, "sdpa")[rows.start : rows.stop]
         result = measure(SDPA_VARIANTS[0], out, reference, layer_tolerance(Mode.ULYSSES, dtype))
@@ -54,7 +56,7 @@ def measure_sdpa(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
 def measure_projection(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
     """The final layer on this rank's rows, gathered per latent kind, vs the final layer on all rows."""
     cfg, dtype, segments = spec.config, spec_dtype(spec), spec.segments
-    tokens = token_spans(spec.num_tokens, ctx.world_size)
+    tokens = spec.plan(ctx.world_size, Mode.ULYSSES).sequences[0].tokens
     rows = tokens[ctx.rank]
     model = load_model(spec, ctx.device)
     with Stopwatch(ctx.device) as watch, torch.inference_mode():
@@ -72,14 +74,15 @@ def measure_projection(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
 
 
 def measure_tp(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
-    """Every block's attention and MLP in tensor mode (apply_tensor) vs the unsharded block."""
+    """Every block's attention and MLP in tensor mode (`parallelize`) vs the unsharded block."""
     cfg, dtype, segments = spec.config, spec_dtype(spec), spec.segments
-    tokens = token_spans(spec.num_tokens, ctx.world_size)
-    rows = tokens[ctx.rank]
+    plan = spec.plan(ctx.world_size, Mode.TENSOR)
+    sequence = plan.sequences[0]
+    rows = sequence.tokens[ctx.rank]
     full = load_model(spec, ctx.device)
-    sharded = load_model(spec, ctx.device, skip=sharded_prefixes(cfg.num_blocks))  # block linears come as shards
-    runtime = ParallelRuntime(ctx.group, ctx.rank, ctx.world_size, cfg.num_heads)
-    apply_tensor(sharded, runtime, ModelWeights(full))
+    sharded = load_model(spec, ctx.device, skip=left_out_at_load(plan, cfg.num_blocks))  # block linears come as shards
+    runtime = ParallelRuntime(plan, ctx.rank, ctx.group)
+    parallelize(sharded, runtime, ModelWeights(full))
     rope = rope_table(cfg, token_positions(segments, spec.video_grid)).to(ctx.device)
     measures = []
     with torch.inference_mode():
@@ -92,7 +95,7 @@ def measure_tp(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
             with Stopwatch(ctx.device) as watch:
                 pairs = []
                 for index, (one, shard) in enumerate(zip(full.blocks, sharded.blocks)):
-                    with runtime.sequence(tokens):
+                    with runtime.sequence(sequence):
                         out = forward(shard, h[rows.start : rows.stop], rows)  # [S_loc, D]
                     expected = forward(one, h, rope.rows)[rows.start : rows.stop]
                     pairs.append((f"block {index}", out, expected))

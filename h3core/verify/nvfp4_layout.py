@@ -1,11 +1,11 @@
 """`nvfp4`: tensor-mode shards keep the packed NVFP4 layout, bit for bit.
 
-For every block linear of the spec's checkpoint and this rank's ranges (from `h3core.partition`,
-as `apply_tensor` takes them), both shard sources tensor mode uses are checked against plain
-slices of the full tensors:
+For every block linear of the spec's checkpoint and this rank's ranges (its `TensorShards` of the
+run's plan, as tensor mode takes them), both shard sources tensor mode uses are checked against
+plain slices of the full tensors:
 
 - in memory: `h3core.nvfp4.shard.column_parallel` / `row_parallel` of the loaded linear;
-- from disk: `Checkpoint.read_linear(rows=...)` / `(columns=...)`, which reads only the slice.
+- from disk: the checkpoint's `WeightSource` (`linear(rows=...)` / `(columns=...)`), which reads only the slice.
 
 A shard passes when its packed `weight` and fp8 `weight_scale` bytes equal the slice of the full
 tensors, its global scale is the full one, its bias is right (the rows' bias, or none on a
@@ -19,15 +19,17 @@ from typing import Sequence
 
 import torch
 
-from h3core import partition
 from h3core.checkpoint import Checkpoint
 from h3core.device import Stopwatch
-from h3core.launch import RankContext
 from h3core.model import H3Model
 from h3core.nvfp4.codec import dequantize
+from h3core.nvfp4.io import WeightSource
+from h3core.nvfp4.layout import ColumnSlice
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.shard import column_parallel, row_parallel
-from h3core.partition import ColumnSlice, Span
+from h3core.plan import Mode
+from h3core.runtime.context import RankContext
+from h3core.span import Span
 from h3core.verify.compare import measure
 from h3core.verify.rows import Measure
 from h3core.verify.spec import VerifySpec
@@ -37,44 +39,26 @@ NVFP4_VARIANTS = ("column-parallel", "row-parallel")
 
 def measure_nvfp4(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
     """This rank's column- and row-parallel shards of every block linear, from memory and from disk."""
-    cfg, world, rank = spec.config, ctx.world_size, ctx.rank
-    heads = partition.head_spans(cfg.num_heads, world)[rank]
-    fc2_columns = partition.nvfp4_column_slices(cfg.mlp_width, world)[rank]
-    out_columns = partition.head_column_slices(cfg.num_heads, cfg.head_dim, world)[rank]
-    row_ranges = {
-        "attn.qkv": partition.fused_qkv_rows(heads, cfg.num_heads, cfg.head_dim),
-        "mlp.fc1": partition.gate_value_rows(fc2_columns, cfg.mlp_width),
-    }
-    column_ranges = {"attn.out": out_columns, "mlp.fc2": fc2_columns}
+    shards = spec.plan(ctx.world_size, Mode.TENSOR).ranks[ctx.rank].tensor
+    assert shards is not None
     ckpt = Checkpoint.open(spec.checkpoint, spec.config)
     try:
-        model = ckpt.load(device=ctx.device)
-        with Stopwatch(ctx.device) as column_watch:
-            column = _all_cases(
-                NVFP4_VARIANTS[0],
-                [
-                    case
-                    for i in range(cfg.num_blocks)
-                    for name, rows in row_ranges.items()
-                    for case in _column_parallel_cases(ckpt, model, f"blocks.{i}.{name}", rows, ctx.device)
-                ],
-            )
-        with Stopwatch(ctx.device) as row_watch:
-            row = _all_cases(
-                NVFP4_VARIANTS[1],
-                [
-                    case
-                    for i in range(cfg.num_blocks)
-                    for name, columns in column_ranges.items()
-                    for case in _row_parallel_cases(ckpt, model, f"blocks.{i}.{name}", columns, ctx.device)
-                ],
-            )
+        model, disk = ckpt.load(device=ctx.device), ckpt.weight_source(ctx.device)
+        column = _timed(ctx, NVFP4_VARIANTS[0], _column_parallel_cases, disk, model, spec.config.num_blocks,
+                        {"attn.qkv": shards.qkv_rows, "mlp.fc1": shards.fc1_rows})
+        row = _timed(ctx, NVFP4_VARIANTS[1], _row_parallel_cases, disk, model, spec.config.num_blocks,
+                     {"attn.out": shards.attn_out_columns, "mlp.fc2": shards.fc2_columns})
     finally:
         ckpt.reader.close()
-    return [
-        column.model_copy(update={"seconds": column_watch.seconds}),
-        row.model_copy(update={"seconds": row_watch.seconds}),
-    ]
+    return [column, row]
+
+
+def _timed(ctx: RankContext, variant: str, cases_of, disk: WeightSource, model: H3Model, blocks: int, ranges: dict) -> Measure:  # type: ignore[no-untyped-def]
+    """One variant's cases for every block linear in `ranges`, compared and timed."""
+    with Stopwatch(ctx.device) as watch:
+        cases = [case for i in range(blocks) for name, part in ranges.items() for case in cases_of(disk, model, f"blocks.{i}.{name}", part)]
+        measure = _all_cases(variant, cases)
+    return measure.model_copy(update={"seconds": watch.seconds})
 
 
 @dataclass
@@ -116,24 +100,23 @@ class _Case:
     problems: list[str] = field(default_factory=list)
 
 
-def _column_parallel_cases(ckpt: Checkpoint, model: H3Model, prefix: str, rows: list[Span], device: torch.device) -> list[_Case]:
+def _column_parallel_cases(disk: WeightSource, model: H3Model, prefix: str, rows: list[Span]) -> list[_Case]:
     full: NVFP4Linear = model.get_submodule(prefix)
     expected = _Expected.rows_of(full, rows)
     return [
         _Case(f"{prefix} (memory)", column_parallel(full, rows), expected),
-        _Case(f"{prefix} (disk)", ckpt.read_linear(prefix, rows=rows, device=device), expected),
+        _Case(f"{prefix} (disk)", disk.linear(prefix, rows=rows), expected),
     ]
 
 
-def _row_parallel_cases(ckpt: Checkpoint, model: H3Model, prefix: str, columns: ColumnSlice, device: torch.device) -> list[_Case]:
+def _row_parallel_cases(disk: WeightSource, model: H3Model, prefix: str, columns: ColumnSlice) -> list[_Case]:
     full: NVFP4Linear = model.get_submodule(prefix)
     expected = _Expected.columns_of(full, columns)
     shard, bias_once = row_parallel(full, columns)
     memory = _Case(f"{prefix} (memory)", shard, expected)
     if not _same(bias_once, full.bias):
         memory.problems.append(f"{prefix}: the bias to add after the reduction is not the full bias")
-    disk = _Case(f"{prefix} (disk)", ckpt.read_linear(prefix, columns=columns, device=device), expected)
-    return [memory, disk]
+    return [memory, _Case(f"{prefix} (disk)", disk.linear(prefix, columns=columns), expected)]
 
 
 def _all_cases(variant: str, cases: list[_Case]) -> Measure:

@@ -23,9 +23,9 @@ REPORT_FILE = "verify.json"
 
 def build_spec(config: VerifyConfig, device: str) -> VerifySpec:
     """The spec every rank gets: the preset, its synthetic checkpoint (built here, once), the dtype."""
-    from h3core.checkpoint import synthetic_checkpoint
     from h3core.config import preset
     from h3core.device import compute_dtype, dtype_name
+    from h3core.synthetic import synthetic_checkpoint
 
     model_config = preset(config.preset)
     path, _ = synthetic_checkpoint(model_config, seed=0)
@@ -47,10 +47,10 @@ def unusable_counts(counts: list[int], device: str) -> dict[int, str]:
 
 def check_partitions(spec: VerifySpec, counts: list[int]) -> None:
     """Every count must split the heads, tokens and NVFP4 blocks of the spec (PartitionError otherwise)."""
-    from h3core.plan import Mode, ParallelPlan
+    from h3core.plan import Mode
 
     for count in counts:
-        ParallelPlan.build(spec.config, count, Mode.TENSOR, spec.segments)
+        spec.plan(count, Mode.TENSOR)
 
 
 def run_checks(session: Session, names: list[str]) -> list[CheckRow]:
@@ -64,13 +64,14 @@ def run_checks(session: Session, names: list[str]) -> list[CheckRow]:
 
 def verify(config: VerifyConfig, on_event: Callable[[str], None] | None = None) -> VerifyReport:
     """Run the checks of `config` on one World; write and return the report (also when rows failed)."""
+    from h3core import settings
     from h3core.device import resolve_device
-    from h3core.launch import under_torchrun
     from h3core.outputs import Outputs
+    from h3core.report import report_json
 
     started = time.perf_counter()
     notify = on_event or (lambda message: None)
-    if under_torchrun():
+    if settings.under_torchrun():
         raise ConfigError("h3 verify starts its own ranks (one per GPU of this machine); run it without torchrun")
     device = resolve_device(config.device)
     spec = build_spec(config, device)
@@ -82,7 +83,7 @@ def verify(config: VerifyConfig, on_event: Callable[[str], None] | None = None) 
         folder = outputs.folder(config.output, kind="verify", overwrite=config.overwrite)
         report = _run_on_world(config, spec, device, world_size, unusable, notify, started)
         report.report_path = str(folder.path / REPORT_FILE)
-        folder.write(REPORT_FILE, (report.model_dump_json(indent=2) + "\n").encode())
+        folder.write(REPORT_FILE, report_json(report))
         outputs.publish()
     return report
 
@@ -90,7 +91,7 @@ def verify(config: VerifyConfig, on_event: Callable[[str], None] | None = None) 
 def _run_on_world(config: VerifyConfig, spec: VerifySpec, device: str, world_size: int, unusable: dict[int, str],
                   notify: Callable[[str], None], started: float) -> VerifyReport:
     from h3core.device import device_name
-    from h3core.launch import World
+    from h3core.runtime.world import World
     from h3core.report import Versions, timestamp
 
     notify(f"starting {world_size} rank{'s' if world_size > 1 else ''}")

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from h3core.launch import RankContext, World
+from h3core.runtime.context import RankContext
+from h3core.runtime.world import World
 from h3core.verify.rows import CheckRow, Measure, combine, skipped
 from h3core.verify.spec import VerifySpec
 

@@ -12,17 +12,19 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from h3core import settings
 from h3core.config import ModelConfig, preset as get_preset
 from h3core.errors import ConfigError
-from h3core.partition import Segment
-from h3core.validation import UserRequest
+from h3core.plan import Mode, ParallelPlan
+from h3core.sequence import Segment
+from h3core.settings import UserRequest
 
 CHECK_NAMES = ("transport", "sdpa", "ragged", "projection", "tp", "nvfp4", "parity", "backends")
 """Every check, in the order they run and are printed."""
 
 DEFAULT_COUNTS = (2, 4, 6, 8)
 DEFAULT_STEPS = 2
-VERIFY_SEED = 440420
+VERIFY_SEED = settings.DEFAULT_SEED
 VERIFY_PROMPT = "a fox in the snow"
 """17 bytes: with the synthetic byte-level text encoder the narrow preset's sequence is 17 text +
 120 video + 10 audio = 147 tokens, which none of 2, 4, 6, 8 divides."""
@@ -50,6 +52,11 @@ class VerifyConfig(UserRequest):
     seed: int = Field(VERIFY_SEED, ge=0, le=2**64 - 1, description="Seed of every random input and of the latent noise.")
     output: Path | None = Field(None, description="Report folder (default outputs/<time>-verify-<4 hex>).")
     overwrite: bool = Field(False, description="Replace an existing folder of h3 results at `output` whole.")
+
+    @classmethod
+    def from_flags(cls, *, counts: str, output: Path | None, **flags: object) -> "VerifyConfig":
+        """The request of the command line: `--counts` parsed, `--output` else H3_DISTRIBUTED_OUTPUT."""
+        return cls(counts=settings.parse_int_list(counts, "--counts"), output=settings.output_folder(output), **flags)  # type: ignore[arg-type]
 
     @field_validator("checks")
     @classmethod
@@ -100,6 +107,10 @@ class VerifySpec(BaseModel):
     @property
     def segment_sizes(self) -> dict[str, int]:
         return {seg.kind.value: len(seg) for seg in self.segments}
+
+    def plan(self, world_size: int, mode: Mode) -> ParallelPlan:
+        """The plan of the checks' sequence at `world_size` ranks in `mode` (built on the rank that needs it)."""
+        return ParallelPlan.build(self.config, world_size, mode, self.segments)
 
     @property
     def video_grid(self) -> tuple[int, int, int]:

@@ -11,8 +11,10 @@ import torch
 
 from h3core import collectives
 from h3core.device import Stopwatch
-from h3core.launch import RankContext
-from h3core.partition import SegmentKind, Span, balanced_spans, head_spans, kind_spans, token_spans
+from h3core.partition import balanced_spans, head_spans, kind_spans, token_spans
+from h3core.runtime.context import RankContext
+from h3core.sequence import SegmentKind
+from h3core.span import Span
 from h3core.verify.compare import measure_all, seeded, spec_dtype
 from h3core.verify.rows import Measure
 from h3core.verify.spec import VerifySpec

@@ -7,27 +7,12 @@ import time
 
 import pytest
 
-from h3cli.main import main
 
 
-@pytest.fixture
-def h3(capsys, monkeypatch, tmp_path):
-    """`h3 ARGS...` in this process: (exit code, stdout, stderr), after checking it wrote nothing."""
-    monkeypatch.setenv("COLUMNS", "300")
-    monkeypatch.delenv("H3_DEBUG", raising=False)
+@pytest.fixture(autouse=True)
+def in_tmp(monkeypatch, tmp_path):
+    """Each test runs in its own empty folder: a refused run must write nothing there."""
     monkeypatch.chdir(tmp_path)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else 1
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
 
 
 def _one_line(code: int, err: str, needle: str) -> str:
@@ -116,7 +101,7 @@ def test_the_split_check_counts_the_real_prompt(tmp_path, monkeypatch):
     # 32x32, 1 frame: 1 video + 2 audio tokens; "abcdef" adds 6 text tokens (byte-level): 9 tokens split over 4
     # ranks, where the check used to assume an empty prompt (3 tokens) and refuse.
     from h3core.errors import PartitionError
-    from h3core.pipeline import GenerateRequest, resolve
+    from h3core.generate.request import GenerateRequest, resolve
     from h3core.plan import Mode
 
     monkeypatch.setenv("H3_CACHE_DIR", str(tmp_path))

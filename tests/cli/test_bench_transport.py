@@ -10,39 +10,18 @@ import uuid
 import pytest
 from typer.testing import CliRunner
 
+from commands import REPO, no_survivors, one_line
 from h3cli.main import app
 from h3core.errors import BackendUnavailable
 
 runner = CliRunner()
-REPO = pathlib.Path(__file__).resolve().parents[2]
 SMALL = ["--tokens", "515", "--heads", "8", "--head-dim", "16", "--iters", "3", "--warmup", "1"]
 
 
-def _h3(*args, env=None, timeout=180):
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "h3cli.main", *args], capture_output=True, text=True, env=full_env, timeout=timeout
-    )
-
-
-def _processes_with(token):
-    """Processes whose environment holds `token` (psutil-free survivor check, Linux /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                environ = pathlib.Path(f"/proc/{entry}/environ").read_bytes()
-            except OSError:
-                continue
-            if token.encode() in environ:
-                found.append(int(entry))
-    return found
-
-
-def test_two_ranks_json_report_and_file(tmp_path):
-    proc = _h3("bench-transport", "2", *SMALL, "--json", "--output", str(tmp_path))
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+def test_two_ranks_json_report_and_file(h3, tmp_path):
+    code, out, err = h3("bench-transport", "2", *SMALL, "--json", "--output", str(tmp_path))
+    assert code == 0, err
+    report = json.loads(out)
     assert report["backend"] == "gloo" and report["config"]["world_size"] == 2
     assert report["tokens_per_rank"] == [258, 257] and report["heads_per_rank"] == [4, 4]
     assert report["identity_exact"] is True and report["blocks_exact"] is True and report["qkv_fused"] is True
@@ -74,27 +53,27 @@ def test_one_rank_runs_in_process_with_no_ratio(tmp_path, monkeypatch):
     assert json.loads(target.read_text())["config"]["attention"] == "math"
 
 
-def test_table_output_names_the_ratio():
-    proc = _h3("bench-transport", "2", *SMALL, "--skip-attention", env={"COLUMNS": "160"})
-    assert proc.returncode == 0, proc.stderr
-    assert "seq to head" in proc.stdout and "attention (" not in proc.stdout  # --skip-attention
-    assert "x the wire" in proc.stdout and "plain all_to_all_single of the same bytes" in proc.stdout
+def test_table_output_names_the_ratio(h3, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+    code, out, err = h3("bench-transport", "2", *SMALL, "--skip-attention")
+    assert code == 0, err
+    assert "seq to head" in out and "attention (" not in out  # --skip-attention
+    assert "x the wire" in out and "plain all_to_all_single of the same bytes" in out
 
 
-def test_unavailable_backend_is_one_line_exit_2():
-    proc = _h3("bench-transport", "2", "sage2", *SMALL, "--device", "cpu")
-    assert proc.returncode == 2 and proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "sage2" in lines[0] and "Traceback" not in proc.stderr
+def test_unavailable_backend_is_one_line_exit_2(h3):
+    code, out, err = h3("bench-transport", "2", "sage2", *SMALL, "--device", "cpu")
+    assert code == 2 and out == ""
+    assert "sage2" in one_line(err)
 
 
 def test_unavailable_backend_fails_before_spawning(monkeypatch):
-    import h3core.launch
+    import h3core.bench_transport
 
     def no_spawn(*args, **kwargs):
         raise AssertionError("a World was started")
 
-    monkeypatch.setattr(h3core.launch, "World", no_spawn)
+    monkeypatch.setattr(h3core.bench_transport, "World", no_spawn)
     result = runner.invoke(app, ["bench-transport", "2", "sage2", *SMALL, "--device", "cpu"])
     assert isinstance(result.exception, BackendUnavailable)
 
@@ -107,10 +86,10 @@ def test_unavailable_backend_fails_before_spawning(monkeypatch):
         (["bench-transport", "2", "--tokens", "64", "--dtype", "fp8"], "unknown dtype"),
     ],
 )
-def test_bad_requests_are_one_line_exit_2(args, needle):
-    proc = _h3(*args)
-    assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
+def test_bad_requests_are_one_line_exit_2(h3, args, needle):
+    code, _, err = h3(*args)
+    assert code == 2, err
+    assert needle in one_line(err)
 
 
 @pytest.mark.skipif(not pathlib.Path("/proc/self/environ").exists(), reason="needs Linux /proc")
@@ -118,17 +97,15 @@ def test_bad_requests_are_one_line_exit_2(args, needle):
     "fault, code, needle",
     [("iter:1@1:kill", 1, "rank 1 failed: process killed by signal SIGKILL"), ("iter:0@1:config", 2, "rank 1: injected fault")],
 )
-def test_rank_fault_ends_the_command_with_no_survivors(tmp_path, fault, code, needle):
+def test_rank_fault_ends_the_command_with_no_survivors(h3, tmp_path, monkeypatch, fault, code, needle):
     token = f"h3-test-{uuid.uuid4().hex}"
-    proc = _h3(
-        "bench-transport", "2", *SMALL, "--output", str(tmp_path),
-        env={"H3_INJECT_FAULT": fault, "H3_TEST_TOKEN": token},
-    )
-    assert proc.returncode == code, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    monkeypatch.setenv("H3_INJECT_FAULT", fault)  # the spawned ranks inherit both
+    monkeypatch.setenv("H3_TEST_TOKEN", token)
+    exit_code, _, err = h3("bench-transport", "2", *SMALL, "--output", str(tmp_path))
+    assert exit_code == code, err
+    assert needle in one_line(err)
     assert list(tmp_path.iterdir()) == []  # no report written as if successful
-    assert _processes_with(token) == []
+    assert no_survivors(token)
 
 
 def test_seed_script_forwards_to_h3(tmp_path):

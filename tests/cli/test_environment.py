@@ -4,57 +4,23 @@ is one line in bounded time, and a stopped rank ends the run with a clear line."
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
-from h3cli.main import main
+from commands import h3_process, no_survivors, one_line as _one_line
 
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("cache"))
-
-
-@pytest.fixture
-def h3(capsys, monkeypatch, cache):
-    monkeypatch.setenv("H3_CACHE_DIR", cache)
-    monkeypatch.delenv("H3_DEBUG", raising=False)
-    for name in TORCHRUN:
-        monkeypatch.delenv(name, raising=False)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else 1
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
-
-
 def _process(*args: str, env: dict[str, str], timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
-    full = {k: v for k, v in os.environ.items() if k not in TORCHRUN and k != "H3_DEBUG"}
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "h3cli.main", *args], capture_output=True, text=True, env={**full, **env}, timeout=timeout)
+    clean = {name: "" for name in TORCHRUN}  # unset: an empty value counts as not set
+    proc = h3_process(*args, env={**clean, **env}, timeout=timeout)
     return proc, time.monotonic() - start
-
-
-def _one_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def _free_port() -> int:
@@ -97,27 +63,14 @@ def test_a_stale_torchrun_environment_ends_in_one_line_in_bounded_time(tmp_path,
     assert seconds < 30 and not (tmp_path / "run").exists()
 
 
-def _survivors(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
-def test_a_stopped_rank_ends_the_run_with_a_clear_line_in_bounded_time(tmp_path, cache):
+def test_a_stopped_rank_ends_the_run_with_a_clear_line_in_bounded_time(h3, tmp_path, monkeypatch):
     marker = f"H3_TEST_MARKER_{uuid.uuid4().hex}"
-    env = {"H3_INJECT_FAULT": "step:1@1:stop", "H3_RANK_TIMEOUT": "3", "H3_CACHE_DIR": cache, marker: "1"}
-    proc, seconds = _process("generate", "tensor", "2", "--steps", "3", "-o", str(tmp_path / "run"), env=env)
-    line = _one_line(proc.stderr)
-    assert proc.returncode == 1 and line.startswith("error: rank 1 failed: no sign of life for")
+    for name, value in {"H3_INJECT_FAULT": "step:1@1:stop", "H3_RANK_TIMEOUT": "3", marker: "1"}.items():
+        monkeypatch.setenv(name, value)  # the spawned ranks inherit them
+    start = time.monotonic()
+    code, _, err = h3("generate", "tensor", "2", "--steps", "3", "-o", str(tmp_path / "run"))
+    line = _one_line(err)
+    assert code == 1 and line.startswith("error: rank 1 failed: no sign of life for")
     assert "process stopped (SIGSTOP or a debugger)" in line and "H3_RANK_TIMEOUT (now 3 s)" in line
-    assert seconds < 60 and not (tmp_path / "run").exists()
-    deadline = time.monotonic() + 10
-    while _survivors(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _survivors(marker) == []
+    assert time.monotonic() - start < 60 and not (tmp_path / "run").exists()
+    assert no_survivors(marker)

@@ -1,4 +1,5 @@
-"""`h3 matrix` and the seed's scripts end to end: real `h3` processes, tiny preset, 2 steps."""
+"""`h3 matrix` and the seed's scripts end to end, tiny preset, 2 steps: the command in this process, the
+scripts as real processes (what they forward to is a real `h3`)."""
 
 import json
 import os
@@ -10,13 +11,27 @@ import uuid
 import pytest
 import torch
 
-from h3core.matrix import CellStatus, MatrixReport
+from commands import REPO, no_survivors, one_line
+from h3core.matrix.report import CellStatus, MatrixReport
 from h3core.parity import tolerance
 from h3core.plan import Mode
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 SMALL = ["--preset", "tiny", "--steps", "2", "--device", "cpu"]
 CLEAN = ("H3_GPU_COUNTS", "H3_DISTRIBUTED_MODES", "H3_SAVE_LATENTS", "H3_WORLD_SIZE", "H3_DISTRIBUTED_OUTPUT", "H3_DISTRIBUTED_BENCHMARK", "H3_INJECT_FAULT")
+
+
+@pytest.fixture
+def matrix(h3, monkeypatch):
+    """`h3 matrix ...` in this process with `env` set and the seed's variables otherwise unset."""
+    for name in CLEAN:
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        return h3("matrix", *args)
+
+    return run
 
 
 def _env(extra):
@@ -26,31 +41,15 @@ def _env(extra):
     return {**env, **extra}
 
 
-def _h3(*args, env=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "h3cli.main", *args], capture_output=True, text=True, env=_env(env or {}), timeout=timeout, cwd=REPO)
-
-
 def _script(name, *args, env=None, timeout=300):
     return subprocess.run(["bash", str(REPO / "scripts" / name), *args], capture_output=True, text=True, env=_env(env or {}), timeout=timeout, cwd=REPO)
 
 
-def _processes_with(token):
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if token.encode() in pathlib.Path(f"/proc/{entry}/environ").read_bytes():
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
-def test_both_modes_at_1_and_2_ranks_reports_only(tmp_path):
+def test_both_modes_at_1_and_2_ranks_reports_only(matrix, tmp_path):
     out, bench = tmp_path / "m", tmp_path / "bench.json"
-    proc = _h3("matrix", "--counts", "1,2", *SMALL, "--output", str(out), "--json", env={"H3_SAVE_LATENTS": "0", "H3_DISTRIBUTED_BENCHMARK": str(bench)})
-    assert proc.returncode == 0, proc.stderr
-    report = MatrixReport.model_validate_json(proc.stdout)
+    code, stdout, err = matrix("--counts", "1,2", *SMALL, "--output", str(out), "--json", env={"H3_SAVE_LATENTS": "0", "H3_DISTRIBUTED_BENCHMARK": str(bench)})
+    assert code == 0, err
+    report = MatrixReport.model_validate_json(stdout)
     assert report.complete and report.request.save_latents is False and report.device == "cpu"
     assert [(c.mode, c.count, c.status) for c in report.cells] == [
         (m, n, CellStatus.OK) for m in (Mode.ULYSSES, Mode.TENSOR) for n in (1, 2)
@@ -79,12 +78,12 @@ def test_both_modes_at_1_and_2_ranks_reports_only(tmp_path):
     assert not list(out.rglob("*.safetensors")) and not list(out.rglob(".*.tmp"))
 
 
-def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path):
+def test_a_failing_cell_is_recorded_and_the_others_run(matrix, tmp_path):
     token = f"h3-test-{uuid.uuid4().hex}"
     out = tmp_path / "m"
-    proc = _h3("matrix", "--counts", "2", *SMALL, "--no-save-latents", "--output", str(out), env={"H3_INJECT_FAULT": "step:1@1", "H3_TEST_TOKEN": token})
-    assert proc.returncode == 1
-    assert proc.stderr.count("\n") == 1 and "2 problem(s) in the matrix: ulysses x2 failed: rank 1" in proc.stderr and "Traceback" not in proc.stderr
+    code, stdout, err = matrix("--counts", "2", *SMALL, "--no-save-latents", "--output", str(out), env={"H3_INJECT_FAULT": "step:1@1", "H3_TEST_TOKEN": token})
+    assert code == 1
+    assert "2 problem(s) in the matrix: ulysses x2 failed: rank 1" in one_line(err)
     report = MatrixReport.model_validate_json((out / "matrix.json").read_text())
     status = {(c.mode.value, c.count): c for c in report.cells}
     assert status[("ulysses", 1)].status is CellStatus.OK and status[("ulysses", 1)].requested is False  # the baseline
@@ -93,16 +92,16 @@ def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path):
         failed = status[(mode, 2)]
         assert failed.status is CellStatus.FAILED and "injected fault at step 1 on rank 1" in failed.reason
         assert failed.sampling_seconds is None and failed.parity is None
-    assert "failed" in proc.stdout and "injected fault" in proc.stdout  # the table and its notes were printed
+    assert "failed" in stdout and "injected fault" in stdout  # the table and its notes were printed
     assert (out / "matrix.png").exists() and (out / "matrix.md").exists()
     assert not (out / "ulysses-2").exists()  # a failed cell writes no half report
-    assert _processes_with(token) == []  # every rank of the failed cells was reaped
+    assert no_survivors(token)  # every rank of the failed cells was reaped
 
 
-def test_bad_mode_variable_is_one_line_exit_2():
-    proc = _h3("matrix", *SMALL, env={"H3_DISTRIBUTED_MODES": "ulysses,ring"})
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.count("\n") == 1 and "H3_DISTRIBUTED_MODES 'ulysses,ring'" in proc.stderr
+def test_bad_mode_variable_is_one_line_exit_2(matrix):
+    code, out, err = matrix(*SMALL, env={"H3_DISTRIBUTED_MODES": "ulysses,ring"})
+    assert code == 2 and out == ""
+    assert "H3_DISTRIBUTED_MODES 'ulysses,ring'" in one_line(err)
 
 
 def test_matrix_script_forwards_and_honours_the_seed_variables(tmp_path):

@@ -5,22 +5,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from commands import h3_process
 from h3cli.main import main
-from h3core.checkpoint import synthetic_checkpoint
+from h3core.synthetic import synthetic_checkpoint
 from h3core.config import preset
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("cache"))
 
 
 def test_nan_weights_fail_the_run_at_the_first_step_and_write_nothing(tmp_path, cache, capsys, monkeypatch):
@@ -43,23 +36,18 @@ def test_nan_weights_fail_the_run_at_the_first_step_and_write_nothing(tmp_path, 
 def test_the_memory_estimate_is_a_lower_bound_of_the_measured_peak(tmp_path, cache):
     # Attention-dominated (3146 tokens, 8 heads): the estimate must stay below what the run really
     # holds, and close enough to it that dropping a real term (the scores) would fail this test.
-    from h3core.limits import generate_need
-    from h3core.pipeline import GenerateRequest, resolve
+    from h3core.generate.memory import generate_need
+    from h3core.generate.request import GenerateRequest, resolve
 
     args = {"width": 1024, "height": 1024, "frames": 9, "steps": 1}
     run = resolve(GenerateRequest(preset="tiny", device="cpu", **args))
-    from h3core.plan import Mode, ParallelPlan
-
-    text = min(len(run.request.prompt.encode()), run.config.max_text_tokens)
-    plan = ParallelPlan.build(run.config, 1, Mode.ULYSSES, run.config.segments(1024, 1024, 9, text))
+    plan = run.plan  # the prompt's sequence at one rank
     elements = math.prod(run.shape.video_latent) + math.prod(run.shape.audio_latent)
-    need = generate_need(run.config, [plan], elements, 1, "cpu", torch.float32, "sdpa", spawned=False)
+    need = generate_need(run.config, plan, elements, 1, "cpu", torch.float32, "sdpa", spawned=False)
     estimate = sum(need.parts().values())
     flags = [f"--{k}={v}" for k, v in args.items()]
-    proc = subprocess.run(
-        [sys.executable, "-m", "h3cli.main", "generate", *flags, "--device", "cpu", "--json", "--no-save-latents", "-o", str(tmp_path / "run")],
-        capture_output=True, text=True, env={**os.environ, "H3_CACHE_DIR": cache}, timeout=300,
-    )
+    # a real process: its peak resident set is the run's, not this test process's
+    proc = h3_process("generate", *flags, "--device", "cpu", "--json", "--no-save-latents", "-o", str(tmp_path / "run"), env={"H3_CACHE_DIR": cache})
     assert proc.returncode == 0, proc.stderr
     peak = json.loads(proc.stdout)["ranks"][0]["peak_memory_sampling_bytes"]  # the process's peak RSS while sampling
     assert estimate <= peak <= 1.3 * estimate + (512 << 20), (estimate, peak, need.describe())

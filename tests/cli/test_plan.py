@@ -1,10 +1,13 @@
-import json
-import subprocess
-import sys
+"""`h3 plan`: the partition contract per rank, as a table or JSON; one line for what cannot be split."""
 
+import json
+
+import pytest
 from typer.testing import CliRunner
 
+from commands import one_line
 from h3cli.main import app
+from h3core.errors import PartitionError
 
 runner = CliRunner()
 
@@ -36,28 +39,24 @@ def test_plan_uses_h3_world_size_when_no_count():
     assert data["world_size"] == 4
 
 
-def test_plan_57_fails_with_one_line_and_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "h3cli.main", "plan", "57"], capture_output=True, text=True)
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "56 attention heads" in lines[0] and "57" in lines[0]
-    assert "Traceback" not in proc.stderr
+def test_plan_57_fails_with_one_line_and_exit_2(h3):
+    code, out, err = h3("plan", "57")
+    assert code == 2
+    assert out == ""
+    line = one_line(err)
+    assert "56 attention heads" in line and "57" in line
 
 
-def test_bad_env_value_is_one_line():
-    proc = subprocess.run(
-        [sys.executable, "-m", "h3cli.main", "plan"], capture_output=True, text=True, env={"H3_WORLD_SIZE": "six", "PATH": ""}
-    )
-    assert proc.returncode == 2 and "H3_WORLD_SIZE='six'" in proc.stderr and "Traceback" not in proc.stderr
+def test_bad_env_value_is_one_line(h3, monkeypatch):
+    monkeypatch.setenv("H3_WORLD_SIZE", "six")
+    code, _, err = h3("plan")
+    assert code == 2 and "H3_WORLD_SIZE='six'" in one_line(err)
 
 
-def test_debug_variable_shows_the_traceback():
-    import os
-
-    env = {**os.environ, "H3_DEBUG": "1"}
-    proc = subprocess.run([sys.executable, "-m", "h3cli.main", "plan", "57"], capture_output=True, text=True, env=env)
-    assert proc.returncode != 0 and "Traceback" in proc.stderr
+def test_debug_variable_shows_the_traceback(h3, monkeypatch):
+    monkeypatch.setenv("H3_DEBUG", "1")  # main lets the error through: Python prints its traceback
+    with pytest.raises(PartitionError, match="56 attention heads"):
+        h3("plan", "57")
 
 
 def test_version_and_help():

@@ -8,16 +8,16 @@ checked for the API key.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from dataclasses import dataclass
 
 import pytest
 from runpod_fake import SERVER_EDITION, TEST_KEY, WORKSTATION_EDITION, problem
+from typer.testing import CliRunner
 
 import h3core.pod.client as client_module
-from h3cli.main import main
+from commands import h3_process
+from h3cli.main import app, main
 from h3core.pod import RetryPolicy
 
 PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGh3dGVzdGtleWgzdGVzdGtleWgzdGVzdGtleQ h3@test"
@@ -310,10 +310,8 @@ def test_a_stalled_read_times_out_with_one_line(h3, runpod, monkeypatch):
 
 
 def _h3_process(runpod, *args: str, key: str = TEST_KEY) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RUNPOD_API_KEY": key, "RUNPOD_API_BASE_URL": runpod.base_url, "COLUMNS": "200",
-           "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
-    env.pop("H3_DEBUG", None)
-    proc = subprocess.run([sys.executable, "-m", "h3cli.main", "pod", *args], capture_output=True, text=True, env=env, timeout=60)
+    env = {"RUNPOD_API_KEY": key, "RUNPOD_API_BASE_URL": runpod.base_url, "COLUMNS": "200", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+    proc = h3_process("pod", *args, env=env, timeout=60)
     assert TEST_KEY not in proc.stdout and TEST_KEY not in proc.stderr
     return proc
 
@@ -338,7 +336,7 @@ def test_create_get_terminate_in_real_processes(runpod, key_file):
 
 
 def test_help_lists_the_pod_commands():
-    proc = subprocess.run([sys.executable, "-m", "h3cli.main", "pod", "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
-    assert proc.returncode == 0
+    result = CliRunner().invoke(app, ["pod", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
     for command in ("catalog", "create", "get", "list", "terminate"):
-        assert command in proc.stdout
+        assert command in result.stdout

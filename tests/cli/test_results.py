@@ -10,48 +10,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import h3core.outputs as outputs_module
-from h3cli.main import main
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("cache"))
-
-
-@pytest.fixture
-def h3(capsys, monkeypatch, cache):
-    monkeypatch.setenv("COLUMNS", "300")
-    monkeypatch.setenv("H3_CACHE_DIR", cache)
-    monkeypatch.delenv("H3_DEBUG", raising=False)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else 1
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+from commands import h3_popen, one_line as _error
 
 
 def _entries(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
-
-
-def _error(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def test_a_rerun_into_a_folder_with_results_is_refused_or_replaces_it_whole(h3, tmp_path):
@@ -75,45 +44,45 @@ def test_a_rerun_into_a_folder_with_results_is_refused_or_replaces_it_whole(h3, 
     ],
 )
 def test_output_problems_are_found_before_any_rank_starts(h3, tmp_path, monkeypatch, args, needle):
-    import h3core.pipeline as pipeline
+    import h3core.generate.run as generate_run
 
     (tmp_path / "file").write_text("mine")
     (tmp_path / "folder").mkdir()
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(pipeline, "execute", lambda *a, **k: pytest.fail("a rank started"))
+    monkeypatch.setattr(generate_run, "execute", lambda *a, **k: pytest.fail("a rank started"))
     code, _, err = h3("generate", "--steps", "1", *(a.format(tmp=tmp_path) for a in args))
     assert code == 2 and needle in _error(err)
     assert _entries(tmp_path) == ["file", "folder"] and (tmp_path / "file").read_text() == "mine"
 
 
 def test_a_full_disk_while_writing_is_one_line_and_leaves_nothing(h3, tmp_path, monkeypatch):
-    real = outputs_module._write_synced
+    real = outputs_module.write_atomic
 
     def full_at_the_report(path, data):
         if "report.json" in path.name:
             raise OSError(28, "No space left on device")  # ENOSPC after the latents were written
         real(path, data)
 
-    monkeypatch.setattr(outputs_module, "_write_synced", full_at_the_report)
+    monkeypatch.setattr(outputs_module, "write_atomic", full_at_the_report)
     code, _, err = h3("generate", "--steps", "1", "-o", str(tmp_path / "run"), "--benchmark", str(tmp_path / "bench.json"))
     assert code == 1 and "report.json: no space left on the device; nothing was written" in _error(err)
     assert _entries(tmp_path) == []  # no latents without a report, no benchmark copy, no staging
 
 
 def test_ctrl_c_in_process_says_nothing_was_written(h3, tmp_path, monkeypatch):
-    import h3core.pipeline as pipeline
+    import h3core.generate.run as generate_run
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "build_report", interrupted)  # after every rank finished, before publishing
+    monkeypatch.setattr(generate_run, "build_report", interrupted)  # after every rank finished, before publishing
     code, _, err = h3("generate", "--steps", "1", "-o", str(tmp_path / "run"))
     assert code == 130 and _error(err) == "interrupted (Ctrl-C); nothing was written"
     assert _entries(tmp_path) == []
 
 
 def test_an_interrupted_matrix_publishes_the_cells_it_finished(h3, tmp_path, monkeypatch):
-    import h3core.matrix as matrix
+    import h3core.matrix.run as matrix
 
     real, calls = matrix.execute, []
 
@@ -132,9 +101,7 @@ def test_an_interrupted_matrix_publishes_the_cells_it_finished(h3, tmp_path, mon
 
 
 def _h3_process(*args: str, cache: str, **popen) -> subprocess.Popen:
-    env = {**os.environ, "H3_CACHE_DIR": cache}
-    env.pop("H3_DEBUG", None)
-    return subprocess.Popen([sys.executable, "-m", "h3cli.main", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **popen)
+    return h3_popen(*args, env={"H3_CACHE_DIR": cache}, **popen)
 
 
 def _wait_for(condition, seconds: float) -> None:

@@ -4,36 +4,26 @@ failing check (a reduce-scatter broken inside the ranks), and argument errors be
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 
-import pytest
-import torch
 from typer.testing import CliRunner
 
-import h3core.collectives
-from h3cli.main import app, main
+from commands import one_line
+from h3cli.main import app
 from h3core.errors import ConfigError
 from h3core.verify.checks import CHECKS
 from h3core.verify.session import at_each_count
-from h3core.verify.transport import measure_ragged
+from mutations import ragged_with_broken_reduce_scatter
 
 runner = CliRunner()
 
 
-def _h3(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "h3cli.main", *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300
-    )
-
-
-def test_transport_at_two_ranks_prints_json_rows_and_writes_the_report(tmp_path):
+def test_transport_at_two_ranks_prints_json_rows_and_writes_the_report(h3, tmp_path, monkeypatch):
     # The report folder comes from H3_DISTRIBUTED_OUTPUT when --output is not given.
-    proc = _h3("verify", "transport", "--counts", "2", "--device", "cpu", "--json", env={"H3_DISTRIBUTED_OUTPUT": str(tmp_path)})
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    monkeypatch.setenv("H3_DISTRIBUTED_OUTPUT", str(tmp_path))
+    code, out, err = h3("verify", "transport", "--counts", "2", "--device", "cpu", "--json")
+    assert code == 0, err
+    report = json.loads(out)
     assert report["passed"] is True and report["checks"] == ["transport"] and report["world_size"] == 2
     (row,) = report["rows"]
     assert row["check"] == "transport" and row["count"] == 2 and row["backend"] == "gloo" and row["dtype"] == "fp32"
@@ -51,21 +41,21 @@ def test_table_names_every_row_and_the_totals(tmp_path):
     assert json.loads((tmp_path / "verify.json").read_text())["rows"][0]["backend"] == "none"
 
 
-def test_unknown_check_is_one_line_exit_2():
-    proc = _h3("verify", "transport", "paritee")
-    assert proc.returncode == 2 and proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "unknown check 'paritee'" in lines[0]
-    assert "transport, sdpa, ragged, projection, tp, nvfp4, parity, backends" in lines[0]
+def test_unknown_check_is_one_line_exit_2(h3):
+    code, out, err = h3("verify", "transport", "paritee")
+    assert code == 2 and out == ""
+    line = one_line(err)
+    assert "unknown check 'paritee'" in line
+    assert "transport, sdpa, ragged, projection, tp, nvfp4, parity, backends" in line
 
 
 def test_argument_errors_come_before_any_rank_is_started(monkeypatch):
-    import h3core.launch
+    import h3core.runtime.world
 
     def no_spawn(*args, **kwargs):
         raise AssertionError("a World was started")
 
-    monkeypatch.setattr(h3core.launch, "World", no_spawn)
+    monkeypatch.setattr(h3core.runtime.world, "World", no_spawn)
     for args in (["verify", "paritee"], ["verify", "--counts", "2,x"], ["verify", "--preset", "huge"], ["verify", "--device", "tpu"]):
         result = runner.invoke(app, args)
         assert isinstance(result.exception, ConfigError), (args, result.exception)
@@ -74,35 +64,15 @@ def test_argument_errors_come_before_any_rank_is_started(monkeypatch):
 # --- a broken piece fails the command -----------------------------------------------------------------------
 
 
-def _drop_last_rank(reduce_scatter):
-    def broken(x, rows, group=None, stats=None):
-        rank, size = h3core.collectives.group_rank_and_size(group)
-        return reduce_scatter(torch.zeros_like(x) if rank == size - 1 else x, rows, group, stats)
-
-    return broken
-
-
-def _ragged_with_broken_reduce_scatter(ctx, spec):
-    """Runs on every rank: the ragged check with a reduce-scatter that loses the last rank's partial."""
-    real = h3core.collectives.reduce_scatter_rows
-    h3core.collectives.reduce_scatter_rows = _drop_last_rank(real)
-    try:
-        return measure_ragged(ctx, spec)
-    finally:
-        h3core.collectives.reduce_scatter_rows = real
-
-
-def test_a_failing_check_exits_1_with_the_error_and_still_writes_the_report(tmp_path, monkeypatch, capsys):
-    broken = replace(CHECKS["ragged"], run=at_each_count(_ragged_with_broken_reduce_scatter))
+def test_a_failing_check_exits_1_with_the_error_and_still_writes_the_report(h3, tmp_path, monkeypatch):
+    broken = replace(CHECKS["ragged"], run=at_each_count(ragged_with_broken_reduce_scatter))
     monkeypatch.setitem(CHECKS, "ragged", broken)
-    with pytest.raises(SystemExit) as exit_info:
-        main(["verify", "ragged", "--counts", "2", "--device", "cpu", "--json", "--output", str(tmp_path)])
-    assert exit_info.value.code == 1
-    out = capsys.readouterr()
-    report = json.loads(out.out)
+    code, out, err = h3("verify", "ragged", "--counts", "2", "--device", "cpu", "--json", "--output", str(tmp_path))
+    assert code == 1
+    report = json.loads(out)
     gather, reduce_scatter = report["rows"]
     assert gather["verdict"] == "pass"
     assert reduce_scatter["verdict"] == "fail" and reduce_scatter["max_abs"] > 1 and reduce_scatter["relative"] > 0.1
     assert report["passed"] is False and json.loads((tmp_path / "verify.json").read_text()) == report
-    lines = out.err.strip().splitlines()
-    assert len(lines) == 1 and "ragged reduce_scatter_rows at 2 rank(s)" in lines[0] and "exceeds bitwise equality" in lines[0]
+    line = one_line(err)
+    assert "ragged reduce_scatter_rows at 2 rank(s)" in line and "exceeds bitwise equality" in line

@@ -4,7 +4,7 @@ for the checks at 2, 4 and 6 ranks."""
 
 import pytest
 
-from h3core.launch import World
+from h3core.runtime.world import World
 
 DIST_RANKS = 8
 
@@ -14,9 +14,3 @@ def world8():
     with World(DIST_RANKS, "cpu", timeout_s=120) as world:
         yield world
 
-
-@pytest.fixture(scope="session")
-def world6(world8):
-    """The verify checks run at 2 and 6 ranks (56 heads and the narrow preset's 74 NVFP4 blocks
-    are both ragged over 6); they take those counts as sub-groups of the shared World."""
-    return world8

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 from h3core.errors import ConfigError, RankFailure
-from h3core.launch import FAULT_ENV, World, maybe_inject_fault
+from h3core.runtime.faults import FAULT_ENV, maybe_inject_fault
+from h3core.runtime.world import World
 
 PROMPT_S = 15  # "within seconds", with room for a loaded 2-core machine
 

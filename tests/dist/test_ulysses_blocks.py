@@ -4,9 +4,11 @@ import pytest
 import torch
 
 from h3core.model import AttentionCore, ProjectedQKV
-from h3core.parallel import ParallelRuntime
+from h3core.parallel.runtime import ParallelRuntime
 from h3core.parallel.ulysses import UlyssesAttention
-from h3core.partition import token_spans
+from h3core.config import preset
+from h3core.plan import Mode, ParallelPlan
+from h3core.sequence import SegmentKind, pack_segments
 
 
 def _both_paths(ctx, size, num_tokens, num_heads, head_dim):
@@ -16,12 +18,14 @@ def _both_paths(ctx, size, num_tokens, num_heads, head_dim):
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(num_tokens, num_heads, head_dim, generator=g) for _ in range(3))  # [S, H, Dh]
     angles = torch.rand(num_tokens, head_dim // 2, generator=g) * 30
-    tokens = token_spans(num_tokens, size)
+    config = preset("narrow").model_copy(update={"num_heads": num_heads, "head_dim": head_dim})
+    plan = ParallelPlan.build(config, size, Mode.ULYSSES, pack_segments([(SegmentKind.TEXT, num_tokens)]))
+    tokens = plan.sequences[0].tokens
     rows = slice(tokens[sub.rank].start, tokens[sub.rank].stop)
     mine = ProjectedQKV(q[rows], k[rows], v[rows], angles[rows].cos(), angles[rows].sin())
-    runtime = ParallelRuntime(sub.group, sub.rank, size, num_heads)
+    runtime = ParallelRuntime(plan, sub.rank, sub.group)
     attention = UlyssesAttention(AttentionCore("math"), runtime)
-    with runtime.sequence(tokens), torch.inference_mode():
+    with runtime.sequence(plan.sequences[0]), torch.inference_mode():
         fused = attention.attend_projected(mine)  # [S_loc, H, Dh]
         finished_first = attention(*mine.split())
     one_rank = AttentionCore("math").attend_projected(ProjectedQKV(q, k, v, angles.cos(), angles.sin()))[rows]

@@ -10,20 +10,20 @@ from dataclasses import replace
 import pytest
 import torch
 
-import h3core.collectives
 import h3core.model
 import h3core.parallel.tensor
 import h3core.partition
-from h3core.launch import World
+from h3core.runtime.world import World
 from h3core.verify.checks import CHECKS
 from h3core.verify.runner import build_spec
 from h3core.verify.session import Session, at_each_count
 from h3core.verify.spec import VerifyConfig
 from h3core.parity import layer_tolerance, tolerance
-from h3core.partition import ColumnSlice, Span
+from h3core.nvfp4.layout import ColumnSlice
+from h3core.span import Span
 from h3core.plan import Mode
-from h3core.verify.transport import measure_ragged
 from h3core.verify.layers import measure_projection, measure_tp
+from mutations import drop_last_rank, ragged_with_broken_reduce_scatter
 
 COUNTS = [2, 6]
 
@@ -34,8 +34,8 @@ def spec():
 
 
 @pytest.fixture(scope="module")
-def session(world6, spec):
-    return Session(world6, spec, COUNTS, unusable={})
+def session(world8, spec):
+    return Session(world8, spec, COUNTS, unusable={})
 
 
 def run_check(session: Session, name: str):
@@ -85,39 +85,18 @@ def test_backends_math_runs_and_cuda_backends_are_skipped_with_the_reason(sessio
 # --- broken pieces, patched inside every rank -----------------------------------------------------------
 
 
-def _drop_last_rank(reduce_scatter):
-    """A reduce-scatter that loses the last rank's partial (the rank sends zeros instead)."""
-
-    def broken(x, rows, group=None, stats=None):
-        rank, size = h3core.collectives.group_rank_and_size(group)
-        if rank == size - 1:
-            x = torch.zeros_like(x)
-        return reduce_scatter(x, rows, group, stats)
-
-    return broken
-
-
-def _ragged_with_broken_reduce_scatter(ctx, spec):
-    real = h3core.collectives.reduce_scatter_rows
-    h3core.collectives.reduce_scatter_rows = _drop_last_rank(real)
-    try:
-        return measure_ragged(ctx, spec)
-    finally:
-        h3core.collectives.reduce_scatter_rows = real
-
-
 def _tp_with_broken_reduce_scatter(ctx, spec):
     real = h3core.parallel.tensor.reduce_scatter_rows
-    h3core.parallel.tensor.reduce_scatter_rows = _drop_last_rank(real)
+    h3core.parallel.tensor.reduce_scatter_rows = drop_last_rank(real)
     try:
         return measure_tp(ctx, spec)
     finally:
         h3core.parallel.tensor.reduce_scatter_rows = real
 
 
-def test_a_reduce_scatter_that_drops_a_rank_fails_ragged_with_the_error(world6, spec):
-    session = Session(world6, spec, [2], unusable={})
-    broken = replace(CHECKS["ragged"], run=at_each_count(_ragged_with_broken_reduce_scatter))
+def test_a_reduce_scatter_that_drops_a_rank_fails_ragged_with_the_error(world8, spec):
+    session = Session(world8, spec, [2], unusable={})
+    broken = replace(CHECKS["ragged"], run=at_each_count(ragged_with_broken_reduce_scatter))
     gather, reduce_scatter = broken.run(session, broken)
     assert gather.verdict == "pass"
     assert reduce_scatter.verdict == "fail" and reduce_scatter.max_abs > 1 and reduce_scatter.relative > 0.1
@@ -126,8 +105,8 @@ def test_a_reduce_scatter_that_drops_a_rank_fails_ragged_with_the_error(world6, 
     assert all(r.verdict == "pass" for r in CHECKS["ragged"].run(session, CHECKS["ragged"]))
 
 
-def test_a_reduce_scatter_that_drops_a_rank_fails_tp(world6, spec):
-    session = Session(world6, spec, [2], unusable={})
+def test_a_reduce_scatter_that_drops_a_rank_fails_tp(world8, spec):
+    session = Session(world8, spec, [2], unusable={})
     broken = replace(CHECKS["tp"], run=at_each_count(_tp_with_broken_reduce_scatter))
     rows = broken.run(session, broken)
     assert [r.mode for r in rows] == ["attention", "mlp"]
@@ -200,8 +179,8 @@ def _projection_with_a_wrong_segment(ctx, spec):
         ("projection", _projection_with_a_wrong_segment, ["final layer"]),
     ],
 )
-def test_real_bugs_exceed_the_bounds_by_orders_of_magnitude(world6, spec, check, broken, variants):
-    session = Session(world6, spec, [2], unusable={})
+def test_real_bugs_exceed_the_bounds_by_orders_of_magnitude(world8, spec, check, broken, variants):
+    session = Session(world8, spec, [2], unusable={})
     mutated = replace(CHECKS[check], run=at_each_count(broken))
     rows = {row.mode: row for row in mutated.run(session, mutated)}
     for variant in variants:

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from h3core.errors import ResourceLimit
-from h3core.limits import CUDA_CONTEXT_BYTES, capacity, generate_need
-from h3core.pipeline import GenerateRequest, rank_generate, resolve
+from h3core.limits import CUDA_CONTEXT_BYTES, capacity
+from h3core.generate.memory import generate_need
+from h3core.generate.request import GenerateRequest, resolve
+from h3core.generate.pipeline import rank_generate
 from h3core.plan import Mode, ParallelPlan
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -27,13 +29,13 @@ def test_a_run_no_gpu_can_hold_is_refused_before_any_rank_starts():
 
 
 def test_the_estimate_is_a_lower_bound_of_the_allocator_peak():
-    from h3core.launch import World
+    from h3core.runtime.world import World
 
     run = resolve(GenerateRequest(preset="h3-2blocks", steps=2, device="cuda"))
     text = min(len(run.request.prompt.encode()), run.config.max_text_tokens)
     plan = ParallelPlan.build(run.config, 1, Mode.ULYSSES, run.config.segments(run.shape.width, run.shape.height, run.shape.frames, text))
     elements = math.prod(run.shape.video_latent) + math.prod(run.shape.audio_latent)
-    need = generate_need(run.config, [plan], elements, 2, "cuda", torch.bfloat16, "sdpa", spawned=False)
+    need = generate_need(run.config, plan, elements, 2, "cuda", torch.bfloat16, "sdpa", spawned=False)
     with World(1, "cuda") as world:
         (outcome,) = world.run(rank_generate, run)
     # the allocator's peak while sampling counts everything allocated then: weights, RoPE table, activations

@@ -71,8 +71,14 @@ def test_bf16_path_matches_the_dense_reference():
 def test_float32_input_comes_back_float32_on_the_bf16_path():
     linear = make_linear(64, 128).to(CUDA)
     linear.fp4_matmul = False
-    y = linear(torch.randn(4, 128, device=CUDA))
-    assert y.dtype == torch.float32
+    x = torch.randn(4, 128, device=CUDA)
+    y = linear(x)
+    assert y.dtype == torch.float32 and y.shape == (4, 64)
+    # the values are the bf16 product (inputs rounded to bf16, fp32 accumulation), cast back: close to
+    # the fp32 reference within bf16 rounding, and equal to what the bf16 path gives bf16 input
+    want = F.linear(x.float(), dequantize(linear.nvfp4), linear.bias)
+    assert relative_error(y, want) < 1e-2
+    assert torch.equal(y, linear(x.bfloat16()).float())
 
 
 def test_chunked_dequant_bounds_peak_memory():

@@ -6,9 +6,11 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from h3core.attention import attend, is_math_kernel, kernels_run, reset_kernel_record
-from h3core.launch import World
+from h3core.runtime.world import World
 from h3core.parity import latent_parity, run_tolerance
-from h3core.pipeline import GenerateRequest, execute, rank_generate, resolve
+from h3core.generate.request import GenerateRequest, resolve
+from h3core.generate.run import execute
+from h3core.generate.pipeline import rank_generate
 from h3core.plan import Mode
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

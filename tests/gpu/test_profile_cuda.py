@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from h3core.collectives import send_blocks
-from h3core.launch import World
+from h3core.runtime.world import World
 from h3core.model import ProjectedQKV
 from h3core.partition import head_spans
-from h3core.pipeline import GenerateRequest, rank_generate, resolve
+from h3core.generate.request import GenerateRequest, resolve
+from h3core.generate.pipeline import rank_generate
 from h3core.plan import Mode
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

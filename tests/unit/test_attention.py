@@ -47,7 +47,8 @@ def test_sdpa_runs_a_fused_kernel_at_h3_shapes(heads, head_dim, dtype):
 
 def test_the_model_runs_sdpa_fused_end_to_end():
     """A whole one-rank run of the tiny preset with math forbidden: every attention call is fused."""
-    from h3core.pipeline import GenerateRequest, one_rank_latents, resolve
+    from h3core.generate.request import GenerateRequest, resolve
+    from h3core.generate.run import one_rank_latents
 
     run = resolve(GenerateRequest(preset="tiny", steps=1))
     reset_kernel_record()
@@ -156,7 +157,7 @@ def test_flash_is_refused_where_it_cannot_run(monkeypatch, capability, head_dim,
 
 
 def test_generate_refuses_fp32_with_flash_before_spawning(monkeypatch):
-    from h3core.pipeline import GenerateRequest, resolve
+    from h3core.generate.request import GenerateRequest, resolve
 
     fake_module(monkeypatch, "flash_attn", "2.8.3", flash_attn_func=lambda *a, **k: None)
     monkeypatch.setattr(attention, "_gpu_capability", lambda: H100)

@@ -4,12 +4,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from h3core.checkpoint import Checkpoint, synthetic_checkpoint, synthetic_tensors, write_checkpoint
+from h3core.checkpoint import Checkpoint
 from h3core.config import preset
 from h3core.errors import CheckpointError
-from h3core.model import rope_table, token_positions
-from h3core.pipeline import RunShape, build_sequence, local_inputs, noise_tokens
-from h3core.partition import Span
+from h3core.files.safetensors import write_safetensors
+from h3core.generate.request import RunShape
+from h3core.generate.sequences import build_sequence, noise_tokens
+from h3core.plan import Mode, ParallelPlan
+from h3core.synthetic import synthetic_checkpoint, synthetic_tensors
 
 CFG = preset("tiny")
 
@@ -22,12 +24,13 @@ def ckpt_path(tmp_path_factory):
 
 
 def _inputs(cfg=CFG):
+    """The model input of every row of a 7-token prompt's sequence at the preset's size, with seeded noise."""
     shape = RunShape(width=cfg.width, height=cfg.height, frames=cfg.frames, steps=2, shift=5.0,
                      video_latent=cfg.video_latent_shape(cfg.width, cfg.height, cfg.frames),
                      audio_latent=cfg.audio_latent_shape(cfg.frames), video_grid=cfg.video_grid(cfg.width, cfg.height, cfg.frames))
-    seq = build_sequence(cfg, shape, torch.randn(7, cfg.text_dim, generator=torch.Generator().manual_seed(1)))
-    rope = rope_table(cfg, token_positions(seq.segments, shape.video_grid))
-    return local_inputs(seq, Span(0, seq.segments[-1].stop), noise_tokens(cfg, shape, 5), rope)
+    plan = ParallelPlan.build(cfg, 1, Mode.ULYSSES, cfg.segments(cfg.width, cfg.height, cfg.frames, 7)).sequences[0]
+    seq = build_sequence(cfg, plan, torch.randn(7, cfg.text_dim, generator=torch.Generator().manual_seed(1)), shape.video_grid, torch.device("cpu"))
+    return seq.local_inputs(0, noise_tokens(cfg, shape, 5))
 
 
 def test_cache_is_reused_and_deterministic(ckpt_path, tmp_path):
@@ -122,14 +125,14 @@ def test_missing_file(tmp_path):
 
 
 def test_atomic_write_leaves_nothing_when_interrupted(tmp_path, monkeypatch):
-    import h3core.checkpoint as ck
+    import h3core.files.safetensors as st
 
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ck, "save_file", boom)
+    monkeypatch.setattr(st, "save_file", boom)  # the one writer every checkpoint goes through
     with pytest.raises(KeyboardInterrupt):
-        write_checkpoint({"x": torch.zeros(2)}, tmp_path / "c.safetensors", {})
+        write_safetensors(tmp_path / "c.safetensors", {"x": torch.zeros(2)}, {})
     assert list(tmp_path.iterdir()) == []
 
 
@@ -157,7 +160,8 @@ def test_synthetic_input_scales_are_calibrated_amax_over_6x448(ckpt_path):
     its input over the calibration pass rounded up to 3 significant bits."""
     import math
 
-    from h3core.checkpoint import CALIBRATION_STEPS, nvfp4_prefixes
+    from h3core.synthetic import CALIBRATION_STEPS
+    from h3core.checkpoint import nvfp4_prefixes
 
     tensors = load_file(str(ckpt_path))
     model = Checkpoint.open(ckpt_path, CFG).load()
@@ -220,7 +224,7 @@ def test_tensor_mode_shards_read_from_disk_are_prepared_and_padded(ckpt_path, mo
     monkeypatch.setattr(NVFP4Linear, "emulate_fp4", True)
     ckpt = Checkpoint.open(ckpt_path, CFG)
     odd = nvfp4_column_slices(CFG.mlp_width, 6)[-1]  # 22 blocks over 6: the last rank holds 3 (48 inputs)
-    shard = ckpt.read_linear("blocks.0.mlp.fc2", columns=odd)
+    shard = ckpt.weight_source("cpu").linear("blocks.0.mlp.fc2", columns=odd)
     assert odd.blocks % 2 and shard.prepared and shard.fp4_weight is not None
     assert shard.fp4_weight.shape == (CFG.hidden, 32)  # K 48 -> 64: 32 packed bytes per row
     assert shard.input_scale is not None  # the whole input's static scale, the same on every rank

@@ -11,8 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import h3core.checkpoint as checkpoint
-from h3core.checkpoint import Checkpoint, synthetic_checkpoint
+import h3core.synthetic as synthetic
+from h3core.checkpoint import Checkpoint
+from h3core.synthetic import synthetic_checkpoint
 from h3core.config import preset
 from h3core.errors import CheckpointError
 
@@ -111,7 +112,7 @@ def test_an_unwritable_or_full_cache_folder_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("x")
     with pytest.raises(CheckpointError, match=r"cannot write the synthetic checkpoint \(\d+ MiB\) to the cache folder .*: .*; set H3_CACHE_DIR"):
         synthetic_checkpoint(CFG, seed=0, directory=tmp_path / "file" / "cache")
-    monkeypatch.setattr(checkpoint, "free_bytes", lambda folder: 0)
+    monkeypatch.setattr(synthetic, "free_bytes", lambda folder: 0)
     with pytest.raises(CheckpointError, match="no space left on the device; set H3_CACHE_DIR to a writable folder"):
         synthetic_checkpoint(CFG, seed=0, directory=tmp_path / "full")
     assert not list((tmp_path / "full").glob("*.safetensors"))

@@ -2,7 +2,7 @@ import pytest
 
 from h3core.config import PRESETS, ModelConfig, preset
 from h3core.errors import ConfigError
-from h3core.partition import SegmentKind as K
+from h3core.sequence import SegmentKind as K
 
 
 def test_h3_token_count_at_the_reference_resolution():

@@ -3,7 +3,8 @@
 import pytest
 
 from h3core.errors import ConfigError
-from h3core.launch import FAULT_ENV, FaultSpec, maybe_inject_fault, parse_fault_specs
+from h3core.runtime import faults
+from h3core.runtime.faults import FAULT_ENV, FaultSpec, maybe_inject_fault, parse_fault_specs
 
 
 def test_parse_forms():
@@ -32,8 +33,12 @@ def test_matching():
 
 
 def test_hook_is_a_no_op_when_unset(monkeypatch):
-    monkeypatch.delenv(FAULT_ENV, raising=False)
-    maybe_inject_fault("step", 1, 2)
+    monkeypatch.setenv(FAULT_ENV, "step:2@1")
+    with pytest.raises(RuntimeError):
+        maybe_inject_fault("step", 1, 2)  # armed, the point fails (and its spec is cached)
+    monkeypatch.delenv(FAULT_ENV)
+    monkeypatch.setattr(faults, "parse_fault_specs", lambda text: pytest.fail(f"parsed {text!r} with the variable unset"))
+    assert maybe_inject_fault("step", 1, 2) is None  # unset: the same point passes; nothing is parsed, the cache is not used
 
 
 def test_hook_raises_at_the_named_point_only(monkeypatch):

@@ -1,5 +1,5 @@
-"""h3core.limits: what a run needs per rank, from its plan, against what the machine has (CPU-checkable,
-GPU decisions included)."""
+"""h3core.limits and the needs it checks (h3core.generate.memory, bench-transport's): what a run needs
+per rank, from its plan, against what the machine has (CPU-checkable, GPU decisions included)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ import pytest
 import torch
 
 import h3core.limits as limits
+from h3core.attention import scores_bytes
+from h3core.bench_transport import transport_need
 from h3core.config import preset
 from h3core.errors import ResourceLimit
-from h3core.limits import Capacity, MemoryNeed, check_cpu_ranks, check_memory, generate_need, scores_bytes, transport_need
+from h3core.generate.memory import STEP_BYTES, generate_need
+from h3core.limits import Capacity, MemoryNeed, check_cpu_ranks, check_memory
 from h3core.plan import Mode, ParallelPlan
 
 TINY = preset("tiny")
@@ -21,7 +24,7 @@ def _need(cfg=TINY, ranks=1, mode=Mode.ULYSSES, size=(256, 128, 9), steps=4, att
     w, h, f = size
     plan = ParallelPlan.build(cfg, ranks, mode, cfg.segments(w, h, f, 16))
     elements = math.prod(cfg.video_latent_shape(w, h, f)) + math.prod(cfg.audio_latent_shape(f))
-    return generate_need(cfg, [plan], elements, steps, device, dtype, attention, spawned=ranks > 1), plan
+    return generate_need(cfg, plan, elements, steps, device, dtype, attention, spawned=ranks > 1), plan
 
 
 def test_the_need_follows_the_plan():
@@ -29,7 +32,7 @@ def test_the_need_follows_the_plan():
     s, d = plan.num_tokens, TINY.hidden
     assert one.on_device["rope"] == s * TINY.head_dim * 4
     assert one.on_device["activations"] >= s * 4 * d * 4  # one rank: q|k|v and the output of every head, fp32
-    assert one.on_host["steps"] == 4 * limits.STEP_BYTES and "process" not in one.on_host  # runs in this process
+    assert one.on_host["steps"] == 4 * STEP_BYTES and "process" not in one.on_host  # runs in this process
     four, _ = _need(ranks=4)
     assert four.on_device["activations"] < one.on_device["activations"] and four.on_host["process"] == limits.PROCESS_BYTES
     assert four.host_total() == 4 * (sum(four.on_device.values()) + sum(four.on_host.values()))

@@ -1,19 +1,37 @@
-"""`h3 matrix` without running a model: settings precedence, skip logic, summary math, rendering."""
+"""`h3 matrix` without running a model: settings precedence (`h3core.settings`), skip logic, summary math, rendering."""
 
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from h3core import launch
-from h3core import matrix as mx
+from h3core import settings
 from h3core.errors import CheckFailed, ConfigError, PartitionError
-from h3core.matrix import CellStatus, MatrixCell, MatrixReport, MatrixRequest
-from h3core.matrix_render import COLUMNS, chart_png, markdown, notes, size_label, summary_rows
+from h3core.generate.report import StepDone
+from h3core.generate.request import GenerateRequest
+from h3core.matrix import cells as mx_cells
+from h3core.matrix.cells import PlannedCell, plan_cells, skip_reason
+from h3core.matrix.render import COLUMNS, chart_png, markdown, notes, summary_rows
+from h3core.matrix.report import SINGLE_STEP_NOTE, CellStatus, MatrixCell, MatrixReport
+from h3core.matrix.request import MatrixRequest
+from h3core.matrix.run import _Bar
+from h3core.matrix.summary import scaling, steady_step_seconds, summarise
 from h3core.parity import LatentParity
-from h3core.pipeline import GenerateRequest, StepDone
 from h3core.plan import Mode
 from h3core.report import Versions
+from h3core.reports.units import format_bytes
+
+def counts_setting(flag):
+    return MatrixRequest.build(GenerateRequest(device="cpu"), counts=flag, output=Path("unused")).counts
+
+
+def modes_setting(flag):
+    return MatrixRequest.build(GenerateRequest(device="cpu"), modes=flag, output=Path("unused")).modes
+
+
+def output_setting(flag):
+    return MatrixRequest.build(GenerateRequest(device="cpu"), output=flag).output
+
 
 SEED_VARS = ("H3_GPU_COUNTS", "H3_DISTRIBUTED_MODES", "H3_SAVE_LATENTS", "H3_WORLD_SIZE", "H3_DISTRIBUTED_OUTPUT", "H3_DISTRIBUTED_BENCHMARK")
 
@@ -28,40 +46,40 @@ def clean_env(monkeypatch):
 
 
 def test_counts_default_is_the_seeds_matrix():
-    assert mx.counts_setting(None) == [1, 2, 4, 6, 8]
+    assert counts_setting(None) == [1, 2, 4, 6, 8]
 
 
 def test_counts_variable_beats_default_and_flag_beats_variable(monkeypatch):
     monkeypatch.setenv("H3_GPU_COUNTS", "8,2 4")
-    assert mx.counts_setting(None) == [2, 4, 8]  # ascending, spaces allowed
-    assert mx.counts_setting("1,1,3") == [1, 3]  # the flag wins; duplicates dropped
+    assert counts_setting(None) == [2, 4, 8]  # ascending, spaces allowed
+    assert counts_setting("1,1,3") == [1, 3]  # the flag wins; duplicates dropped
 
 
 @pytest.mark.parametrize("value", ["1,x", "0,2", ","])
 def test_bad_counts_variable_names_it(monkeypatch, value):
     monkeypatch.setenv("H3_GPU_COUNTS", value)
     with pytest.raises(ConfigError, match="H3_GPU_COUNTS"):
-        mx.counts_setting(None)
+        counts_setting(None)
 
 
 def test_bad_counts_flag_names_the_flag():
     with pytest.raises(ConfigError, match="--counts"):
-        mx.counts_setting("2,-1")
+        counts_setting("2,-1")
 
 
 def test_modes_default_variable_and_flag(monkeypatch):
-    assert mx.modes_setting(None) == [Mode.ULYSSES, Mode.TENSOR]
+    assert modes_setting(None) == [Mode.ULYSSES, Mode.TENSOR]
     monkeypatch.setenv("H3_DISTRIBUTED_MODES", "Tensor")
-    assert mx.modes_setting(None) == [Mode.TENSOR]
-    assert mx.modes_setting("tensor,ulysses,tensor") == [Mode.TENSOR, Mode.ULYSSES]  # flag wins, order kept
+    assert modes_setting(None) == [Mode.TENSOR]
+    assert modes_setting("tensor,ulysses,tensor") == [Mode.TENSOR, Mode.ULYSSES]  # flag wins, order kept
 
 
 def test_unknown_mode_names_its_source(monkeypatch):
     monkeypatch.setenv("H3_DISTRIBUTED_MODES", "ulysses,ring")
     with pytest.raises(ConfigError, match="H3_DISTRIBUTED_MODES .* 'ring'; choose from ulysses, tensor"):
-        mx.modes_setting(None)
+        modes_setting(None)
     with pytest.raises(ConfigError, match="--modes is empty"):
-        mx.modes_setting(",")
+        modes_setting(",")
 
 
 @pytest.mark.parametrize(("flag", "variable", "expected"), [
@@ -71,36 +89,34 @@ def test_unknown_mode_names_its_source(monkeypatch):
 def test_save_latents_precedence(monkeypatch, flag, variable, expected):
     if variable is not None:
         monkeypatch.setenv("H3_SAVE_LATENTS", variable)
-    assert mx.save_latents_setting(flag) is expected
+    assert settings.save_latents(flag) is expected
 
 
 def test_save_latents_rejects_a_non_boolean(monkeypatch):
     monkeypatch.setenv("H3_SAVE_LATENTS", "maybe")
     with pytest.raises(ConfigError, match="H3_SAVE_LATENTS"):
-        mx.save_latents_setting(None)
+        settings.save_latents(None)
 
 
 def test_output_and_benchmark_precedence(monkeypatch, tmp_path):
-    default = mx.output_setting(None)
-    assert default.parent == Path("outputs") and "-matrix-" in default.name and default != mx.output_setting(None)  # never shared
-    assert mx.benchmark_setting(None) is None
+    default = output_setting(None)
+    assert default.parent == Path("outputs") and "-matrix-" in default.name and default != output_setting(None)  # never shared
+    assert settings.benchmark_path(None) is None
     monkeypatch.setenv("H3_DISTRIBUTED_OUTPUT", str(tmp_path / "env"))
     monkeypatch.setenv("H3_DISTRIBUTED_BENCHMARK", str(tmp_path / "bench.json"))
-    assert mx.output_setting(None) == tmp_path / "env"
-    assert mx.benchmark_setting(None) == tmp_path / "bench.json"
-    assert mx.output_setting(tmp_path / "flag") == tmp_path / "flag"
-    assert mx.benchmark_setting(tmp_path / "b.json") == tmp_path / "b.json"
+    assert output_setting(None) == tmp_path / "env"
+    assert settings.benchmark_path(None) == tmp_path / "bench.json"
+    assert output_setting(tmp_path / "flag") == tmp_path / "flag"
+    assert settings.benchmark_path(tmp_path / "b.json") == tmp_path / "b.json"
 
 
 def test_world_size_count_beats_variable_beats_visible_gpus(monkeypatch):
-    monkeypatch.setattr(launch, "visible_gpu_count", lambda: 4)
-    assert launch.resolve_world_size(None) == 4  # default: every visible GPU
+    assert settings.world_size(None, lambda: 4) == 4  # default: every visible GPU
     monkeypatch.setenv("H3_WORLD_SIZE", "2")
-    assert launch.resolve_world_size(None) == 2  # the variable beats the default
-    assert launch.resolve_world_size(6) == 6  # the positional count beats the variable
-    monkeypatch.setattr(launch, "visible_gpu_count", lambda: 0)
+    assert settings.world_size(None, lambda: 4) == 2  # the variable beats the default
+    assert settings.world_size(6, lambda: 4) == 6  # the positional count beats the variable
     monkeypatch.delenv("H3_WORLD_SIZE")
-    assert launch.resolve_world_size(None) == 1
+    assert settings.world_size(None, lambda: 0) == 1
 
 
 def test_matrix_counts_ignore_h3_world_size(monkeypatch, tmp_path):
@@ -119,13 +135,13 @@ def _request(counts, modes=(Mode.ULYSSES,), device="cpu", tmp=Path("unused")) ->
 
 
 def test_skip_reason_only_on_cuda():
-    assert mx.skip_reason(8, "cpu", 0) is None  # CPU: Gloo ranks, any count
-    assert mx.skip_reason(2, "cuda", 2) is None
-    assert mx.skip_reason(4, "cuda", 2) == "4 GPUs needed, 2 visible"
+    assert skip_reason(8, "cpu", 0) is None  # CPU: Gloo ranks, any count
+    assert skip_reason(2, "cuda", 2) is None
+    assert skip_reason(4, "cuda", 2) == "4 GPUs needed, 2 visible"
 
 
 def test_cuda_counts_above_the_visible_gpus_are_skipped():
-    planned = mx.plan_cells(_request([2, 4, 8], modes=(Mode.ULYSSES, Mode.TENSOR), device="cuda"), visible_gpus=2)
+    planned = plan_cells(_request([2, 4, 8], modes=(Mode.ULYSSES, Mode.TENSOR), device="cuda"), visible_gpus=2)
     assert [(p.mode, p.count) for p in planned] == [(m, c) for m in (Mode.ULYSSES, Mode.TENSOR) for c in (1, 2, 4, 8)]
     by_count = {p.count: p for p in planned if p.mode is Mode.TENSOR}
     assert by_count[1].run is not None and by_count[1].requested is False  # the baseline, added
@@ -135,7 +151,7 @@ def test_cuda_counts_above_the_visible_gpus_are_skipped():
 
 
 def test_counts_the_partition_rejects_are_skipped_with_its_message():
-    planned = mx.plan_cells(_request([1, 9]), visible_gpus=0)  # tiny has 8 heads
+    planned = plan_cells(_request([1, 9]), visible_gpus=0)  # tiny has 8 heads
     assert planned[0].run is not None and planned[0].requested is True
     assert planned[1].run is None and "9" in planned[1].skip and "head" in planned[1].skip
 
@@ -144,33 +160,33 @@ def test_a_one_rank_cell_that_cannot_resolve_stops_the_matrix(monkeypatch):
     def reject(request):
         raise PartitionError("no")
 
-    monkeypatch.setattr(mx, "resolve", reject)
+    monkeypatch.setattr(mx_cells, "resolve", reject)
     with pytest.raises(PartitionError):
-        mx.plan_cells(_request([1, 2]), visible_gpus=0)
+        plan_cells(_request([1, 2]), visible_gpus=0)
 
 
 # --- summary math --------------------------------------------------------------------------------------
 
 
 def test_scaling():
-    assert mx.scaling(2.0, 0.5, 4) == (4.0, 1.0)
-    speedup, efficiency = mx.scaling(1.2, 0.8, 2)
+    assert scaling(2.0, 0.5, 4) == (4.0, 1.0)
+    speedup, efficiency = scaling(1.2, 0.8, 2)
     assert speedup == pytest.approx(1.5) and efficiency == pytest.approx(0.75)
-    assert mx.scaling(1.0, 2.0, 8) == (0.5, 0.0625)  # slower than one rank: below 1
-    assert mx.scaling(None, 1.0, 2) == (None, None)  # no baseline (the 1-rank cell failed)
-    assert mx.scaling(1.0, 0.0, 2) == (None, None)
+    assert scaling(1.0, 2.0, 8) == (0.5, 0.0625)  # slower than one rank: below 1
+    assert scaling(None, 1.0, 2) == (None, None)  # no baseline (the 1-rank cell failed)
+    assert scaling(1.0, 0.0, 2) == (None, None)
 
 
 def test_step_time_leaves_out_the_warm_up_step():
-    assert mx.steady_step_seconds([5.0, 1.0, 3.0, 2.0]) == 2.0  # median of 1, 3, 2
-    assert mx.steady_step_seconds([5.0, 1.0]) == 1.0
-    assert mx.steady_step_seconds([5.0]) is None  # one step carries warm-up: no step time, no speedup
-    assert mx.steady_step_seconds([]) is None
+    assert steady_step_seconds([5.0, 1.0, 3.0, 2.0]) == 2.0  # median of 1, 3, 2
+    assert steady_step_seconds([5.0, 1.0]) == 1.0
+    assert steady_step_seconds([5.0]) is None  # one step carries warm-up: no step time, no speedup
+    assert steady_step_seconds([]) is None
 
 
 def test_progress_counts_every_planned_step_once():
     seen = []
-    bar = mx._Bar(total=6, callback=seen.append)
+    bar = _Bar(total=6, callback=seen.append)
     bar.start("ulysses x1")
     bar.step(StepDone(step=1, steps=3, seconds=0.1))
     bar.finish(3)
@@ -219,19 +235,19 @@ def report():
 
 
 def test_problems_name_failed_cells_and_failed_parity(report):
-    problems = mx.matrix_problems(report)
+    problems = report.problems()
     assert problems == ["ulysses x4 failed: rank 1 failed: RuntimeError: injected fault", "tensor x2 parity 3e-05 > tolerance 1e-05"]
     with pytest.raises(CheckFailed, match="2 problem"):
-        mx.check_matrix(report)
+        raise report.failure()
 
 
 def test_a_clean_matrix_passes_the_check(report):
-    mx.check_matrix(_report(report.cells[:2]))
+    assert _report(report.cells[:2]).failure() is None
 
 
 def test_unmeasured_parity_is_a_problem(report):
     cell = _cell(Mode.ULYSSES, 2, parity_error="the 1-rank cell failed: boom")
-    assert mx.matrix_problems(_report([cell])) == ["ulysses x2 parity not measured: the 1-rank cell failed: boom"]
+    assert _report([cell]).problems() == ["ulysses x2 parity not measured: the 1-rank cell failed: boom"]
 
 
 def test_summary_rows(report):
@@ -255,7 +271,7 @@ def test_markdown_lists_reasons_and_the_cpu_note(report):
 
 
 def test_size_labels():
-    assert [size_label(n) for n in (None, 512, 722_000, 1_480_000, 24 * 2**30)] == ["-", "512 B", "705 KiB", "1.41 MiB", "24 GiB"]
+    assert [format_bytes(n) for n in (None, 512, 722_000, 1_480_000, 24 * 2**30)] == ["-", "512 B", "705 KiB", "1.41 MiB", "24 GiB"]
 
 
 def test_chart_is_a_png(report):
@@ -268,14 +284,14 @@ def test_chart_is_a_png(report):
 
 def test_a_single_step_shows_no_step_time_speedup_or_efficiency_and_says_why():
     # One step is all warm-up: on 2 cores it once showed a 9.15x speedup and 457% efficiency.
-    from h3core.pipeline import RunFiles
+    from h3core.generate.report import RunFiles
 
-    planned = mx.PlannedCell(Mode.ULYSSES, 2, True, None, None)
+    planned = PlannedCell(Mode.ULYSSES, 2, True, None, None)
     run_report = SimpleNamespace(step_seconds=[0.9], timings={"sampling": 0.9}, ranks_on="2 CPU ranks (Gloo)", ranks=[], comm_total=SimpleNamespace(bytes_sent=0), parity=None, profile=None, files=RunFiles(directory="d", report="d/report.json", latents=None, preview=None))
     run_report.ranks = [SimpleNamespace(peak_memory_sampling_bytes=1, weights=SimpleNamespace(resident=1))]
-    cell = mx.summarise(planned, run_report, 1, baseline_seconds=mx.steady_step_seconds([5.0]), parity_error=None)
+    cell = summarise(planned, run_report, 1, baseline_seconds=steady_step_seconds([5.0]), parity_error=None)
     assert cell.step_seconds is None and cell.speedup is None and cell.efficiency is None
-    report = _report([cell]).model_copy(update={"scaling_note": mx.SINGLE_STEP_NOTE})
+    report = _report([cell]).model_copy(update={"scaling_note": SINGLE_STEP_NOTE})
     row = summary_rows(report)[0]
     assert [row[COLUMNS.index(c)] for c in ("step", "speedup", "eff.")] == ["-", "-", "-"]
     assert any("with 1 denoising step there is no step after the first" in line for line in notes(report))
@@ -283,7 +299,7 @@ def test_a_single_step_shows_no_step_time_speedup_or_efficiency_and_says_why():
 
 
 def test_split_rows_show_each_category_and_how_the_compute_alone_scales():
-    from h3core.matrix_render import SPLIT_COLUMNS, split_rows
+    from h3core.matrix.render import SPLIT_COLUMNS, split_rows
 
     one = {"attention": 0.6, "nvfp4_linears": 0.3, "rest": 0.1, "step": 1.0}
     two = {"attention": 0.3, "nvfp4_linears": 0.15, "seq_to_head": 0.05, "head_to_seq": 0.03, "repartition_rows": 0.02, "rest": 0.05, "step": 0.6}

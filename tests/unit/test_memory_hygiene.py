@@ -12,7 +12,8 @@ import pytest
 from h3core import device as dev
 from h3core.checkpoint import Checkpoint
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.pipeline import GenerateRequest, execute, resolve
+from h3core.generate.request import GenerateRequest, resolve
+from h3core.generate.run import execute
 from h3core.plan import Mode
 
 

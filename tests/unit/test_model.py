@@ -13,7 +13,7 @@ from h3core.model import (
     unpatchify_video,
     apply_rope,
 )
-from h3core.partition import SegmentKind as K, pack_segments
+from h3core.sequence import SegmentKind as K, pack_segments
 
 
 def test_modulation_is_per_segment():

@@ -14,10 +14,13 @@ from safetensors.torch import save_file
 
 from h3core.errors import CheckpointError
 from h3core.nvfp4.codec import dequantize
-from h3core.nvfp4.io import SafetensorsReader, iter_prefixes, linear_tensors, read_linear, write_safetensors
+from h3core.files.safetensors import SafetensorsReader, write_safetensors
+from h3core.nvfp4.io import iter_prefixes, linear_tensors, read_linear
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.shard import column_parallel, row_parallel
-from h3core.partition import ColumnSlice, Span, fused_qkv_rows, head_spans, nvfp4_column_slices
+from h3core.nvfp4.layout import ColumnSlice
+from h3core.span import Span
+from h3core.partition import fused_qkv_rows, head_spans, nvfp4_column_slices
 
 
 def make_linear(out: int, inp: int, seed: int, extras: bool = True) -> NVFP4Linear:
@@ -325,12 +328,12 @@ def test_a_closed_reader_refuses_to_read(checkpoint):
 
 
 def test_write_is_atomic(tmp_path, monkeypatch):
-    import h3core.nvfp4.io as nvfp4_io
+    import h3core.files.safetensors as safetensors_files
 
     def failing_save(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(nvfp4_io, "save_file", failing_save)
+    monkeypatch.setattr(safetensors_files, "save_file", failing_save)
     with pytest.raises(OSError):
         write_safetensors(tmp_path / "out.safetensors", {"x": torch.zeros(1)})
     assert list(tmp_path.iterdir()) == []

@@ -211,7 +211,7 @@ def test_emulation_follows_the_class_flag_then_the_environment(monkeypatch):
     monkeypatch.setenv("H3_EMULATE_FP4", "maybe")
     with pytest.raises(ConfigError, match="H3_EMULATE_FP4='maybe' is not a boolean"):
         make_linear().path
-    from h3core.pipeline import GenerateRequest, resolve
+    from h3core.generate.request import GenerateRequest, resolve
 
     with pytest.raises(ConfigError, match="H3_EMULATE_FP4"):  # refused before any rank starts
         resolve(GenerateRequest(preset="tiny", world_size=3))

@@ -139,7 +139,7 @@ def test_an_unwritable_place_is_one_line_before_the_run(tmp_path, monkeypatch, c
     def refuse(path, data):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(out, "_write_synced", refuse)  # the probe is the first write
+    monkeypatch.setattr(out, "write_atomic", refuse)  # the probe is the first write
     with pytest.raises(ConfigError, match=f"cannot write to .*run \\(--output\\): {words}; choose another --output"):
         Outputs().folder(tmp_path / "run", kind="generate")
     assert _entries(tmp_path) == []
@@ -153,7 +153,7 @@ def test_a_full_disk_while_writing_leaves_nothing(tmp_path, monkeypatch):
         def full(path, data):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(out, "_write_synced", full)
+        monkeypatch.setattr(out, "write_atomic", full)
         with pytest.raises(OutputError, match=r"cannot write .*report.json: no space left on the device; nothing was written"):
             folder.write("report.json", b"{}")
     assert _entries(tmp_path) == []

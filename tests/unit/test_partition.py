@@ -3,7 +3,8 @@ from hypothesis import given, strategies as st
 
 from h3core import partition
 from h3core.errors import NVFP4FormatError, PartitionError
-from h3core.partition import Segment, SegmentKind as K, Span
+from h3core.sequence import Segment, SegmentKind as K, pack_segments
+from h3core.span import Span
 
 
 @pytest.mark.parametrize(
@@ -46,12 +47,12 @@ def test_spans_tile_the_whole_exactly(n, world):
     assert sizes == sorted(sizes, reverse=True)
 
 
-SEGS = partition.pack_segments([(K.TEXT, 10), (K.VIDEO, 20), (K.AUDIO, 5)])
+SEGS = pack_segments([(K.TEXT, 10), (K.VIDEO, 20), (K.AUDIO, 5)])
 
 
 def test_pack_segments_is_back_to_back_and_drops_empty():
     assert SEGS == [Segment(K.TEXT, 0, 10), Segment(K.VIDEO, 10, 30), Segment(K.AUDIO, 30, 35)]
-    assert partition.pack_segments([(K.TEXT, 0), (K.VIDEO, 3)]) == [Segment(K.VIDEO, 0, 3)]
+    assert pack_segments([(K.TEXT, 0), (K.VIDEO, 3)]) == [Segment(K.VIDEO, 0, 3)]
 
 
 @pytest.mark.parametrize(
@@ -82,7 +83,7 @@ def test_clip_segments(interval, expected):
 
 @given(n_text=st.integers(0, 30), n_video=st.integers(1, 60), n_audio=st.integers(0, 30), world=st.integers(1, 8))
 def test_clipped_segments_reassemble_the_original(n_text, n_video, n_audio, world):
-    segs = partition.pack_segments([(K.TEXT, n_text), (K.VIDEO, n_video), (K.AUDIO, n_audio)])
+    segs = pack_segments([(K.TEXT, n_text), (K.VIDEO, n_video), (K.AUDIO, n_audio)])
     total = segs[-1].stop
     if total < world:
         return
@@ -149,7 +150,7 @@ def test_kind_rows_number_each_kind_from_its_own_start():
 
 @given(n_text=st.integers(0, 30), n_video=st.integers(1, 60), n_audio=st.integers(0, 30), world=st.integers(1, 8))
 def test_kind_spans_tile_each_kind_and_agree_with_kind_rows(n_text, n_video, n_audio, world):
-    segs = partition.pack_segments([(K.TEXT, n_text), (K.VIDEO, n_video), (K.AUDIO, n_audio)])
+    segs = pack_segments([(K.TEXT, n_text), (K.VIDEO, n_video), (K.AUDIO, n_audio)])
     if segs[-1].stop < world:
         return
     tokens = partition.token_spans(segs[-1].stop, world)

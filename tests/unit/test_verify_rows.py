@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from h3core.errors import CheckFailed, ConfigError
-from h3core.launch import RankContext
+from h3core.runtime.context import RankContext
 from h3core.nvfp4 import shard
-from h3core.partition import Span
+from h3core.span import Span
 from h3core.report import Versions
 from h3core.verify import nvfp4_layout
 from h3core.verify.checks import CHECKS

@@ -5,24 +5,16 @@ from __future__ import annotations
 
 import io
 
-from h3core.matrix import CHART_NAME, CellStatus, MatrixCell, MatrixReport
+from h3core.matrix.report import CHART_NAME, CellStatus, MatrixCell, MatrixReport
 from h3core.plan import Mode
+from h3core.profile import COLLECTIVES
+from h3core.reports.units import format_bytes
 
 COLUMNS = (
     "mode", "ranks", "status", "sampling", "step", "speedup", "eff.", "peak mem/rank", "weights/rank",
     "coll. sent", "max abs", "rel (tol)", "parity",
 )
 """Summary columns; the last three compare the cell's latents with one rank of the same mode."""
-
-
-def size_label(n: int | None) -> str:
-    """Bytes with three significant digits: 705 KiB, 1.41 MiB, 263 MiB, 24.1 GiB."""
-    if n is None:
-        return "-"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} B"
 
 
 def _number(value: float | None, fmt: str) -> str:
@@ -57,8 +49,8 @@ def summary_rows(report: MatrixReport) -> list[list[str]]:
     for c in report.cells:
         rows.append([
             c.mode.value, str(c.count), _status(c), _seconds(c.sampling_seconds), _seconds(c.step_seconds), _number(c.speedup, ".2f"),
-            _number(c.efficiency, ".0%"), size_label(c.peak_memory_bytes), size_label(c.weight_bytes_per_rank),
-            size_label(c.comm_bytes), *_parity_columns(c),
+            _number(c.efficiency, ".0%"), format_bytes(c.peak_memory_bytes), format_bytes(c.weight_bytes_per_rank),
+            format_bytes(c.comm_bytes), *_parity_columns(c),
         ])
     return rows
 
@@ -80,8 +72,6 @@ def _compute_seconds(split: dict[str, float]) -> float:
 
 def split_rows(report: MatrixReport) -> list[list[str]]:
     """One row per profiled cell, in `SPLIT_COLUMNS` order (empty when no cell was profiled)."""
-    from h3core.profile import COLLECTIVES
-
     baseline = {c.mode: _compute_seconds(c.split) for c in report.cells if c.count == 1 and c.split}
     rows = []
     for c in report.cells:

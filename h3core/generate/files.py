@@ -1,0 +1,55 @@
+"""The files of one `h3 generate` run, staged in its output folder (`h3core.outputs`): the latents
+(unless not saved), a preview PNG of the video latent, the report, and the report's `--benchmark` copy."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from h3core.generate.report import RankOutcome, RunFiles, RunReport
+from h3core.generate.request import ResolvedRun
+from h3core.outputs import FileInFolder, OutputFile, OutputFolder
+from h3core.preview import preview_png
+
+
+def write_outputs(
+    report: RunReport, outcome: RankOutcome, folder: OutputFolder, save_latents: bool, benchmark: OutputFile | FileInFolder | None, under: str = ""
+) -> RunFiles:
+    """Stage the latents (unless not saved), a preview PNG and the report in `folder` (in its
+    subfolder `under`), and the report copy in `benchmark`; they appear when the caller publishes
+    them. The report names the paths the files will have."""
+    place = (lambda name: str(Path(under) / name)) if under else (lambda name: name)
+    latents = _latents(report, outcome, folder, place("latents.safetensors")) if save_latents else None
+    preview = _preview(report, outcome, folder, place("preview.png"))
+    report.files = RunFiles(
+        directory=str(folder.path / under if under else folder.path),
+        report=str(folder.path / place("report.json")),
+        latents=str(latents) if latents else None,
+        preview=str(preview) if preview else None,
+        benchmark=str(benchmark.path) if benchmark else None,
+    )
+    data = (report.model_dump_json(indent=2) + "\n").encode()
+    if benchmark is not None:
+        benchmark.write(data)
+    folder.write(place("report.json"), data)
+    return report.files
+
+
+def _latents(report: RunReport, outcome: RankOutcome, folder: OutputFolder, name: str) -> Path:
+    from safetensors.torch import save as save_tensors
+
+    tensors = {k: t.contiguous() for k, t in outcome.latents.items() if t is not None}
+    return folder.write(name, save_tensors(tensors, metadata={"seed": str(report.seed)}))
+
+
+def _preview(report: RunReport, outcome: RankOutcome, folder: OutputFolder, name: str) -> Path | None:
+    if outcome.video is None:
+        return None
+    title = f"h3 {report.mode.value} x{report.world_size} · seed {report.seed} · weights: {report.weights}"
+    return folder.write(name, preview_png(outcome.video, title))
+
+
+def output_bytes(run: ResolvedRun, save_latents: bool) -> int:
+    """What a run writes, for the free-space check: the float32 latents when saved (report and
+    preview fit in the outputs' margin)."""
+    return 4 * (math.prod(run.shape.video_latent) + math.prod(run.shape.audio_latent)) if save_latents else 0

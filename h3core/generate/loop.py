@@ -1,0 +1,93 @@
+"""The denoising loop on one rank: the velocity of this rank's rows, guidance, the float32 Euler step.
+
+The latent state is this rank's rows of the prompt's sequence (`Latent`, float32) for the whole
+loop. With guidance the negative prompt's sequence splits the same latent rows differently (its
+text is another length): the rows are re-split to its partition for its forward and the velocity
+back again (`repartition_rows`, one all-to-all each way; nothing moves where the splits agree).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from h3core import device as dev
+from h3core.collectives import repartition_rows
+from h3core.runtime.faults import maybe_inject_fault
+from h3core.generate.sequences import Latent, Sequence, latent_kinds
+from h3core.model import H3Model
+from h3core.parallel.runtime import ParallelRuntime
+from h3core.profile import Profiler, step_context
+from h3core.sampler import FlowMatchEuler, check_finite, guided_velocity
+
+StepDoneCallback = Callable[[int, int, float], None]
+"""Called after every step with (step, steps, seconds)."""
+
+
+@dataclass
+class Denoiser:
+    """One request's loop state on one rank: the parallelized model, the runtime, the request's
+    sequences (the prompt's first), guidance and the sampler."""
+
+    model: H3Model
+    runtime: ParallelRuntime
+    sequences: list[Sequence]
+    guidance_scale: float
+    sampler: FlowMatchEuler
+
+    @property
+    def kinds(self):  # type: ignore[no-untyped-def]
+        return latent_kinds(self.sequences[0].segments)
+
+    def own_rows(self, noise: Latent, device: torch.device) -> Latent:
+        """This rank's rows of the whole latent, in the prompt sequence's split."""
+        own = {k: self.sequences[0].kind_spans(k)[self.runtime.rank] for k in self.kinds}
+        return {k: noise[k][own[k].start : own[k].stop].to(device) for k in self.kinds}
+
+    def velocity(self, index: int, latent: Latent, sigma: torch.Tensor) -> Latent:
+        """The model's velocity for this rank's rows of sequence `index` (an empty tensor for a kind it holds none of)."""
+        sequence, rt = self.sequences[index], self.runtime
+        with rt.sequence(sequence.plan):
+            out = self.model(sequence.local_inputs(rt.rank, latent), sigma)
+        return {k: out.get(k, latent[k][:0].to(self.model.dtype)) for k in self.kinds}
+
+    def moved(self, latent: Latent, src: int, dst: int) -> Latent:
+        """Latent rows re-split from sequence `src`'s partition to sequence `dst`'s."""
+        a, b, rt = self.sequences[src], self.sequences[dst], self.runtime
+        return {k: repartition_rows(latent[k], a.kind_spans(k), b.kind_spans(k), rt.group, rt.stats) for k in self.kinds}
+
+    def guided(self, latent: Latent, sigma: torch.Tensor) -> Latent:
+        """The velocity of one step: the prompt's, with guidance against the negative prompt's."""
+        v = self.velocity(0, latent, sigma)
+        if len(self.sequences) == 1:
+            return v
+        v_neg = self.moved(self.velocity(1, self.moved(latent, 0, 1), sigma), 1, 0)
+        return {k: guided_velocity(v[k], v_neg[k], self.guidance_scale) for k in self.kinds}
+
+    def step(self, index: int, sigma: torch.Tensor, latent: Latent) -> Latent:
+        """One Euler step of this rank's rows, in float32 (`sigma` on the rank's device)."""
+        v = self.guided(latent, sigma)
+        return {k: self.sampler.step(v[k], index, latent[k]) for k in self.kinds}
+
+    def gather(self, latent: Latent) -> Latent:
+        """Every rank's rows of the final latent (on every rank): one gather per kind."""
+        return {k: self.runtime.gather(latent[k], self.sequences[0].kind_spans(k)) for k in self.kinds}
+
+
+def denoise(denoiser: Denoiser, latent: Latent, sigmas: torch.Tensor, device: torch.device,
+            profiler: Profiler | None, on_step: StepDoneCallback) -> tuple[Latent, list[float]]:
+    """Every step of the schedule on this rank's rows; the final rows and each step's seconds.
+
+    A NaN or inf in the latent stops the run at that step; `H3_INJECT_FAULT` can fail a chosen step.
+    """
+    rank, seconds = denoiser.runtime.rank, []
+    for i, sigma in enumerate(sigmas):
+        maybe_inject_fault("step", rank, index=i)
+        with dev.Stopwatch(device) as watch, step_context(profiler):
+            latent = denoiser.step(i, sigma.to(device), latent)
+        seconds.append(watch.seconds)
+        check_finite({k.value: x for k, x in latent.items()}, step=i + 1, steps=len(sigmas))
+        on_step(i + 1, len(sigmas), watch.seconds)
+    return latent, seconds

@@ -1,0 +1,95 @@
+"""What an `h3 generate` run needs per rank, estimated from its plan, and the check before any rank starts.
+
+A lower bound (`h3core.limits`): what is counted, per rank (the largest one), in the compute dtype
+unless said otherwise:
+
+- `weights`: the bytes the rank holds (the plan's `weights.per_rank`: all of them in Ulysses mode,
+  its shards in tensor mode), dense tensors at the compute dtype's width;
+- `latents`: the seeded noise of the whole latent and its patchified copy, float32 (every rank
+  draws the same noise, whatever the world size);
+- `rope`: the RoPE table of the whole packed sequence (cos and sin, float32);
+- `activations`: the larger of one block's attention and MLP working set: Ulysses holds its own
+  rows at model width plus q|k|v and the output of its heads over the whole sequence; tensor mode
+  all-gathers the whole sequence at model width and projects it to its shard;
+- `attention scores`: the [heads, S, S] scores and their softmax, where the attention call
+  materialises them (`h3core.attention.scores_bytes`);
+- `steps`: the sigma schedule (computed in float64) and the per-step timings, per step;
+- `process`: a spawned rank's own process (`h3core.limits.PROCESS_BYTES`).
+
+The longest of the run's sequences (prompt, negative prompt) sets the activations.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from h3core import settings
+from h3core.attention import scores_bytes
+from h3core.config import ModelConfig
+from h3core.limits import PROCESS_BYTES, MemoryNeed, capacity, check_cpu_ranks, check_memory
+from h3core.plan import Mode, ParallelPlan
+
+if TYPE_CHECKING:
+    import torch
+
+    from h3core.generate.request import GenerateRequest, RunShape
+
+STEP_BYTES = 56  # float64 arange, t and sigmas while the schedule is computed (24), a float and its list slot per timing (32)
+
+
+def check_limits(request: "GenerateRequest", config: ModelConfig, shape: "RunShape", plan: ParallelPlan) -> None:
+    """Refuse (one line) a run whose ranks this machine cannot start or hold (`h3core.limits`)."""
+    from h3core.device import compute_dtype
+
+    launched = settings.under_torchrun()
+    if request.device != "cuda" and not launched:
+        check_cpu_ranks(request.world_size)
+    elements = math.prod(shape.video_latent) + math.prod(shape.audio_latent)
+    dtype = compute_dtype(request.device, request.dtype)
+    spawned = request.world_size > 1 and not launched
+    need = generate_need(config, plan, elements, shape.steps, request.device, dtype, request.attention, spawned)
+    check_memory(need, capacity(request.device, request.world_size), "--width/--height/--frames")
+
+
+def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int, steps: int,
+                  device: str, dtype: "torch.dtype", attention: str, spawned: bool) -> MemoryNeed:
+    """A generate run's need per rank (module docstring); `latent_elements`: video + audio latent elements."""
+    s = max(seq.num_tokens for seq in plan.sequences)
+    h_loc = max(plan.heads)
+    on_device = {
+        "weights": held_weight_bytes(plan, dtype.itemsize),
+        "activations": activation_elements(config, plan, s) * dtype.itemsize,
+        "attention scores": scores_bytes(attention, device, dtype, h_loc, s, config.head_dim),
+        "rope": s * config.head_dim * 4,
+    }
+    on_host = {"latents": 2 * latent_elements * 4, "steps": steps * STEP_BYTES}
+    if spawned:
+        on_host["process"] = PROCESS_BYTES
+    return MemoryNeed(ranks=plan.world_size, device=device, on_device=on_device, on_host=on_host, spawned=spawned)
+
+
+def held_weight_bytes(plan: ParallelPlan, dtype_bytes: int) -> int:
+    """The largest rank's weights: its stored bytes, dense tensors (stored as bf16) at the compute dtype."""
+    weights = plan.weights
+    assert weights is not None, "ParallelPlan.build counts the weights"
+    dense = weights.checkpoint_bytes - weights.nvfp4_bytes
+    return max(weights.per_rank) + dense * max(0, dtype_bytes - 2) // 2
+
+
+def activation_elements(config: ModelConfig, plan: ParallelPlan, s: int) -> int:
+    """Elements of the larger of one block's attention and MLP working sets on the largest rank
+    (`s`: tokens of the longest sequence)."""
+    s_loc = max(len(t) for seq in plan.sequences for t in seq.tokens)
+    h_loc, n = max(plan.heads), plan.world_size
+    d, dh, f = config.hidden, config.head_dim, config.mlp_width
+    x = s_loc * d  # the residual stream rows, alive through the block
+    if plan.mode is Mode.TENSOR:
+        gathered = s * d if n > 1 else 0  # the all-gathered sequence (one rank: the identity, no copy)
+        attn = x + gathered + s * 3 * h_loc * dh + s * h_loc * dh  # + q|k|v of its heads, their output
+        mlp = x + gathered + s * 3 * -(-f // n)  # + its FC1 rows' output [S, 2F/N] and activation [S, F/N]
+    else:
+        received = s * 3 * h_loc * dh if n > 1 else 0  # q|k|v of its heads over the whole sequence (one rank: the identity)
+        attn = x + s_loc * 3 * d + received + s * h_loc * dh  # + its q|k|v rows, the attention output
+        mlp = x + s_loc * 3 * f  # + FC1 output [S_loc, 2F] and activation [S_loc, F]
+    return max(attn, mlp)

@@ -1,0 +1,194 @@
+"""One rank's pipeline: the model loaded and parallelized once, then a request denoised.
+
+`rank_generate(ctx, run)` is the whole run on one rank (every rank calls it; world size 1 is the
+same code):
+
+1. rank 0 encodes the prompt (and the negative prompt) and releases the encoder; the hidden
+   states reach every rank by broadcast (`encode_prompts`);
+2. `RankPipeline.load`: the model is loaded (tensor mode: without the linears it reads as shards)
+   and `parallelize`d for the run's plan: the heavy part, done once;
+3. `RankPipeline.denoise`: seeded noise (the same on every rank, whatever the world size) is
+   patchified and the rank keeps its own rows: the residual stream and the latent state stay
+   token-sharded for the whole loop (`h3core.generate.loop`); at the end the latent rows are
+   gathered once and unpatchified on rank 0.
+
+A pipeline holds no request: `denoise` runs one request's sequences, so a loaded pipeline can run
+several requests. `RankPipeline.unparallelized` is the baseline the distributed layer is measured
+against at one rank: the same model, `parallelize` never called.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from h3core import attention, cpu_memory
+from h3core import device as dev
+from h3core.checkpoint import Checkpoint
+from h3core.collectives import broadcast_tensors
+from h3core.generate.loop import Denoiser, denoise
+from h3core.generate.report import HeldWeights, RankOutcome, StepDone
+from h3core.generate.request import ResolvedRun
+from h3core.generate.sequences import Latent, build_sequence, noise_tokens
+from h3core.model import H3Model, tensor_parallel_prefixes, unpatchify_audio, unpatchify_video
+from h3core.nvfp4 import matmul as nvfp4_matmul
+from h3core.parallel.parallelize import left_out_at_load, parallelize
+from h3core.parallel.runtime import ParallelRuntime
+from h3core.parallel.tensor import block_linears
+from h3core.profile import RankProfile, profiling
+from h3core.runtime.context import RankContext
+from h3core.sampler import FlowMatchEuler
+from h3core.sequence import SegmentKind
+
+
+@dataclass
+class Denoised:
+    """What denoising one request gave on one rank: the whole latent tokens (every rank), times, records."""
+
+    latent: Latent
+    step_seconds: list[float]
+    timings: dict[str, float]
+    peak_memory: int
+    nvfp4_paths: dict[str, int]
+    attention_kernels: dict[str, int]
+    profile: RankProfile | None = None
+
+
+@dataclass
+class RankPipeline:
+    """One rank's loaded denoiser, parallelized for a plan: `load` once, then `denoise` requests."""
+
+    model: H3Model
+    runtime: ParallelRuntime
+    device: torch.device
+    dtype: torch.dtype
+    weights: HeldWeights
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime) -> "RankPipeline":
+        """Load the checkpoint for this rank and `parallelize` it (tensor mode reads only its shards)."""
+        return cls._load(ctx, run, runtime, parallel=True)
+
+    @classmethod
+    def unparallelized(cls, ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime) -> "RankPipeline":
+        """The baseline of the distributed layer at one rank: the whole model, `parallelize` never called."""
+        if runtime.world_size != 1:
+            raise ValueError("the unparallelized pipeline runs on one rank only")
+        return cls._load(ctx, run, runtime, parallel=False)
+
+    @classmethod
+    def _load(cls, ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, parallel: bool) -> "RankPipeline":
+        device, dtype = ctx.device, dev.compute_dtype(ctx.device.type, run.request.dtype)
+        with dev.Stopwatch(device) as watch:
+            checkpoint = Checkpoint.open(run.checkpoint, run.config)
+            skip = left_out_at_load(run.plan, run.config.num_blocks) if parallel else ()
+            model = checkpoint.load(device=device, dtype=dtype, skip=skip)
+            for block in model.blocks:
+                block.attn.core.backend = run.request.attention
+            loaded = checkpoint.reader.bytes_read
+            if parallel:
+                parallelize(model, runtime, checkpoint.weight_source(device))
+        weights = _held_weights(model, checkpoint, shards_read=checkpoint.reader.bytes_read - loaded if skip else None)
+        return cls(model, runtime, device, dtype, weights, {"load": watch.seconds})
+
+    def denoise(self, run: ResolvedRun, texts: list[torch.Tensor], report: Any = None) -> Denoised:
+        """Denoise one request of `run` (its sequences' text hidden states `texts`) on this rank."""
+        sequences = [build_sequence(run.config, plan, text, run.shape.video_grid, self.device) for plan, text in zip(run.plan.sequences, texts)]
+        sampler = FlowMatchEuler(run.shape.shift)
+        denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, sampler)
+        latent = denoiser.own_rows(noise_tokens(run.config, run.shape, run.request.seed), self.device)  # float32
+        sigmas = sampler.set_timesteps(run.shape.steps)
+        _reset_records(self.device)
+        on_step = (lambda step, steps, seconds: report(StepDone(step=step, steps=steps, seconds=seconds))) if report else (lambda *a: None)
+        with torch.inference_mode(), profiling(self.model, self.device, self.runtime.rank, run.request.profile) as profiler:
+            latent, step_seconds = denoise(denoiser, latent, sigmas, self.device, profiler, on_step)
+            peak = dev.peak_memory_bytes(self.device)
+            with dev.Stopwatch(self.device) as watch:
+                whole = denoiser.gather(latent)
+        return Denoised(
+            latent=whole, step_seconds=step_seconds, timings={"sampling": sum(step_seconds), "gather": watch.seconds},
+            peak_memory=peak, nvfp4_paths=nvfp4_matmul.paths_run(), attention_kernels=attention.kernels_run(),
+            profile=profiler.result() if profiler is not None else None,
+        )
+
+
+def _reset_records(device: torch.device) -> None:
+    """Start the sampling phase's peak-memory window and the records of what ran."""
+    dev.reset_peak_memory(device)
+    attention.reset_kernel_record()
+    nvfp4_matmul.reset_path_record()
+
+
+def _held_weights(model: H3Model, checkpoint: Checkpoint, shards_read: int | None) -> HeldWeights:
+    """What the rank holds and read; `shards_read`: bytes tensor mode read as shards (None: the block
+    linears were read whole at load)."""
+    full = checkpoint.bytes_under(tensor_parallel_prefixes(checkpoint.config.num_blocks))
+    return HeldWeights(
+        resident=dev.resident_bytes(model),
+        read=checkpoint.reader.bytes_read,
+        block_linears_resident=sum(dev.resident_bytes(m) for m in block_linears(model)),
+        block_linears_read=full if shards_read is None else shards_read,
+        block_linears_full=full,
+    )
+
+
+# --- the whole run on one rank ----------------------------------------------------------------------------
+
+
+def encode_prompts(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime) -> tuple[list[torch.Tensor], dict | None, float, int]:
+    """Rank 0 encodes the request's prompts (and releases the encoder); every rank gets the hidden
+    states by broadcast. Returns them, rank 0's encoder info, the seconds and the peak memory."""
+    dev.reset_peak_memory(ctx.device)
+    with dev.Stopwatch(ctx.device) as watch:
+        texts, info = _encode_on_rank_zero(run, ctx.device) if ctx.rank == 0 else (None, None)
+        texts = broadcast_tensors(texts, src=0, group=runtime.group, device=ctx.device, stats=runtime.stats)
+    return texts, info, watch.seconds, dev.peak_memory_bytes(ctx.device)
+
+
+def _encode_on_rank_zero(run: ResolvedRun, device: torch.device) -> tuple[list[torch.Tensor], dict]:
+    from h3core.text import load_text_encoder, release_text_encoder
+
+    req, cfg = run.request, run.config
+    dtype = dev.compute_dtype(device.type, req.dtype)
+    encoder = load_text_encoder(req.text_encoder_path, hidden_size=cfg.text_dim, seed=0, device=device, dtype=dtype)
+    texts = [encoder.encode(p, cfg.max_text_tokens).float().cpu() for p in req.prompts]
+    info = encoder.info.model_dump(mode="json")
+    release_text_encoder(encoder)
+    return texts, info
+
+
+def rank_generate(ctx: RankContext, run: ResolvedRun, load=RankPipeline.load) -> RankOutcome:  # type: ignore[no-untyped-def]
+    """The whole run on one rank (module docstring); `load` builds the pipeline (the baseline passes
+    `RankPipeline.unparallelized`)."""
+    runtime = ParallelRuntime(run.plan, ctx.rank, ctx.group)
+    texts, encoder_info, encode_seconds, peak_text = encode_prompts(ctx, run, runtime)
+    pipeline = load(ctx, run, runtime)
+    done = pipeline.denoise(run, texts, ctx.report)
+    return _outcome(ctx, run, runtime, pipeline, done, encoder_info, {"text_encode": encode_seconds, **pipeline.timings}, peak_text)
+
+
+def _outcome(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, pipeline: RankPipeline, done: Denoised,
+             encoder_info: dict | None, timings: dict[str, float], peak_text: int) -> RankOutcome:
+    outcome = RankOutcome(
+        rank=ctx.rank, timings={**timings, **done.timings}, step_seconds=done.step_seconds,
+        peak_memory_text=peak_text, peak_memory_sampling=done.peak_memory, weights=pipeline.weights, comm=runtime.stats,
+        nvfp4_paths=done.nvfp4_paths, attention_kernels=done.attention_kernels, used=runtime.used,
+        cpu_allocator=cpu_memory.policy() if ctx.device.type == "cpu" else "n/a", profile=done.profile,
+    )
+    if ctx.rank == 0:
+        outcome.text_encoder = encoder_info
+        outcome.video, outcome.audio = _unpatchified(run, done.latent)
+    return outcome
+
+
+def _unpatchified(run: ResolvedRun, latent: Latent) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The whole latent tokens as `[C, T, H, W]` video and `[C, L]` audio (None for a kind the run has none of)."""
+    shape, cfg = run.shape, run.config
+    video, audio = latent.get(SegmentKind.VIDEO), latent.get(SegmentKind.AUDIO)
+    return (
+        unpatchify_video(video.cpu(), shape.video_latent, cfg.video_patch) if video is not None else None,
+        unpatchify_audio(audio.cpu(), shape.audio_latent, cfg.audio_patch) if audio is not None else None,
+    )

@@ -1,0 +1,191 @@
+"""The report of one `h3 generate` run (DESIGN.md §6): what every rank sends back, and the run's report built from them."""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from h3core import device as dev
+from h3core.checkpoint import SYNTHETIC
+from h3core.collectives import CommStats
+from h3core.config import ModelConfig
+from h3core.errors import CheckFailed
+from h3core.parity import LatentParity
+from h3core.generate.request import ResolvedRun, RunShape
+from h3core.parallel.runtime import RankUsage
+from h3core.plan import Mode, ParallelPlan
+from h3core.profile import RankProfile, RunProfile
+from h3core.report import TensorChecksum, Versions, timestamp
+
+
+class StepDone(BaseModel):
+    """Progress message rank 0 sends after each denoising step."""
+
+    step: int
+    steps: int
+    seconds: float
+
+
+class HeldWeights(BaseModel):
+    """Weight memory of one rank, measured: the per-block linears tensor mode shards, and everything else."""
+
+    resident: int = Field(description="Bytes of every parameter and buffer the rank holds.")
+    read: int = Field(description="Bytes this rank read from the checkpoint.")
+    block_linears_resident: int = Field(description="Held bytes of the blocks' QKV/Out/FC1/FC2 (with their biases).")
+    block_linears_read: int = Field(description="Bytes of those linears read from disk.")
+    block_linears_full: int = Field(description="Their size in the checkpoint: what one unsharded rank holds.")
+
+    @property
+    def block_share(self) -> float:
+        """Held fraction of the full block linears (tensor mode at N ranks: about 1/N)."""
+        return self.block_linears_resident / self.block_linears_full if self.block_linears_full else 1.0
+
+
+class RankOutcome(BaseModel):
+    """What one rank reports back to the launching process."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    rank: int
+    timings: dict[str, float]
+    step_seconds: list[float]
+    peak_memory_text: int
+    peak_memory_sampling: int
+    weights: HeldWeights
+    comm: CommStats
+    nvfp4_paths: dict[str, int]  # NVFP4 matmul path -> forward calls in the denoising loop (what ran)
+    attention_kernels: dict[str, int]  # attention kernel -> calls in the denoising loop (what ran)
+    used: RankUsage  # the spans and shards this rank ran with
+    cpu_allocator: str = "n/a"  # h3core.cpu_memory policy of this rank (CPU runs)
+    profile: RankProfile | None = None  # with request.profile
+    text_encoder: dict | None = None  # rank 0
+    video: torch.Tensor | None = None  # rank 0: [C, T, H, W] float32
+    audio: torch.Tensor | None = None  # rank 0: [C, L] float32
+
+    @property
+    def latents(self) -> dict[str, torch.Tensor | None]:
+        return {"video": self.video, "audio": self.audio}
+
+
+class RankStats(BaseModel):
+    rank: int
+    peak_memory_text_bytes: int
+    peak_memory_sampling_bytes: int
+    weights: HeldWeights
+    comm: CommStats
+    sampling_seconds: float
+    nvfp4_paths: dict[str, int] = Field(default_factory=dict, description="NVFP4 matmul path -> forward calls this rank ran in the denoising loop.")
+    attention_kernels: dict[str, int] = Field(default_factory=dict, description="Attention kernel -> calls this rank ran in the denoising loop.")
+    used: RankUsage | None = Field(None, description="The heads, rows of each sequence and tensor-mode shards this rank ran with (the run's `partition` planned them).")
+
+
+class RunFiles(BaseModel):
+    directory: str
+    report: str
+    latents: str | None
+    preview: str | None
+    benchmark: str | None = None
+
+
+class RunReport(BaseModel):
+    """Everything about one `h3 generate` run (DESIGN.md §6)."""
+
+    command: str = "generate"
+    created: str
+    mode: Mode
+    world_size: int
+    device: str
+    device_name: str
+    ranks_on: str  # e.g. "6 CPU ranks (Gloo)" or "8 GPUs (NCCL)"
+    dist_backend: str
+    dtype: str
+    attention: str
+    attention_kernel: str  # the kernels every rank ran (per rank where they differ); see ranks[].attention_kernels
+    nvfp4_path: str  # the NVFP4 paths every rank ran (per rank where they differ); see ranks[].nvfp4_paths
+    weights: str  # "synthetic", or the checkpoint path and its size
+    checkpoint: str
+    config: ModelConfig
+    text_encoder: dict
+    prompt: str
+    negative_prompt: str
+    guidance_scale: float
+    seed: int
+    shape: RunShape
+    num_tokens: int
+    partition: ParallelPlan
+    timings: dict[str, float]  # per phase, the slowest rank
+    step_seconds: list[float]  # per step, the slowest rank
+    ranks: list[RankStats]
+    comm_total: CommStats
+    video: TensorChecksum | None
+    audio: TensorChecksum | None
+    parity: LatentParity | None = None  # with --parity: vs the single-rank run (at 1 rank: vs the other mode)
+    cpu_allocator: str = "n/a"  # CPU runs: the ranks' allocator policy (h3core.cpu_memory)
+    profile: RunProfile | None = None  # with --profile: per rank and step, where the time went
+    files: RunFiles | None = None
+    versions: Versions
+
+    def failure(self) -> CheckFailed | None:
+        """The error to exit with: parity measured and not within its bound (None otherwise)."""
+        p = self.parity
+        if p is None or p.passed:
+            return None
+        where = f" (report: {self.files.report})" if self.files else ""
+        return CheckFailed(f"latent parity failed: relative error {p.relative:.3g} > tolerance {p.tolerance:g} vs {p.reference}{where}")
+
+
+def ranks_on(world_size: int, device: str) -> str:
+    """'8 GPUs (NCCL)', '6 CPU ranks (Gloo)' or '1 CPU process'."""
+    if device == "cuda":
+        return f"{world_size} GPU{'s' if world_size > 1 else ''} (NCCL)"
+    return f"{world_size} CPU ranks (Gloo)" if world_size > 1 else "1 CPU process"
+
+
+def per_rank_summary(records: list[dict[str, int]]) -> str:
+    """What ranks ran: 'a + b' when every rank ran the same set, else one 'rank r: ...' entry per rank."""
+    names = [" + ".join(sorted(record)) or "none" for record in records]
+    if len(set(names)) == 1:
+        return names[0]
+    return "; ".join(f"rank {rank}: {name}" for rank, name in enumerate(names))
+
+
+def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
+    """The run's report from every rank's outcome (rank 0's first: it carries the latents)."""
+    req, first = run.request, outcomes[0]
+    return RunReport(
+        created=timestamp(), mode=req.mode, world_size=req.world_size, device=req.device,
+        device_name=dev.device_name(req.device), ranks_on=ranks_on(req.world_size, req.device),
+        dist_backend="none" if req.world_size == 1 else ("nccl" if req.device == "cuda" else "gloo"),
+        dtype=dev.dtype_name(dev.compute_dtype(req.device, req.dtype)), attention=req.attention,
+        attention_kernel=per_rank_summary([o.attention_kernels for o in outcomes]),
+        nvfp4_path=per_rank_summary([o.nvfp4_paths for o in outcomes]),
+        weights=SYNTHETIC if run.synthetic else f"{run.checkpoint} ({run.checkpoint.stat().st_size:,} bytes)",
+        checkpoint=str(run.checkpoint), config=run.config, text_encoder=first.text_encoder or {},
+        prompt=req.prompt, negative_prompt=req.negative_prompt, guidance_scale=req.guidance_scale, seed=req.seed,
+        shape=run.shape, num_tokens=run.plan.num_tokens, partition=run.plan,
+        timings=_slowest_phases(outcomes), step_seconds=_slowest_steps(outcomes),
+        ranks=[_rank_stats(o) for o in outcomes], comm_total=CommStats.total(o.comm for o in outcomes),
+        video=TensorChecksum.of(first.video) if first.video is not None else None,
+        audio=TensorChecksum.of(first.audio) if first.audio is not None else None,
+        cpu_allocator=first.cpu_allocator,
+        profile=RunProfile.of([o.profile for o in outcomes]) if all(o.profile for o in outcomes) else None,
+        versions=Versions.collect(),
+    )
+
+
+def _slowest_phases(outcomes: list[RankOutcome]) -> dict[str, float]:
+    """Per phase, the slowest rank's seconds."""
+    phases = sorted({k for o in outcomes for k in o.timings})
+    return {p: max(o.timings.get(p, 0.0) for o in outcomes) for p in phases}
+
+
+def _slowest_steps(outcomes: list[RankOutcome]) -> list[float]:
+    """Per denoising step, the slowest rank's seconds."""
+    return [max(o.step_seconds[i] for o in outcomes) for i in range(len(outcomes[0].step_seconds))]
+
+
+def _rank_stats(o: RankOutcome) -> RankStats:
+    return RankStats(
+        rank=o.rank, peak_memory_text_bytes=o.peak_memory_text, peak_memory_sampling_bytes=o.peak_memory_sampling,
+        weights=o.weights, comm=o.comm, sampling_seconds=o.timings.get("sampling", 0.0),
+        nvfp4_paths=o.nvfp4_paths, attention_kernels=o.attention_kernels, used=o.used,
+    )

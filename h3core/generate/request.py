@@ -1,0 +1,185 @@
+"""What `h3 generate` was asked, and `resolve`: everything decided and checked before a rank starts.
+
+`resolve(request)` picks the config (a checkpoint's own config wins over the preset), the sizes,
+the device's attention backend, builds the run's `ParallelPlan` from the prompts' real token counts
+(the tokenizer is cheap; rank 0 gets the same counts when it encodes them), checks what every rank
+needs against this machine, and builds the synthetic checkpoint if needed, last: a bad request
+fails in well under a second and allocates nothing. The `ResolvedRun` goes to every rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from h3core import settings
+from h3core.checkpoint import SYNTHETIC, Checkpoint
+from h3core.config import ModelConfig, preset as get_preset
+from h3core.errors import ConfigError
+from h3core.plan import Mode, ParallelPlan
+from h3core.settings import UserRequest
+
+DEFAULT_PROMPT = "a red fox running through fresh snow at dawn, wind and crunching footsteps"
+MAX_SEED = 2**64 - 1  # the range of torch.Generator.manual_seed; larger or negative seeds are refused, not wrapped
+
+
+class GenerateRequest(UserRequest):
+    """Everything a run needs, as the user gave it (None = the preset's or the environment's default).
+
+    Built from flags: an invalid value is one ConfigError line naming its flag (`UserRequest`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    FLAGS: ClassVar[dict[str, str]] = {
+        "guidance_scale": "--guidance", "world_size": "--gpus", "model_path": "--model", "text_encoder_path": "--text-encoder",
+    }
+
+    prompt: str = Field(DEFAULT_PROMPT, description="What to generate.")
+    negative_prompt: str = Field("", description="Guidance's unconditional prompt (used when guidance_scale != 1).")
+    guidance_scale: float = Field(1.0, ge=0, allow_inf_nan=False, description="Classifier-free guidance; 1 runs one forward per step.")
+    preset: str | None = Field(None, description="Model preset; default tiny without a checkpoint, h3 with one.")
+    width: int | None = Field(None, ge=1, description="Pixels (default: the preset's).")
+    height: int | None = Field(None, ge=1, description="Pixels (default: the preset's).")
+    frames: int | None = Field(None, ge=1, description="Video frames, 4k+1 (default: the preset's).")
+    steps: int | None = Field(None, ge=1)
+    seed: int = Field(settings.DEFAULT_SEED, ge=0, le=MAX_SEED)
+    shift: float | None = Field(None, gt=0, allow_inf_nan=False, description="Sampler sigma shift (default: the preset's).")
+    mode: Mode = Mode.ULYSSES
+    world_size: int = Field(1, ge=1)
+    device: str = Field("cpu", description="'cpu' or 'cuda' (resolved).")
+    dtype: str | None = Field(None, description="Compute dtype override: fp32, bf16, fp16.")
+    attention: str = "sdpa"
+    model_path: Path | None = None
+    text_encoder_path: Path | None = None
+    profile: bool = Field(False, description="Split every step's time per rank: attention, NVFP4 linears, each collective, the rest (h3core.profile).")
+
+    @property
+    def prompts(self) -> list[str]:
+        """The prompts the run encodes: the prompt and, with guidance, the negative prompt."""
+        return [self.prompt] + ([self.negative_prompt] if self.guidance_scale != 1.0 else [])
+
+
+class GenerateJob(BaseModel):
+    """One `h3 generate` command: the request and where its results go (flag > variable > default applied)."""
+
+    model_config = ConfigDict(frozen=True)
+    request: GenerateRequest
+    output: Path | None = Field(None, description="Report/latent folder (None: outputs/<time>-generate-<mode>-<N>-<4 hex>).")
+    save_latents: bool = Field(True, description="Write latents.safetensors (H3_SAVE_LATENTS=0: the report only).")
+    benchmark: Path | None = Field(None, description="Also write the report JSON here (H3_DISTRIBUTED_BENCHMARK).")
+    parity: bool = Field(False, description="Also run one rank and record the latent error against the derived bound.")
+    overwrite: bool = Field(False, description="Replace an existing folder of h3 results at `output` whole.")
+
+    @classmethod
+    def from_flags(cls, *, count: int | None, device: str, output: Path | None, save_latents: bool | None,
+                   benchmark: Path | None, parity: bool, overwrite: bool, **request: object) -> "GenerateJob":
+        """The job of the command line: the device resolved, the rank count (COUNT/--gpus, else
+        H3_WORLD_SIZE, else every visible GPU, else 1) checked against it, every variable applied."""
+        from h3core.device import check_world_size_fits, resolve_device, visible_gpu_count
+
+        device_type = resolve_device(device)
+        world = settings.world_size(count, visible_gpu_count)
+        check_world_size_fits(world, device_type)
+        model, text_encoder = request.pop("model_path", None), request.pop("text_encoder_path", None)
+        return cls(
+            request=GenerateRequest(
+                **request, world_size=world, device=device_type,
+                model_path=settings.model_path(model), text_encoder_path=settings.text_encoder_path(text_encoder),  # type: ignore[arg-type]
+            ),
+            output=settings.output_folder(output), save_latents=settings.save_latents(save_latents),
+            benchmark=settings.benchmark_path(benchmark), parity=parity, overwrite=overwrite,
+        )
+
+
+class RunShape(BaseModel):
+    """The resolved geometry of a run (what every rank agrees on before spawning)."""
+
+    model_config = ConfigDict(frozen=True)
+    width: int
+    height: int
+    frames: int
+    steps: int
+    shift: float
+    video_latent: tuple[int, int, int, int]
+    audio_latent: tuple[int, int]
+    video_grid: tuple[int, int, int]
+
+    @classmethod
+    def of(cls, config: ModelConfig, request: GenerateRequest) -> "RunShape":
+        """The request's sizes, the config's where the request gives none; raises on sizes the VAE cannot take."""
+        width, height = _given(request.width, config.width), _given(request.height, config.height)
+        frames = _given(request.frames, config.frames)
+        return cls(
+            width=width, height=height, frames=frames, steps=_given(request.steps, config.steps), shift=_given(request.shift, config.shift),
+            video_latent=config.video_latent_shape(width, height, frames),
+            audio_latent=config.audio_latent_shape(frames),
+            video_grid=config.video_grid(width, height, frames),
+        )
+
+
+class ResolvedRun(BaseModel):
+    """A request resolved against its checkpoint: what the ranks execute."""
+
+    model_config = ConfigDict(frozen=True)
+    request: GenerateRequest
+    config: ModelConfig
+    checkpoint: Path
+    synthetic: bool
+    shape: RunShape
+    plan: ParallelPlan = Field(description="The partition every rank runs: heads, each sequence's tokens, tensor-mode shards, weights per rank.")
+
+
+def _given(value, default):  # type: ignore[no-untyped-def]
+    return default if value is None else value
+
+
+def resolve(request: GenerateRequest) -> ResolvedRun:
+    """Pick the config, sizes, plan and checkpoint; validate everything before spawning (module docstring)."""
+    from h3core.generate.memory import check_limits
+
+    base = get_preset(request.preset or ("h3" if request.model_path else "tiny"))
+    checkpoint = Checkpoint.open(request.model_path, base) if request.model_path is not None else None
+    config = checkpoint.config if checkpoint else base
+    shape = RunShape.of(config, request)
+    _check_backends(request, config)
+    plan = build_plan(request, config, shape)
+    check_limits(request, config, shape, plan)
+    path, synthetic = _weights(request, checkpoint, base)
+    return ResolvedRun(request=request, config=config, checkpoint=path, synthetic=synthetic, shape=shape, plan=plan)
+
+
+def _check_backends(request: GenerateRequest, config: ModelConfig) -> None:
+    """The attention backend for this device, head width and dtype; a malformed H3_EMULATE_FP4."""
+    from h3core import attention, device
+
+    dtype = device.compute_dtype(request.device, request.dtype)
+    attention.check_backend(request.attention, request.device, head_dim=config.head_dim, dtype=dtype)
+    settings.emulate_fp4()
+
+
+def build_plan(request: GenerateRequest, config: ModelConfig, shape: RunShape) -> ParallelPlan:
+    """The plan of every sequence the ranks will run, from the prompts' real token counts."""
+    from h3core.text import check_text_encoder
+
+    tokenizer = check_text_encoder(request.text_encoder_path, hidden_size=config.text_dim)
+    lengths = [min(len(tokenizer.encode(p)), config.max_text_tokens) for p in request.prompts]
+    sequences = [config.segments(shape.width, shape.height, shape.frames, n) for n in lengths]
+    return ParallelPlan.build(config, request.world_size, request.mode, *sequences)
+
+
+def _weights(request: GenerateRequest, checkpoint: Checkpoint | None, base: ModelConfig) -> tuple[Path, bool]:
+    """The checkpoint file the ranks load (checked whole), and whether it is synthetic (built last, if needed)."""
+    from h3core.synthetic import synthetic_checkpoint
+
+    if checkpoint is None:
+        return synthetic_checkpoint(base, seed=0)[0], True
+    checkpoint.validate()
+    return Path(request.model_path), checkpoint.weights == SYNTHETIC  # type: ignore[arg-type]
+
+
+def check_torchrun_parity(parity: bool) -> None:
+    """`--parity` runs a one-rank reference in the launching process: not under torchrun."""
+    if parity and settings.under_torchrun():
+        raise ConfigError("--parity runs a one-rank reference in the launching process; run it without torchrun, or use `h3 verify parity`")

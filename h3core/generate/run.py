@@ -1,0 +1,96 @@
+"""`generate(job)`: the one call behind `h3 generate`, and the runs around the ranks.
+
+In the calling process: resolve the request (`h3core.generate.request`), reserve the output folder
+(`h3core.outputs`), launch every rank in a fresh World (`execute`), turn their outcomes into a
+`RunReport` plus files, and publish them only after every rank succeeded (on any failure or Ctrl-C
+nothing is written). With `--parity` the run is compared with a one-rank run of the same request
+(`reference_parity`).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+
+from h3core import device as dev
+from h3core import settings
+from h3core.generate.files import output_bytes, write_outputs
+from h3core.generate.pipeline import rank_generate
+from h3core.generate.report import RankOutcome, RunReport, StepDone, build_report
+from h3core.generate.request import GenerateJob, ResolvedRun, build_plan, check_torchrun_parity, resolve
+from h3core.outputs import Outputs
+from h3core.parity import LatentParity, latent_parity, run_tolerance
+from h3core.plan import Mode
+from h3core.runtime.world import World
+
+StepCallback = Callable[[StepDone], None]
+
+
+def execute(run: ResolvedRun, on_step: StepCallback | None = None) -> list[RankOutcome] | None:
+    """Run every rank of `run` in a fresh World; rank 0's outcome (first) carries the latents.
+
+    Under torchrun every process calls this; only rank 0 gets the outcomes, the others None.
+    """
+    with World(run.request.world_size, run.request.device, on_progress=on_step) as world:
+        try:
+            outcomes = world.run(rank_generate, run)
+        finally:
+            if run.request.world_size == 1:  # it ran in this process: nothing of it may stay on a device
+                dev.release_memory(run.request.device)
+        return outcomes if world.is_main else None
+
+
+def one_rank_latents(
+    run: ResolvedRun, *, mode: Mode | None = None, threads: int | None = None, on_step: StepCallback | None = None
+) -> dict[str, torch.Tensor | None]:
+    """`run` on one rank in this process (in `mode` if given), at `threads` CPU intra-op threads.
+
+    The reference every parity figure is measured against. On the CPU pass the compared ranks'
+    thread count: kernels block by thread count, and the comparison is meant to isolate the
+    distribution, not the machine's threading.
+    """
+    update = {"world_size": 1} | ({"mode": mode} if mode is not None else {})
+    request = run.request.model_copy(update=update)
+    one = run.model_copy(update={"request": request, "plan": build_plan(request, run.config, run.shape)})
+    with dev.cpu_threads(threads) if threads else nullcontext():
+        (outcome,) = execute(one, on_step)  # type: ignore[misc]
+    return outcome.latents
+
+
+def reference_parity(run: ResolvedRun, outcome: RankOutcome) -> LatentParity:
+    """Compare with the single-rank reference (at one rank: the other mode, the identity path)."""
+    req = run.request
+    other = Mode.TENSOR if req.mode is Mode.ULYSSES else Mode.ULYSSES
+    mode = other if req.world_size == 1 else req.mode
+    name = f"1 rank, {mode.value} mode" + (" (the identity path)" if req.world_size == 1 else "")
+    threads = dev.cpu_threads_per_rank(req.world_size) if req.device == "cpu" else None
+    reference = one_rank_latents(run, mode=mode, threads=threads)
+    tol = run_tolerance(req.mode, dev.compute_dtype(req.device, req.dtype), outcome.nvfp4_paths)
+    return latent_parity(outcome.latents, reference, tol, name)
+
+
+def generate(job: GenerateJob, on_step: StepCallback | None = None) -> RunReport | None:
+    """Resolve, reserve the output folder, launch every rank, and publish the report with its files
+    (only after every rank succeeded; on any failure or Ctrl-C nothing is written).
+
+    Returns None on the ranks of a torchrun launch other than rank 0 (which writes everything).
+    """
+    check_torchrun_parity(job.parity)
+    run = resolve(job.request)
+    with Outputs(enabled=settings.is_rank_zero()) as outputs:
+        folder = bench = None
+        if outputs.enabled:
+            kind = f"generate-{run.request.mode.value}-{run.request.world_size}"
+            folder = outputs.folder(job.output, kind=kind, need_bytes=output_bytes(run, job.save_latents), overwrite=job.overwrite)
+            bench = outputs.file(job.benchmark, flag="--benchmark") if job.benchmark is not None else None
+        outcomes = execute(run, on_step)
+        if outcomes is None or folder is None:
+            return None
+        report = build_report(run, outcomes)
+        if job.parity:
+            report.parity = reference_parity(run, outcomes[0])
+        write_outputs(report, outcomes[0], folder, job.save_latents, bench)
+        outputs.publish()
+    return report

@@ -1,0 +1,49 @@
+"""The matrix's cells before anything runs: per mode the 1-rank cell, then the other counts, each
+resolved (`h3core.generate.resolve`) or skipped with the reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from h3core.errors import PartitionError, ResourceLimit
+from h3core.generate.request import ResolvedRun, resolve
+from h3core.matrix.request import MatrixRequest
+from h3core.plan import Mode
+
+
+@dataclass(frozen=True)
+class PlannedCell:
+    """A cell before it runs: its resolved run, or why it is skipped."""
+
+    mode: Mode
+    count: int
+    requested: bool
+    run: ResolvedRun | None
+    skip: str | None
+
+
+def skip_reason(count: int, device: str, visible_gpus: int) -> str | None:
+    """Why a count cannot run on this machine (None: it can). CPU: any count, as Gloo ranks."""
+    if device == "cuda" and count > visible_gpus:
+        return f"{count} GPUs needed, {visible_gpus} visible"
+    return None
+
+
+def plan_cells(request: MatrixRequest, visible_gpus: int) -> list[PlannedCell]:
+    """Per mode: the 1-rank cell, then the other counts ascending. A 1-rank cell that cannot be
+    resolved is a user error for the whole matrix (raised); other counts the partition rejects are skipped."""
+    return [_plan_cell(request, mode, count, visible_gpus) for mode in request.modes for count in sorted({1, *request.counts})]
+
+
+def _plan_cell(request: MatrixRequest, mode: Mode, count: int, visible_gpus: int) -> PlannedCell:
+    requested = count in request.counts
+    reason = skip_reason(count, request.template.device, visible_gpus)
+    if reason is not None:
+        return PlannedCell(mode, count, requested, None, reason)
+    try:
+        run = resolve(request.template.model_copy(update={"mode": mode, "world_size": count}))
+    except (PartitionError, ResourceLimit) as err:
+        if count == 1:
+            raise
+        return PlannedCell(mode, count, requested, None, str(err))
+    return PlannedCell(mode, count, requested, run, None)

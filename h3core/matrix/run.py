@@ -1,0 +1,210 @@
+"""Running the matrix: the cells in order (a fresh World each), one progress bar, the 1-rank results
+kept for speedups and parity, the report and files rewritten after every cell (see the package
+docstring for what runs and how the figures are taken)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from h3core import device as dev
+from h3core import settings
+from h3core.errors import ConfigError, H3Error
+from h3core.generate.files import output_bytes, write_outputs
+from h3core.generate.report import StepDone, build_report
+from h3core.generate.request import ResolvedRun
+from h3core.generate.run import execute, one_rank_latents
+from h3core.matrix.cells import PlannedCell, plan_cells
+from h3core.matrix.files import write_matrix_files
+from h3core.matrix.report import REPORT_NAME, SINGLE_STEP_NOTE, CellStatus, MatrixCell, MatrixProgress, MatrixReport, ProgressCallback
+from h3core.matrix.request import MatrixRequest
+from h3core.matrix.summary import initial_cell, ranks_note, steady_step_seconds, summarise
+from h3core.outputs import FileInFolder, OutputFile, OutputFolder, Outputs, publish_on_interrupt
+from h3core.parity import LatentParity, latent_parity, run_tolerance
+from h3core.plan import Mode
+from h3core.report import Versions, timestamp
+
+Latents = dict[str, torch.Tensor | None]
+
+
+class _Bar:
+    """Steps done of all planned steps, reported to the caller's one progress bar."""
+
+    def __init__(self, total: int, callback: ProgressCallback | None):
+        self.total, self.callback = total, callback
+        self.done, self.base, self.label = 0, 0, ""
+
+    def start(self, label: str) -> None:
+        self.base, self.label = self.done, label
+        self._emit()
+
+    def step(self, message: StepDone) -> None:
+        self.done = self.base + message.step
+        self._emit()
+
+    def finish(self, steps: int) -> None:
+        """A run ended (also by failing): count all its steps as done."""
+        self.done = self.base + steps
+        self._emit()
+
+    def close(self) -> None:
+        self.total = self.done  # references that turned out unneeded (their cells failed)
+        self.label = "done"
+        self._emit()
+
+    def _emit(self) -> None:
+        if self.callback is not None:
+            self.callback(MatrixProgress(completed=self.done, total=max(self.total, self.done), label=self.label))
+
+
+class _Matrix:
+    """One matrix run: cells in order, 1-rank results kept for speedups and parity, files rewritten."""
+
+    def __init__(self, request: MatrixRequest, planned: list[PlannedCell], visible_gpus: int, on_progress: ProgressCallback | None,
+                 folder: OutputFolder, benchmark: OutputFile | FileInFolder | None):
+        self.request, self.planned = request, planned
+        self.folder, self.benchmark = folder, benchmark
+        self.device = request.template.device
+        runnable = [p.run for p in planned if p.run is not None]
+        first = runnable[0] if runnable else None
+        self.steps = first.shape.steps if first else 0
+        self.bar = _Bar(self.steps * (len(runnable) + self._expected_references()), on_progress)
+        self.baseline_seconds: dict[Mode, float | None] = {}  # the 1-rank cell's step time
+        self.references: dict[tuple[Mode, int | None], Latents | str] = {}  # 1-rank latents, or why there are none
+        self.report = MatrixReport(
+            created=timestamp(),
+            request=request,
+            device=self.device,
+            device_name=dev.device_name(self.device),
+            visible_gpus=visible_gpus,
+            ranks_note=ranks_note(self.device, visible_gpus),
+            dtype=dev.dtype_name(dev.compute_dtype(self.device, request.template.dtype)),
+            preset=first.config.name if first else "",
+            weights=("synthetic" if first.synthetic else str(first.checkpoint)) if first else "",
+            shape=first.shape if first else None,
+            peak_memory_kind=dev.peak_memory_kind(self.device),
+            cells=[initial_cell(p) for p in planned],
+            scaling_note=SINGLE_STEP_NOTE if first and first.shape.steps < 2 else None,
+            versions=Versions.collect(),
+        )
+
+    def run(self) -> MatrixReport:
+        for index, planned in enumerate(self.planned):
+            if planned.run is not None:
+                self.report.cells[index] = self._run_cell(planned, planned.run)
+                self._write(final=False)
+        self.report.identity = self._identity()
+        self.report.complete = True
+        self.bar.close()
+        self._write(final=True)
+        return self.report
+
+    # -- one cell -----------------------------------------------------------------------------------
+
+    def _threads(self, count: int) -> int | None:
+        """Intra-op threads of each rank of a CPU cell (what launch gives spawned ranks); None on CUDA."""
+        return dev.cpu_threads_per_rank(count) if self.device == "cpu" else None
+
+    def _run_cell(self, planned: PlannedCell, run: ResolvedRun) -> MatrixCell:
+        mode, count, threads = planned.mode, planned.count, self._threads(planned.count)
+        self.bar.start(f"{mode.value} x{count}")
+        try:
+            # One rank runs in this process: give it the thread count launch gives a lone rank.
+            with dev.cpu_threads(threads) if threads and count == 1 else nullcontext():
+                outcomes = execute(run, self.bar.step)
+        except H3Error as err:
+            if count == 1:
+                self.references[(mode, threads)] = f"the 1-rank cell failed: {err}"
+            return initial_cell(planned).model_copy(update={"status": CellStatus.FAILED, "reason": str(err)})
+        finally:
+            self.bar.finish(self.steps)
+        report = build_report(run, outcomes)
+        latents = outcomes[0].latents
+        if count == 1:
+            self.references[(mode, threads)] = latents
+            self.baseline_seconds[mode] = steady_step_seconds(report.step_seconds)
+        parity_error = None
+        if count > 1:
+            report.parity, parity_error = self._parity(run, latents, threads, outcomes[0].nvfp4_paths)
+        write_outputs(report, outcomes[0], self.folder, self.request.save_latents, None, under=f"{mode.value}-{count}")
+        return summarise(planned, report, threads, self.baseline_seconds.get(mode), parity_error)
+
+    # -- parity ---------------------------------------------------------------------------------
+
+    def _parity(self, run: ResolvedRun, latents: Latents, threads: int | None, paths: dict[str, int]) -> tuple[LatentParity | None, str | None]:
+        mode = run.request.mode
+        key = (mode, threads)
+        if key not in self.references:
+            self.references[key] = self._reference_run(run, threads)
+        reference = self.references[key]
+        if isinstance(reference, str):
+            return None, reference
+        tol = run_tolerance(mode, dev.compute_dtype(self.device, run.request.dtype), paths)
+        name = f"1 rank, {mode.value} mode" + (f", {threads} CPU thread{'s' if threads > 1 else ''} like each rank" if threads else "")
+        return latent_parity(latents, reference, tol, name), None
+
+    def _reference_run(self, run: ResolvedRun, threads: int | None) -> Latents | str:
+        """One rank of `run`'s mode in this process, at `threads` intra-op threads (CPU only)."""
+        self.bar.start(f"{run.request.mode.value} x1 at {threads} thread(s): parity reference")
+        try:
+            return one_rank_latents(run, threads=threads, on_step=self.bar.step)
+        except H3Error as err:
+            return f"the 1-rank reference run failed: {err}"
+        finally:
+            self.bar.finish(self.steps)
+
+    def _expected_references(self) -> int:
+        """Extra 1-rank runs parity will need: CPU thread counts that differ from the 1-rank cell's."""
+        if self.device != "cpu":
+            return 0
+        lone = self._threads(1)
+        needed = {(p.mode, self._threads(p.count)) for p in self.planned if p.run is not None and p.count > 1}
+        return sum(1 for _, threads in needed if threads != lone)
+
+    def _identity(self) -> LatentParity | None:
+        """Ulysses and tensor at one rank are both the identity path: their latents must be equal."""
+        if len(self.request.modes) < 2:
+            return None
+        first, second = (self.references.get((m, self._threads(1))) for m in self.request.modes[:2])
+        if not isinstance(first, dict) or not isinstance(second, dict):
+            return None
+        return latent_parity(second, first, 0.0, f"1 rank, {self.request.modes[0].value} mode")
+
+    def _write(self, final: bool) -> None:
+        write_matrix_files(self.report, self.folder, self.benchmark, final)
+
+    def progress(self) -> tuple[int, int]:
+        """(cells finished, cells that run): how far an interrupted matrix got."""
+        runnable = [c for c in self.report.cells if c.status is not CellStatus.SKIPPED]
+        return sum(c.status in (CellStatus.OK, CellStatus.FAILED) for c in runnable), len(runnable)
+
+
+def run_matrix(request: MatrixRequest, on_progress: ProgressCallback | None = None) -> MatrixReport:
+    """Plan every cell (resolving each before anything is spawned), run them, write the report.
+
+    Raises only for what makes the whole matrix impossible (a bad setting, torchrun); a cell's
+    failure is recorded in the report; call `check_matrix` to turn failures into an exit code.
+    """
+    if settings.under_torchrun():
+        raise ConfigError("h3 matrix starts its own ranks for every cell; run it directly, not under torchrun")
+    gpus = dev.visible_gpu_count()
+    planned = plan_cells(request, gpus)
+    runs = [p.run for p in planned if p.run is not None]
+    need = sum(output_bytes(run, request.save_latents) for run in runs)
+    with Outputs() as outputs:
+        folder = outputs.folder(request.output, kind="matrix", need_bytes=need, overwrite=request.overwrite)
+        bench = outputs.file(request.benchmark, flag="--benchmark") if request.benchmark is not None else None
+        matrix = _Matrix(request, planned, gpus, on_progress, folder, bench)
+        try:
+            report = matrix.run()
+        except KeyboardInterrupt:
+            done, total = matrix.progress()
+            if not done:
+                raise  # nothing measured yet: nothing is written
+            publish_on_interrupt(outputs, (
+                f"interrupted (Ctrl-C) after {done} of {total} cells; what they measured is in {folder.path} "
+                f"({REPORT_NAME} says complete: false)"
+            ))
+        outputs.publish()
+    return report

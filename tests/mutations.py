@@ -1,0 +1,31 @@
+"""Broken pieces that tests patch into the ranks of a World, to show that a check fails on a real bug
+(module-level, so that spawned ranks can unpickle them)."""
+
+from __future__ import annotations
+
+import torch
+
+import h3core.collectives
+from h3core.verify.transport import measure_ragged
+
+
+def drop_last_rank(reduce_scatter):  # type: ignore[no-untyped-def]
+    """A reduce-scatter that loses the last rank's partial (the rank sends zeros instead)."""
+
+    def broken(x, rows, group=None, stats=None):  # type: ignore[no-untyped-def]
+        rank, size = h3core.collectives.group_rank_and_size(group)
+        if rank == size - 1:
+            x = torch.zeros_like(x)
+        return reduce_scatter(x, rows, group, stats)
+
+    return broken
+
+
+def ragged_with_broken_reduce_scatter(ctx, spec):  # type: ignore[no-untyped-def]
+    """Runs on every rank: the ragged check with a reduce-scatter that loses the last rank's partial."""
+    real = h3core.collectives.reduce_scatter_rows
+    h3core.collectives.reduce_scatter_rows = drop_last_rank(real)
+    try:
+        return measure_ragged(ctx, spec)
+    finally:
+        h3core.collectives.reduce_scatter_rows = real
