@@ -91,7 +91,7 @@ def bench_transport(
     json: options.Json = False,
 ) -> None:
     """Time Ulysses seq->head, attention and head->seq on random q|k|v against the wire (a plain all-to-all of the same bytes)."""
-    from h3core.bench_transport import TransportBenchConfig, run_transport_benchmark
+    from h3core.bench.transport import TransportBenchConfig, run_transport_benchmark
 
     cfg = TransportBenchConfig.build(
         world_size=count, attention=attention, tokens=tokens, width=width, height=height, frames=frames, heads=heads,

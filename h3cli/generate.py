@@ -18,7 +18,7 @@ from rich.table import Table
 from h3cli import options
 from h3cli.output import Output, progress_bar
 from h3core.errors import ConfigError
-from h3core.plan import Mode
+from h3core.parallel.plan import Mode
 from h3core.reports.units import format_bytes
 
 
@@ -63,7 +63,7 @@ def render_run(report, console: Console) -> None:
 
 def render_profile(profile, console: Console) -> None:
     """Where a step goes: seconds per step per category for every rank, their mean and its share."""
-    from h3core.profile import shares  # (torch: only when a profile is rendered)
+    from h3core.generate.profile import shares  # (torch: only when a profile is rendered)
 
     ranks = profile.ranks
     table = Table(

@@ -1,7 +1,7 @@
 """The `h3` entry point: registers the commands and maps errors to one line and an exit code.
 
 Ctrl-C: every command runs inside `_interruptible`, which turns KeyboardInterrupt into
-`Interrupted` (exit 130) saying that nothing was written (the output mechanism, `h3core.outputs`,
+`Interrupted` (exit 130) saying that nothing was written (the output mechanism, `h3core.reports.outputs`,
 makes that true: staged results are removed). A command that did leave something behind raises
 its own `Interrupted` saying what (a matrix publishes its finished cells; a RunPod write that was
 in flight may have been applied). (Typer would otherwise exit 130 without a word.)
@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from h3core import __version__, settings
 from h3core.errors import H3Error, Interrupted
-from h3core.paths import os_error_reason
+from h3core.files.paths import os_error_reason
 
 app = typer.Typer(
     name="h3",

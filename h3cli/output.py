@@ -13,10 +13,10 @@ from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel
 from rich.console import Console
-from rich.progress import Progress, ProgressColumn
 from rich.markup import escape
+from rich.progress import Progress, ProgressColumn
 
-from h3core.report import Verdict
+from h3core.reports.schema import Verdict
 from h3core.settings import is_rank_zero
 
 

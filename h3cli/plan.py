@@ -11,7 +11,7 @@ from rich.table import Table
 from h3cli import options
 from h3cli.output import Output
 from h3core.nvfp4.layout import ColumnSlice
-from h3core.plan import Mode, ParallelPlan
+from h3core.parallel.plan import Mode, ParallelPlan
 from h3core.reports.units import format_bytes
 
 

@@ -7,7 +7,7 @@
 2. 2 ranks vs 1 rank (Gloo on the CPU, or NCCL on 2 GPUs) -> speedup, at equal intra-op threads
    per rank (on a 2-core machine: 2 ranks x 1 thread vs 1 rank x 1 thread).
 3. Why a mode scales as it does: one more profiled 2-rank run per mode prints the bytes each rank
-   sends per step (per collective kind) and where its step goes (h3core.profile).
+   sends per step (per collective kind) and where its step goes (h3core.generate.profile).
 4. The physical limit of 2 vs 1 on this machine: two processes running the same single-threaded
    GEMM loop at once vs one alone (CPU only). Two vCPUs that are SMT siblings, or a host that
    throttles, give less than 2x whatever h3 does; each speedup is also shown as a share of it.
@@ -31,10 +31,10 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from h3core.device import cpu_threads, cpu_threads_per_rank, resolve_device
 from h3core.generate.pipeline import RankPipeline, rank_generate
 from h3core.generate.request import GenerateRequest, resolve
-from h3core.plan import Mode
+from h3core.parallel.plan import Mode
+from h3core.runtime.device import cpu_threads, cpu_threads_per_rank, resolve_device
 from h3core.runtime.world import World
 
 
@@ -145,7 +145,7 @@ def main() -> None:
 
 def _explain(console: Console, mode: Mode, outcomes, steps: int) -> None:
     """Bytes each rank sent per step by kind, and the profiled split of a step (mean over ranks)."""
-    from h3core.profile import RunProfile, shares
+    from h3core.generate.profile import RunProfile, shares
 
     sent = {kind: max(o.comm.kinds[kind].bytes_sent for o in outcomes if kind in o.comm.kinds) / steps for kind in outcomes[0].comm.kinds}
     split = RunProfile.of([o.profile for o in outcomes]).steady_mean

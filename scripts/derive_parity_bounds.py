@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measure what `h3core.parity`'s bounds are derived from, and print the bounds they give.
+"""Measure what `h3core.generate.parity`'s bounds are derived from, and print the bounds they give.
 
 A distributed run differs from the one-rank run only where an operation is computed another way:
 Ulysses multiplies a rank's rows (a GEMM of fewer rows can take another kernel), tensor mode sums
@@ -29,18 +29,18 @@ from pathlib import Path
 
 import torch
 
-from h3core import parity
-from h3core.checkpoint import Checkpoint
-from h3core.config import preset
-from h3core.nvfp4.codec import dequantize
-from h3core.nvfp4.linear import NVFP4Linear
-from h3core.parity import latent_parity
-from h3core.partition import nvfp4_column_slices, token_spans
+from h3core.generate import parity
+from h3core.generate.parity import latent_parity
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.generate.run import one_rank_latents
-from h3core.plan import Mode
-from h3core.report import error_between
-from h3core.synthetic import synthetic_checkpoint
+from h3core.model.checkpoint import Checkpoint
+from h3core.model.config import preset
+from h3core.model.synthetic import synthetic_checkpoint
+from h3core.nvfp4.codec import dequantize
+from h3core.nvfp4.linear import NVFP4Linear
+from h3core.parallel.partition import nvfp4_column_slices, token_spans
+from h3core.parallel.plan import Mode
+from h3core.reports.schema import error_between
 
 NEGATIVE_PROMPT = "blurry, low quality, distorted"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

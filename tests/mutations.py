@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-import h3core.collectives
+import h3core.parallel.collectives
 from h3core.verify.transport import measure_ragged
 
 
@@ -13,7 +13,7 @@ def drop_last_rank(reduce_scatter):  # type: ignore[no-untyped-def]
     """A reduce-scatter that loses the last rank's partial (the rank sends zeros instead)."""
 
     def broken(x, rows, group=None, stats=None):  # type: ignore[no-untyped-def]
-        rank, size = h3core.collectives.group_rank_and_size(group)
+        rank, size = h3core.parallel.collectives.group_rank_and_size(group)
         if rank == size - 1:
             x = torch.zeros_like(x)
         return reduce_scatter(x, rows, group, stats)
@@ -23,9 +23,9 @@ def drop_last_rank(reduce_scatter):  # type: ignore[no-untyped-def]
 
 def ragged_with_broken_reduce_scatter(ctx, spec):  # type: ignore[no-untyped-def]
     """Runs on every rank: the ragged check with a reduce-scatter that loses the last rank's partial."""
-    real = h3core.collectives.reduce_scatter_rows
-    h3core.collectives.reduce_scatter_rows = drop_last_rank(real)
+    real = h3core.parallel.collectives.reduce_scatter_rows
+    h3core.parallel.collectives.reduce_scatter_rows = drop_last_rank(real)
     try:
         return measure_ragged(ctx, spec)
     finally:
-        h3core.collectives.reduce_scatter_rows = real
+        h3core.parallel.collectives.reduce_scatter_rows = real

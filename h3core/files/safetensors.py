@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from h3core.errors import CheckpointError
 from h3core.files.atomic import atomic_file
-from h3core.paths import path_kind
+from h3core.files.paths import path_kind
 
 
 class Range(Protocol):

@@ -1,5 +1,5 @@
 """`h3 generate`: text in, video + audio latents out, on 1..N ranks (diffusers' split of scheduler,
-model and pipeline; the sampler is `h3core.sampler`, the model `h3core.model`).
+model and pipeline; the sampler is `h3core.model.sampler`, the model `h3core.model.dit`).
 
 In the launching process:
 - `request`    what was asked (`GenerateRequest`, `GenerateJob`) and `resolve`: config, sizes, plan,

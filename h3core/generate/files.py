@@ -1,4 +1,4 @@
-"""The files of one `h3 generate` run, staged in its output folder (`h3core.outputs`): the latents
+"""The files of one `h3 generate` run, staged in its output folder (`h3core.reports.outputs`): the latents
 (unless not saved), a preview PNG of the video latent, the report, and the report's `--benchmark` copy."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from h3core.generate.report import RankOutcome, RunFiles, RunReport
 from h3core.generate.request import ResolvedRun
-from h3core.outputs import FileInFolder, OutputFile, OutputFolder
-from h3core.preview import preview_png
+from h3core.reports.outputs import FileInFolder, OutputFile, OutputFolder
+from h3core.reports.preview import preview_png
 
 
 def write_outputs(

@@ -13,14 +13,14 @@ from typing import Callable
 
 import torch
 
-from h3core import device as dev
-from h3core.collectives import repartition_rows
-from h3core.runtime.faults import maybe_inject_fault
+from h3core.generate.profile import Profiler, step_context
 from h3core.generate.sequences import Latent, Sequence, latent_kinds
-from h3core.model import H3Model
+from h3core.model.dit import H3Model
+from h3core.model.sampler import FlowMatchEuler, check_finite, guided_velocity
+from h3core.parallel.collectives import repartition_rows
 from h3core.parallel.runtime import ParallelRuntime
-from h3core.profile import Profiler, step_context
-from h3core.sampler import FlowMatchEuler, check_finite, guided_velocity
+from h3core.runtime import device as dev
+from h3core.runtime.faults import maybe_inject_fault
 
 StepDoneCallback = Callable[[int, int, float], None]
 """Called after every step with (step, steps, seconds)."""

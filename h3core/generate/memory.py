@@ -1,6 +1,6 @@
 """What an `h3 generate` run needs per rank, estimated from its plan, and the check before any rank starts.
 
-A lower bound (`h3core.limits`): what is counted, per rank (the largest one), in the compute dtype
+A lower bound (`h3core.runtime.limits`): what is counted, per rank (the largest one), in the compute dtype
 unless said otherwise:
 
 - `weights`: the bytes the rank holds (the plan's `weights.per_rank`: all of them in Ulysses mode,
@@ -12,9 +12,9 @@ unless said otherwise:
   rows at model width plus q|k|v and the output of its heads over the whole sequence; tensor mode
   all-gathers the whole sequence at model width and projects it to its shard;
 - `attention scores`: the [heads, S, S] scores and their softmax, where the attention call
-  materialises them (`h3core.attention.scores_bytes`);
+  materialises them (`h3core.model.attention.scores_bytes`);
 - `steps`: the sigma schedule (computed in float64) and the per-step timings, per step;
-- `process`: a spawned rank's own process (`h3core.limits.PROCESS_BYTES`).
+- `process`: a spawned rank's own process (`h3core.runtime.limits.PROCESS_BYTES`).
 
 The longest of the run's sequences (prompt, negative prompt) sets the activations.
 """
@@ -25,10 +25,10 @@ import math
 from typing import TYPE_CHECKING
 
 from h3core import settings
-from h3core.attention import scores_bytes
-from h3core.config import ModelConfig
-from h3core.limits import PROCESS_BYTES, MemoryNeed, capacity, check_cpu_ranks, check_memory
-from h3core.plan import Mode, ParallelPlan
+from h3core.model.attention import scores_bytes
+from h3core.model.config import ModelConfig
+from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.runtime.limits import PROCESS_BYTES, MemoryNeed, capacity, check_cpu_ranks, check_memory
 
 if TYPE_CHECKING:
     import torch
@@ -39,8 +39,8 @@ STEP_BYTES = 56  # float64 arange, t and sigmas while the schedule is computed (
 
 
 def check_limits(request: "GenerateRequest", config: ModelConfig, shape: "RunShape", plan: ParallelPlan) -> None:
-    """Refuse (one line) a run whose ranks this machine cannot start or hold (`h3core.limits`)."""
-    from h3core.device import compute_dtype
+    """Refuse (one line) a run whose ranks this machine cannot start or hold (`h3core.runtime.limits`)."""
+    from h3core.runtime.device import compute_dtype
 
     launched = settings.under_torchrun()
     if request.device != "cuda" and not launched:

@@ -24,23 +24,23 @@ from typing import Any
 
 import torch
 
-from h3core import attention, cpu_memory
-from h3core import device as dev
-from h3core.checkpoint import Checkpoint
-from h3core.collectives import broadcast_tensors
 from h3core.generate.loop import Denoiser, denoise
+from h3core.generate.profile import RankProfile, profiling
 from h3core.generate.report import HeldWeights, RankOutcome, StepDone
 from h3core.generate.request import ResolvedRun
 from h3core.generate.sequences import Latent, build_sequence, noise_tokens
-from h3core.model import H3Model, tensor_parallel_prefixes, unpatchify_audio, unpatchify_video
+from h3core.model import attention
+from h3core.model.checkpoint import Checkpoint
+from h3core.model.dit import H3Model, tensor_parallel_prefixes, unpatchify_audio, unpatchify_video
+from h3core.model.sampler import FlowMatchEuler
+from h3core.model.sequence import SegmentKind
 from h3core.nvfp4 import matmul as nvfp4_matmul
+from h3core.parallel.collectives import broadcast_tensors
 from h3core.parallel.parallelize import left_out_at_load, parallelize
 from h3core.parallel.runtime import ParallelRuntime
 from h3core.parallel.tensor import block_linears
-from h3core.profile import RankProfile, profiling
+from h3core.runtime import cpu_memory, device as dev
 from h3core.runtime.context import RankContext
-from h3core.sampler import FlowMatchEuler
-from h3core.sequence import SegmentKind
 
 
 @dataclass

@@ -5,17 +5,17 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from h3core import device as dev
-from h3core.checkpoint import SYNTHETIC
-from h3core.collectives import CommStats
-from h3core.config import ModelConfig
 from h3core.errors import CheckFailed
-from h3core.parity import LatentParity
+from h3core.generate.parity import LatentParity
+from h3core.generate.profile import RankProfile, RunProfile
 from h3core.generate.request import ResolvedRun, RunShape
+from h3core.model.checkpoint import SYNTHETIC
+from h3core.model.config import ModelConfig
+from h3core.parallel.collectives import CommStats
+from h3core.parallel.plan import Mode, ParallelPlan
 from h3core.parallel.runtime import RankUsage
-from h3core.plan import Mode, ParallelPlan
-from h3core.profile import RankProfile, RunProfile
-from h3core.report import TensorChecksum, Versions, timestamp
+from h3core.reports.schema import TensorChecksum, Versions, timestamp
+from h3core.runtime import device as dev
 
 
 class StepDone(BaseModel):
@@ -55,7 +55,7 @@ class RankOutcome(BaseModel):
     nvfp4_paths: dict[str, int]  # NVFP4 matmul path -> forward calls in the denoising loop (what ran)
     attention_kernels: dict[str, int]  # attention kernel -> calls in the denoising loop (what ran)
     used: RankUsage  # the spans and shards this rank ran with
-    cpu_allocator: str = "n/a"  # h3core.cpu_memory policy of this rank (CPU runs)
+    cpu_allocator: str = "n/a"  # h3core.runtime.cpu_memory policy of this rank (CPU runs)
     profile: RankProfile | None = None  # with request.profile
     text_encoder: dict | None = None  # rank 0
     video: torch.Tensor | None = None  # rank 0: [C, T, H, W] float32
@@ -119,7 +119,7 @@ class RunReport(BaseModel):
     video: TensorChecksum | None
     audio: TensorChecksum | None
     parity: LatentParity | None = None  # with --parity: vs the single-rank run (at 1 rank: vs the other mode)
-    cpu_allocator: str = "n/a"  # CPU runs: the ranks' allocator policy (h3core.cpu_memory)
+    cpu_allocator: str = "n/a"  # CPU runs: the ranks' allocator policy (h3core.runtime.cpu_memory)
     profile: RunProfile | None = None  # with --profile: per rank and step, where the time went
     files: RunFiles | None = None
     versions: Versions

@@ -15,10 +15,10 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from h3core import settings
-from h3core.checkpoint import SYNTHETIC, Checkpoint
-from h3core.config import ModelConfig, preset as get_preset
 from h3core.errors import ConfigError
-from h3core.plan import Mode, ParallelPlan
+from h3core.model.checkpoint import SYNTHETIC, Checkpoint
+from h3core.model.config import ModelConfig, preset as get_preset
+from h3core.parallel.plan import Mode, ParallelPlan
 from h3core.settings import UserRequest
 
 DEFAULT_PROMPT = "a red fox running through fresh snow at dawn, wind and crunching footsteps"
@@ -53,7 +53,7 @@ class GenerateRequest(UserRequest):
     attention: str = "sdpa"
     model_path: Path | None = None
     text_encoder_path: Path | None = None
-    profile: bool = Field(False, description="Split every step's time per rank: attention, NVFP4 linears, each collective, the rest (h3core.profile).")
+    profile: bool = Field(False, description="Split every step's time per rank: attention, NVFP4 linears, each collective, the rest (h3core.generate.profile).")
 
     @property
     def prompts(self) -> list[str]:
@@ -77,7 +77,7 @@ class GenerateJob(BaseModel):
                    benchmark: Path | None, parity: bool, overwrite: bool, **request: object) -> "GenerateJob":
         """The job of the command line: the device resolved, the rank count (COUNT/--gpus, else
         H3_WORLD_SIZE, else every visible GPU, else 1) checked against it, every variable applied."""
-        from h3core.device import check_world_size_fits, resolve_device, visible_gpu_count
+        from h3core.runtime.device import check_world_size_fits, resolve_device, visible_gpu_count
 
         device_type = resolve_device(device)
         world = settings.world_size(count, visible_gpu_count)
@@ -152,7 +152,8 @@ def resolve(request: GenerateRequest) -> ResolvedRun:
 
 def _check_backends(request: GenerateRequest, config: ModelConfig) -> None:
     """The attention backend for this device, head width and dtype; a malformed H3_EMULATE_FP4."""
-    from h3core import attention, device
+    from h3core.model import attention
+    from h3core.runtime import device
 
     dtype = device.compute_dtype(request.device, request.dtype)
     attention.check_backend(request.attention, request.device, head_dim=config.head_dim, dtype=dtype)
@@ -171,7 +172,7 @@ def build_plan(request: GenerateRequest, config: ModelConfig, shape: RunShape) -
 
 def _weights(request: GenerateRequest, checkpoint: Checkpoint | None, base: ModelConfig) -> tuple[Path, bool]:
     """The checkpoint file the ranks load (checked whole), and whether it is synthetic (built last, if needed)."""
-    from h3core.synthetic import synthetic_checkpoint
+    from h3core.model.synthetic import synthetic_checkpoint
 
     if checkpoint is None:
         return synthetic_checkpoint(base, seed=0)[0], True

@@ -1,7 +1,7 @@
 """`generate(job)`: the one call behind `h3 generate`, and the runs around the ranks.
 
 In the calling process: resolve the request (`h3core.generate.request`), reserve the output folder
-(`h3core.outputs`), launch every rank in a fresh World (`execute`), turn their outcomes into a
+(`h3core.reports.outputs`), launch every rank in a fresh World (`execute`), turn their outcomes into a
 `RunReport` plus files, and publish them only after every rank succeeded (on any failure or Ctrl-C
 nothing is written). With `--parity` the run is compared with a one-rank run of the same request
 (`reference_parity`).
@@ -14,15 +14,15 @@ from typing import Callable
 
 import torch
 
-from h3core import device as dev
 from h3core import settings
 from h3core.generate.files import output_bytes, write_outputs
+from h3core.generate.parity import LatentParity, latent_parity, run_tolerance
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.report import RankOutcome, RunReport, StepDone, build_report
 from h3core.generate.request import GenerateJob, ResolvedRun, build_plan, check_torchrun_parity, resolve
-from h3core.outputs import Outputs
-from h3core.parity import LatentParity, latent_parity, run_tolerance
-from h3core.plan import Mode
+from h3core.parallel.plan import Mode
+from h3core.reports.outputs import Outputs
+from h3core.runtime import device as dev
 from h3core.runtime.world import World
 
 StepCallback = Callable[[StepDone], None]

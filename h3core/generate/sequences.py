@@ -1,7 +1,7 @@
 """A request's packed sequences on one rank: the prompt's (and guidance's negative prompt's) text
 hidden states with their plan and RoPE table, this rank's rows of them, and the seeded noise.
 
-Noise depends only on the seed and the shapes (`h3core.sampler.initial_noise`), so every rank draws
+Noise depends only on the seed and the shapes (`h3core.model.sampler.initial_noise`), so every rank draws
 the same whole latent and keeps its own rows of it: the latent state stays token-sharded, in the
 rows the prompt's sequence gives this rank, for the whole loop.
 """
@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-from h3core import partition
-from h3core.config import ModelConfig
 from h3core.generate.request import RunShape
-from h3core.model import PackedSequence, Rope, patchify_audio, patchify_video, rope_table, token_positions
-from h3core.plan import SequencePlan
-from h3core.sampler import initial_noise
-from h3core.sequence import LATENT_KINDS, Segment, SegmentKind
+from h3core.model.config import ModelConfig
+from h3core.model.dit import PackedSequence, Rope, patchify_audio, patchify_video, rope_table, token_positions
+from h3core.model.sampler import initial_noise
+from h3core.model.sequence import LATENT_KINDS, Segment, SegmentKind
+from h3core.parallel import partition
+from h3core.parallel.plan import SequencePlan
 from h3core.span import Span
 
 Latent = dict[SegmentKind, torch.Tensor]

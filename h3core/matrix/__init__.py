@@ -14,7 +14,7 @@ GPU count skipped. What runs, and in which order:
 - Each cell writes its own `report.json` (and preview, and latents unless not saved) in
   `<output>/<mode>-<count>/`; `matrix.json` and `matrix.md` are rewritten after every cell,
   `matrix.png` when the matrix is complete. All of it is staged and published as one folder
-  (`h3core.outputs`): a matrix interrupted with Ctrl-C publishes the cells it finished (its
+  (`h3core.reports.outputs`): a matrix interrupted with Ctrl-C publishes the cells it finished (its
   `matrix.json` says `complete: false`); one that fails otherwise leaves nothing.
 
 Figures per cell: sampling time (all steps, slowest rank); step time = the median step after the

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from h3core.matrix.render import chart_png, markdown
 from h3core.matrix.report import CHART_NAME, MARKDOWN_NAME, REPORT_NAME, MatrixFiles, MatrixReport
-from h3core.outputs import FileInFolder, OutputFile, OutputFolder
-from h3core.report import report_json
+from h3core.reports.outputs import FileInFolder, OutputFile, OutputFolder
+from h3core.reports.schema import report_json
 
 
 def write_matrix_files(report: MatrixReport, folder: OutputFolder, benchmark: OutputFile | FileInFolder | None, final: bool) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import io
 
+from h3core.generate.profile import COLLECTIVES
 from h3core.matrix.report import CHART_NAME, CellStatus, MatrixCell, MatrixReport
-from h3core.plan import Mode
-from h3core.profile import COLLECTIVES
+from h3core.parallel.plan import Mode
 from h3core.reports.units import format_bytes
 
 COLUMNS = (

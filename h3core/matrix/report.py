@@ -8,11 +8,11 @@ from typing import Callable
 from pydantic import BaseModel, Field
 
 from h3core.errors import CheckFailed
+from h3core.generate.parity import LatentParity
 from h3core.generate.request import RunShape
 from h3core.matrix.request import MatrixRequest
-from h3core.parity import LatentParity
-from h3core.plan import Mode
-from h3core.report import Versions
+from h3core.parallel.plan import Mode
+from h3core.reports.schema import Versions
 
 REPORT_NAME, MARKDOWN_NAME, CHART_NAME = "matrix.json", "matrix.md", "matrix.png"
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from h3core import device as dev
 from h3core import settings
 from h3core.generate.request import GenerateRequest
-from h3core.outputs import default_folder
-from h3core.plan import Mode
+from h3core.parallel.plan import Mode
+from h3core.reports.outputs import default_folder
+from h3core.runtime import device as dev
 
 DEFAULT_COUNTS = (1, 2, 4, 6, 8)  # the seed's matrix
 DEFAULT_MODES = (Mode.ULYSSES, Mode.TENSOR)

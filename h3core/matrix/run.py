@@ -8,10 +8,10 @@ from contextlib import nullcontext
 
 import torch
 
-from h3core import device as dev
 from h3core import settings
 from h3core.errors import ConfigError, H3Error
 from h3core.generate.files import output_bytes, write_outputs
+from h3core.generate.parity import LatentParity, latent_parity, run_tolerance
 from h3core.generate.report import StepDone, build_report
 from h3core.generate.request import ResolvedRun
 from h3core.generate.run import execute, one_rank_latents
@@ -20,10 +20,10 @@ from h3core.matrix.files import write_matrix_files
 from h3core.matrix.report import REPORT_NAME, SINGLE_STEP_NOTE, CellStatus, MatrixCell, MatrixProgress, MatrixReport, ProgressCallback
 from h3core.matrix.request import MatrixRequest
 from h3core.matrix.summary import initial_cell, ranks_note, steady_step_seconds, summarise
-from h3core.outputs import FileInFolder, OutputFile, OutputFolder, Outputs, publish_on_interrupt
-from h3core.parity import LatentParity, latent_parity, run_tolerance
-from h3core.plan import Mode
-from h3core.report import Versions, timestamp
+from h3core.parallel.plan import Mode
+from h3core.reports.outputs import FileInFolder, OutputFile, OutputFolder, Outputs, publish_on_interrupt
+from h3core.reports.schema import Versions, timestamp
+from h3core.runtime import device as dev
 
 Latents = dict[str, torch.Tensor | None]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from statistics import median
 
-from h3core import device as dev
 from h3core.generate.report import RunReport
 from h3core.matrix.cells import PlannedCell
 from h3core.matrix.report import CellStatus, MatrixCell
+from h3core.runtime import device as dev
 
 
 def steady_step_seconds(step_seconds: list[float]) -> float | None:

@@ -8,6 +8,6 @@ reason. The torch parts are submodules:
 - `swizzle` the 128x4 block-scale layout Blackwell GEMMs read (built in memory at load time)
 - `matmul`  the matmul paths (cpu-dequant, cpu-fp4-emulated, cuda-dequant-bf16, cuda-fp4-scaled-mm), the choice, the record of what ran
 - `linear`  `NVFP4Linear`, buffers named as ModelOpt names them
-- `shard`   layout-preserving row / column shards (ranges from `h3core.partition`)
+- `shard`   layout-preserving row / column shards (ranges from `h3core.parallel.partition`)
 - `io`      safetensors with ModelOpt names, lazy row / column slices from disk
 """

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from h3core.model import TENSOR_PARALLEL, H3Model, Split, tensor_parallel_prefixes
+from h3core.model.dit import TENSOR_PARALLEL, H3Model, Split, tensor_parallel_prefixes
 from h3core.nvfp4.io import WeightSource
+from h3core.parallel.plan import Mode, ParallelPlan
 from h3core.parallel.runtime import ParallelRuntime
 from h3core.parallel.tensor import apply_tensor
 from h3core.parallel.ulysses import apply_ulysses
-from h3core.plan import Mode, ParallelPlan
 
 
 def left_out_at_load(plan: ParallelPlan, num_blocks: int) -> tuple[str, ...]:

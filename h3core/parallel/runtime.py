@@ -16,13 +16,13 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, Field
 
-from h3core.collectives import CommStats, gather_rows
-from h3core.plan import ParallelPlan, SequencePlan, TensorShards
-from h3core.sequence import SegmentKind
+from h3core.model.sequence import SegmentKind
+from h3core.parallel.collectives import CommStats, gather_rows
+from h3core.parallel.plan import ParallelPlan, SequencePlan, TensorShards
 from h3core.span import Span
 
 if TYPE_CHECKING:
-    from h3core.model import H3Model
+    from h3core.model.dit import H3Model
     from h3core.nvfp4.linear import NVFP4Linear
 
 ALL_REDUCE_MAX = "all_reduce_max"

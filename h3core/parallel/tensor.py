@@ -9,7 +9,7 @@ Between blocks every rank holds its own token rows, as in Ulysses. Inside a bloc
                 --silu(gate)*value--> [S, F_loc] --FC2 my F columns (no bias)--> partial [S, D]
                 --reduce-scatter--> [S_loc, D] + bias
 
-Which linears split, and how, is the model's declaration (`h3core.model.TENSOR_PARALLEL`): QKV and
+Which linears split, and how, is the model's declaration (`h3core.model.dit.TENSOR_PARALLEL`): QKV and
 FC1 column-parallel (rows selected, bias sliced with them), Out and FC2 row-parallel (block-aligned
 input columns, bias added once after the reduction). The ranges are this rank's `TensorShards` of
 the run's plan, never recomputed here. Every shard is byte-for-byte a slice of the full packed
@@ -24,14 +24,14 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
-from h3core.collectives import gather_rows, reduce_scatter_rows
-from h3core.model import TENSOR_PARALLEL, H3Model, Split
+from h3core.model.dit import TENSOR_PARALLEL, H3Model, Split
+from h3core.nvfp4.io import WeightSource
 from h3core.nvfp4.layout import ColumnSlice
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.shard import column_parallel, row_parallel
+from h3core.parallel.collectives import gather_rows, reduce_scatter_rows
+from h3core.parallel.plan import TensorShards
 from h3core.parallel.runtime import ParallelRuntime
-from h3core.plan import TensorShards
-from h3core.nvfp4.io import WeightSource
 from h3core.span import Span
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from h3core.collectives import exchange_blocks, head_to_seq, send_blocks, seq_to_head
-from h3core.model import H3Model, ProjectedQKV
+from h3core.model.dit import H3Model, ProjectedQKV
+from h3core.parallel.collectives import exchange_blocks, head_to_seq, send_blocks, seq_to_head
 from h3core.parallel.runtime import ParallelRuntime
 
 

@@ -2,7 +2,7 @@
 
 A worker ignores SIGINT (Ctrl-C is its parent's to handle), applies the CPU allocator policy
 before its first large tensor, writes nothing to the terminal unless H3_DEBUG=1, stamps its
-heartbeat from a thread (`h3core.liveness`) and exits by itself when its parent disappears.
+heartbeat from a thread (`h3core.runtime.liveness`) and exits by itself when its parent disappears.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from h3core import cpu_memory
-from h3core.device import cpu_threads_per_rank, nccl_environment, rank_device
-from h3core.liveness import beat_while_parent_lives
+from h3core.runtime import cpu_memory
 from h3core.runtime.context import RankContext, leave_group
+from h3core.runtime.device import cpu_threads_per_rank, nccl_environment, rank_device
+from h3core.runtime.liveness import beat_while_parent_lives
 from h3core.runtime.messages import RankError, to_cpu
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def worker_main(spec: WorkerSpec, conn: Connection, heartbeat: Any) -> None:
     """Entry point of a spawned rank: join the group, then run tasks until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     if spec.device_type == "cpu":
-        cpu_memory.apply()  # before the first large tensor (h3core.cpu_memory)
+        cpu_memory.apply()  # before the first large tensor (h3core.runtime.cpu_memory)
     if not spec.debug:
         _silence_output()
     threading.Thread(target=beat_while_parent_lives, args=(spec.parent_pid, heartbeat), daemon=True).start()

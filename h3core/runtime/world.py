@@ -22,7 +22,7 @@ A faulted World is closed. Leaving the `with` block always reaps every worker, a
 KeyboardInterrupt; workers ignore SIGINT so that only this process handles Ctrl-C, and a worker
 whose parent disappears exits by itself.
 
-Stalls (`h3core.liveness`): every worker stamps a shared heartbeat each second; when a started
+Stalls (`h3core.runtime.liveness`): every worker stamps a shared heartbeat each second; when a started
 rank has shown no sign of life for `H3_RANK_TIMEOUT` seconds (default 60: `kill -STOP`, a frozen
 process) the run is stopped like a failed one, naming the rank and its process state. A rank that
 runs but waits still stamps; the collective timeout (`H3_COLLECTIVE_TIMEOUT`, default 600 s)
@@ -43,13 +43,14 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from h3core import cpu_memory, settings
-from h3core.device import check_world_size_fits, rank_device, resolve_device, visible_gpu_count
+from h3core import settings
 from h3core.errors import ConfigError, H3Error, RankFailure
-from h3core.liveness import HEARTBEAT_S, Watch, new_heartbeat
-from h3core.rendezvous import torchrun_store
+from h3core.runtime import cpu_memory
 from h3core.runtime.context import RankContext, leave_group
+from h3core.runtime.device import check_world_size_fits, rank_device, resolve_device, visible_gpu_count
+from h3core.runtime.liveness import HEARTBEAT_S, Watch, new_heartbeat
 from h3core.runtime.messages import RankError, describe_exit, to_cpu
+from h3core.runtime.rendezvous import torchrun_store
 from h3core.runtime.worker import WorkerSpec, init_group, worker_main
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class _Worker:
     rank: int
     process: "BaseProcess"
     conn: Connection
-    heartbeat: Any  # shared double: the worker's last sign of life (`h3core.liveness`)
+    heartbeat: Any  # shared double: the worker's last sign of life (`h3core.runtime.liveness`)
 
 
 class World:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from h3core.errors import CheckpointError
+from h3core.files.paths import path_kind
 from h3core.nvfp4 import layout
-from h3core.paths import path_kind
 from h3core.text.config import (
     QWEN3_RMS_NORM_EPS,
     QWEN3_ROPE_THETA,

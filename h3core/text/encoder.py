@@ -33,8 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from h3core.errors import CheckpointError, ConfigError
 from h3core.files.safetensors import SafetensorsReader
 from h3core.nvfp4.io import CheckpointWeights
+from h3core.runtime.device import resident_bytes
 from h3core.text.assemble import assemble
-from h3core.text.config import Qwen3TextConfig
 from h3core.text.checkpoint import (
     check_tensors,
     checkpoint_files,
@@ -42,7 +42,7 @@ from h3core.text.checkpoint import (
     read_headers,
     resolve_config,
 )
-from h3core.device import resident_bytes
+from h3core.text.config import Qwen3TextConfig
 from h3core.text.model import Qwen3TextModel
 from h3core.text.synthetic import SYNTHETIC_PREFIX, SyntheticWeights, synthetic_config
 from h3core.text.tokenizer import TOKENIZER_FILE, ByteTokenizer, FileTokenizer, PromptTokenizer

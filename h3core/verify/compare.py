@@ -7,10 +7,10 @@ import math
 
 import torch
 
-from h3core.checkpoint import Checkpoint
-from h3core.device import compute_dtype
-from h3core.model import H3Model
-from h3core.report import error_between
+from h3core.model.checkpoint import Checkpoint
+from h3core.model.dit import H3Model
+from h3core.reports.schema import error_between
+from h3core.runtime.device import compute_dtype
 from h3core.verify.rows import Measure
 from h3core.verify.spec import VerifySpec
 
@@ -30,7 +30,7 @@ def load_model(spec: VerifySpec, device: torch.device, skip: tuple[str, ...] = (
 
 
 def measure(variant: str, result: torch.Tensor, reference: torch.Tensor, tolerance: float, worst: str = "") -> Measure:
-    """max |result - reference| and max |reference| (`h3core.report.error_between`, the one error
+    """max |result - reference| and max |reference| (`h3core.reports.schema.error_between`, the one error
     metric), as this rank's `Measure`; a shape mismatch is a mismatch, not a number."""
     if result.shape != reference.shape:
         return Measure(

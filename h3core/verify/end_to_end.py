@@ -2,14 +2,14 @@
 
 - `parity`: final latents of both modes at every count vs the single-rank run with the same seed
   and prompt, plus the identity row: tensor mode at one rank must equal Ulysses at one rank bit
-  for bit (both are the identity path). Tolerances: `h3core.parity.run_tolerance(mode, dtype, paths)`.
+  for bit (both are the identity path). Tolerances: `h3core.generate.parity.run_tolerance(mode, dtype, paths)`.
 - `backends`: each other attention backend (`math`, `sage2`, `flash`) vs `sdpa`, on the same q|k|v
   and on the end-to-end latents of one rank. A backend that is not installed or cannot run on
   this device is skipped with the reason `check_backend` gives.
 
 The single-rank runs (the reference, the other mode, each backend) run on separate ranks of the
 World at the same time, each as a world of one, and are shared by both checks. The latents come
-back to this process and are compared here with `h3core.parity.latent_parity`.
+back to this process and are compared here with `h3core.generate.parity.latent_parity`.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
-from h3core.attention import BACKENDS, attend, check_backend
-from h3core.device import Stopwatch
 from h3core.errors import BackendUnavailable
+from h3core.generate.parity import latent_parity, run_tolerance
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.request import GenerateRequest, ResolvedRun, resolve
-from h3core.parity import latent_parity, run_tolerance
+from h3core.model.attention import BACKENDS, attend, check_backend
+from h3core.parallel.plan import Mode
 from h3core.runtime.context import RankContext
-from h3core.plan import Mode
+from h3core.runtime.device import Stopwatch
 from h3core.verify.compare import measure, seeded, spec_dtype
 from h3core.verify.rows import CheckRow, Measure, row_of, skipped, verdict_of
 from h3core.verify.session import Check, Session

@@ -6,7 +6,7 @@
   by `ModelWeights` for the plan's ranges, ragged heads and NVFP4 blocks, gather and reduce-scatter
   hooks) vs the unsharded block.
 
-Tolerances are `h3core.parity.layer_tolerance` (one layer: one rounding source, nothing to amplify
+Tolerances are `h3core.generate.parity.layer_tolerance` (one layer: one rounding source, nothing to amplify
 it): Ulysses-style checks (rows multiplied apart) get the Ulysses bound, tensor parallelism
 (partials summed in another order than one GEMM) the tensor bound.
 """
@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import torch
 
-from h3core import collectives
-from h3core.attention import attend
-from h3core.device import Stopwatch
-from h3core.model import AttentionCore, rope_table, token_positions
+from h3core.generate.parity import layer_tolerance
+from h3core.model.attention import attend
+from h3core.model.dit import AttentionCore, rope_table, token_positions
+from h3core.parallel import collectives
 from h3core.parallel.parallelize import left_out_at_load, parallelize
+from h3core.parallel.partition import clip_segments, kind_spans
+from h3core.parallel.plan import Mode
 from h3core.parallel.runtime import ParallelRuntime
 from h3core.parallel.tensor import ModelWeights
 from h3core.parallel.ulysses import UlyssesAttention
-from h3core.parity import layer_tolerance
-from h3core.partition import clip_segments, kind_spans
-from h3core.plan import Mode
 from h3core.runtime.context import RankContext
+from h3core.runtime.device import Stopwatch
 from h3core.verify.compare import load_model, measure, measure_all, seeded, spec_dtype
 from h3core.verify.rows import Measure
 from h3core.verify.spec import VerifySpec

@@ -19,16 +19,16 @@ from typing import Sequence
 
 import torch
 
-from h3core.checkpoint import Checkpoint
-from h3core.device import Stopwatch
-from h3core.model import H3Model
+from h3core.model.checkpoint import Checkpoint
+from h3core.model.dit import H3Model
 from h3core.nvfp4.codec import dequantize
 from h3core.nvfp4.io import WeightSource
 from h3core.nvfp4.layout import ColumnSlice
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.shard import column_parallel, row_parallel
-from h3core.plan import Mode
+from h3core.parallel.plan import Mode
 from h3core.runtime.context import RankContext
+from h3core.runtime.device import Stopwatch
 from h3core.span import Span
 from h3core.verify.compare import measure
 from h3core.verify.rows import Measure

@@ -16,7 +16,7 @@ from typing import Literal, Sequence
 from pydantic import BaseModel, Field
 
 from h3core.errors import CheckFailed
-from h3core.report import Versions
+from h3core.reports.schema import Versions
 
 Verdict = Literal["pass", "fail", "skip"]
 

@@ -2,7 +2,7 @@
 
 In this process: resolve the device, build (or reuse) the preset's synthetic checkpoint, check
 every partition the counts need (a count the model cannot split is a ConfigError, before anything
-is spawned), reserve the report folder (`h3core.outputs`), then start ONE World of max(usable
+is spawned), reserve the report folder (`h3core.reports.outputs`), then start ONE World of max(usable
 counts) ranks and run every selected check on it. The report is published whatever the verdicts
 (nothing is written when the run itself fails or is interrupted); the caller raises
 `report.failure()`.
@@ -23,9 +23,9 @@ REPORT_FILE = "verify.json"
 
 def build_spec(config: VerifyConfig, device: str) -> VerifySpec:
     """The spec every rank gets: the preset, its synthetic checkpoint (built here, once), the dtype."""
-    from h3core.config import preset
-    from h3core.device import compute_dtype, dtype_name
-    from h3core.synthetic import synthetic_checkpoint
+    from h3core.model.config import preset
+    from h3core.model.synthetic import synthetic_checkpoint
+    from h3core.runtime.device import compute_dtype, dtype_name
 
     model_config = preset(config.preset)
     path, _ = synthetic_checkpoint(model_config, seed=0)
@@ -39,7 +39,7 @@ def unusable_counts(counts: list[int], device: str) -> dict[int, str]:
     """Counts this machine cannot run, with the reason: on CUDA one GPU per rank; Gloo ranks are unlimited."""
     if device != "cuda":
         return {}
-    from h3core.device import visible_gpu_count
+    from h3core.runtime.device import visible_gpu_count
 
     gpus = visible_gpu_count()
     return {count: f"needs {count} GPUs, {gpus} visible" for count in counts if count > gpus}
@@ -47,7 +47,7 @@ def unusable_counts(counts: list[int], device: str) -> dict[int, str]:
 
 def check_partitions(spec: VerifySpec, counts: list[int]) -> None:
     """Every count must split the heads, tokens and NVFP4 blocks of the spec (PartitionError otherwise)."""
-    from h3core.plan import Mode
+    from h3core.parallel.plan import Mode
 
     for count in counts:
         spec.plan(count, Mode.TENSOR)
@@ -65,9 +65,9 @@ def run_checks(session: Session, names: list[str]) -> list[CheckRow]:
 def verify(config: VerifyConfig, on_event: Callable[[str], None] | None = None) -> VerifyReport:
     """Run the checks of `config` on one World; write and return the report (also when rows failed)."""
     from h3core import settings
-    from h3core.device import resolve_device
-    from h3core.outputs import Outputs
-    from h3core.report import report_json
+    from h3core.reports.outputs import Outputs
+    from h3core.reports.schema import report_json
+    from h3core.runtime.device import resolve_device
 
     started = time.perf_counter()
     notify = on_event or (lambda message: None)
@@ -90,9 +90,9 @@ def verify(config: VerifyConfig, on_event: Callable[[str], None] | None = None) 
 
 def _run_on_world(config: VerifyConfig, spec: VerifySpec, device: str, world_size: int, unusable: dict[int, str],
                   notify: Callable[[str], None], started: float) -> VerifyReport:
-    from h3core.device import device_name
+    from h3core.reports.schema import Versions, timestamp
+    from h3core.runtime.device import device_name
     from h3core.runtime.world import World
-    from h3core.report import Versions, timestamp
 
     notify(f"starting {world_size} rank{'s' if world_size > 1 else ''}")
     spawn_started = time.perf_counter()

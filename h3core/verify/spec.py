@@ -7,16 +7,15 @@ imported or any process is spawned.
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from h3core import settings
-from h3core.config import ModelConfig, preset as get_preset
 from h3core.errors import ConfigError
-from h3core.plan import Mode, ParallelPlan
-from h3core.sequence import Segment
+from h3core.model.config import ModelConfig, preset as get_preset
+from h3core.model.sequence import Segment
+from h3core.parallel.plan import Mode, ParallelPlan
 from h3core.settings import UserRequest
 
 CHECK_NAMES = ("transport", "sdpa", "ragged", "projection", "tp", "nvfp4", "parity", "backends")

@@ -1,7 +1,7 @@
 """Checks of pure data movement: the Ulysses all-to-all (`transport`) and the ragged row
 collectives (`ragged`). Both are exact by contract, so both are held to bitwise equality.
 
-The collectives are called through the `h3core.collectives` module (not imported by name), the
+The collectives are called through the `h3core.parallel.collectives` module (not imported by name), the
 same functions the model's parallel wrappers call.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from h3core import collectives
-from h3core.device import Stopwatch
-from h3core.partition import balanced_spans, head_spans, kind_spans, token_spans
+from h3core.model.sequence import SegmentKind
+from h3core.parallel import collectives
+from h3core.parallel.partition import balanced_spans, head_spans, kind_spans, token_spans
 from h3core.runtime.context import RankContext
-from h3core.sequence import SegmentKind
+from h3core.runtime.device import Stopwatch
 from h3core.span import Span
 from h3core.verify.compare import measure_all, seeded, spec_dtype
 from h3core.verify.rows import Measure

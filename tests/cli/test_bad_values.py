@@ -8,7 +8,6 @@ import time
 import pytest
 
 
-
 @pytest.fixture(autouse=True)
 def in_tmp(monkeypatch, tmp_path):
     """Each test runs in its own empty folder: a refused run must write nothing there."""
@@ -68,7 +67,7 @@ def test_other_commands_refuse_bad_values_in_one_line(h3, command, needle):
     ],
 )
 def test_a_run_this_machine_cannot_hold_is_refused_before_anything_is_allocated(h3, tmp_path, monkeypatch, args, needle):
-    import h3core.limits as limits
+    import h3core.runtime.limits as limits
 
     monkeypatch.setattr(limits, "host_available", lambda: (16 << 30, "MemAvailable"))  # the same verdict on any machine
     start = time.monotonic()
@@ -86,7 +85,7 @@ def test_hundreds_of_cpu_ranks_are_refused_and_the_override_is_named(h3):
 
 
 def test_the_memory_check_can_be_skipped_when_the_estimate_is_wrong(h3, monkeypatch):
-    import h3core.limits as limits
+    import h3core.runtime.limits as limits
     from h3core.errors import ResourceLimit
 
     monkeypatch.setattr(limits, "host_available", lambda: (1 << 20, "MemAvailable"))
@@ -102,7 +101,7 @@ def test_the_split_check_counts_the_real_prompt(tmp_path, monkeypatch):
     # ranks, where the check used to assume an empty prompt (3 tokens) and refuse.
     from h3core.errors import PartitionError
     from h3core.generate.request import GenerateRequest, resolve
-    from h3core.plan import Mode
+    from h3core.parallel.plan import Mode
 
     monkeypatch.setenv("H3_CACHE_DIR", str(tmp_path))
     request = dict(preset="tiny", mode=Mode.TENSOR, world_size=4, width=32, height=32, frames=1, steps=1, device="cpu")

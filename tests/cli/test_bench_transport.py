@@ -10,9 +10,10 @@ import uuid
 import pytest
 from typer.testing import CliRunner
 
-from commands import REPO, no_survivors, one_line
 from h3cli.main import app
 from h3core.errors import BackendUnavailable
+
+from commands import REPO, no_survivors, one_line
 
 runner = CliRunner()
 SMALL = ["--tokens", "515", "--heads", "8", "--head-dim", "16", "--iters", "3", "--warmup", "1"]
@@ -68,12 +69,12 @@ def test_unavailable_backend_is_one_line_exit_2(h3):
 
 
 def test_unavailable_backend_fails_before_spawning(monkeypatch):
-    import h3core.bench_transport
+    import h3core.bench.transport
 
     def no_spawn(*args, **kwargs):
         raise AssertionError("a World was started")
 
-    monkeypatch.setattr(h3core.bench_transport, "World", no_spawn)
+    monkeypatch.setattr(h3core.bench.transport, "World", no_spawn)
     result = runner.invoke(app, ["bench-transport", "2", "sage2", *SMALL, "--device", "cpu"])
     assert isinstance(result.exception, BackendUnavailable)
 
@@ -121,7 +122,7 @@ def test_seed_script_forwards_to_h3(tmp_path):
 
 
 def test_round_trip_and_wire_are_per_iteration_sums_of_the_slowest_rank():
-    from h3core.bench_transport import ROUND_TRIP, WIRE, combined, target_ratio
+    from h3core.bench.transport import ROUND_TRIP, WIRE, combined, target_ratio
 
     rank0 = {"samples": {"finish_into_blocks": [3.0, 5.0, 4.0], "finish_one_rank": [2.0, 2.0, 2.0],
                          "seq_to_head": [1.0, 1.0, 1.0], "head_to_seq": [1.0, 1.0, 1.0],

@@ -11,10 +11,11 @@ import uuid
 import pytest
 import torch
 
-from commands import REPO, no_survivors, one_line
+from h3core.generate.parity import tolerance
 from h3core.matrix.report import CellStatus, MatrixReport
-from h3core.parity import tolerance
-from h3core.plan import Mode
+from h3core.parallel.plan import Mode
+
+from commands import REPO, no_survivors, one_line
 
 SMALL = ["--preset", "tiny", "--steps", "2", "--device", "cpu"]
 CLEAN = ("H3_GPU_COUNTS", "H3_DISTRIBUTED_MODES", "H3_SAVE_LATENTS", "H3_WORLD_SIZE", "H3_DISTRIBUTED_OUTPUT", "H3_DISTRIBUTED_BENCHMARK", "H3_INJECT_FAULT")

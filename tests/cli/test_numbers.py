@@ -10,10 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from commands import h3_process
 from h3cli.main import main
-from h3core.synthetic import synthetic_checkpoint
-from h3core.config import preset
+from h3core.model.config import preset
+from h3core.model.synthetic import synthetic_checkpoint
+
+from commands import h3_process
 
 
 def test_nan_weights_fail_the_run_at_the_first_step_and_write_nothing(tmp_path, cache, capsys, monkeypatch):

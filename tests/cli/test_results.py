@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import h3core.outputs as outputs_module
+import h3core.reports.outputs as outputs_module
+
 from commands import h3_popen, one_line as _error
 
 

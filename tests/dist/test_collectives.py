@@ -7,7 +7,7 @@ every count; token counts divide by no rank count; some row splits give ranks a 
 import pytest
 import torch
 
-from h3core.collectives import (
+from h3core.parallel.collectives import (
     CommStats,
     broadcast_tensors,
     gather_rows,
@@ -16,8 +16,8 @@ from h3core.collectives import (
     repartition_rows,
     seq_to_head,
 )
+from h3core.parallel.partition import balanced_spans, head_spans, token_spans
 from h3core.span import Span
-from h3core.partition import balanced_spans, head_spans, token_spans
 
 COUNTS = [2, 4, 6, 8]
 HEAD_DIM = 4

@@ -15,13 +15,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from h3core.generate.parity import latent_parity, tolerance
+from h3core.generate.pipeline import rank_generate
+from h3core.generate.request import GenerateRequest, resolve
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.matmul import PATH_CPU_FP4_EMULATED
+from h3core.parallel.plan import Mode
 from h3core.parallel.runtime import ParallelRuntime
-from h3core.parity import latent_parity, tolerance
-from h3core.generate.request import GenerateRequest, resolve
-from h3core.generate.pipeline import rank_generate
-from h3core.plan import Mode
 from h3core.verify.session import as_world_of_one
 
 COUNTS = [2, 4, 6, 8]
@@ -92,7 +92,7 @@ def test_fp4_path_matches_one_rank_at_every_count(world8, checkpoints, reference
 
 
 def _zero():
-    from h3core.collectives import CollectiveCounts
+    from h3core.parallel.collectives import CollectiveCounts
 
     return CollectiveCounts()
 

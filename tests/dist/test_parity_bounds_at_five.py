@@ -5,9 +5,9 @@ rank 0's 1..3-row segments another way, so it is not bitwise; it is within the d
 
 import torch
 
-from h3core.parity import latent_parity, run_tolerance, tolerance
+from h3core.generate.parity import latent_parity, run_tolerance, tolerance
 from h3core.generate.request import GenerateRequest, resolve
-from h3core.plan import Mode
+from h3core.parallel.plan import Mode
 from h3core.verify.end_to_end import generate_as_one_rank, generate_on_first_ranks
 from h3core.verify.session import jobs_on_own_ranks
 

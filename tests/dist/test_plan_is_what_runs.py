@@ -13,14 +13,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commands import run_main
+from h3core.generate.parity import tolerance
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.report import RunReport, build_report
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.generate.run import reference_parity
-from h3core.parity import tolerance
-from h3core.plan import Mode, ParallelPlan
-from h3core.sequence import SegmentKind
+from h3core.model.sequence import SegmentKind
+from h3core.parallel.plan import Mode, ParallelPlan
+
+from commands import run_main
 
 SIX = dict(mode=Mode.TENSOR, world_size=6, preset="narrow", steps=2, guidance_scale=3.0, negative_prompt="blurry", device="cpu")
 

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from h3core.model import AttentionCore, ProjectedQKV
+from h3core.model.config import preset
+from h3core.model.dit import AttentionCore, ProjectedQKV
+from h3core.model.sequence import SegmentKind, pack_segments
+from h3core.parallel.plan import Mode, ParallelPlan
 from h3core.parallel.runtime import ParallelRuntime
 from h3core.parallel.ulysses import UlyssesAttention
-from h3core.config import preset
-from h3core.plan import Mode, ParallelPlan
-from h3core.sequence import SegmentKind, pack_segments
 
 
 def _both_paths(ctx, size, num_tokens, num_heads, head_dim):

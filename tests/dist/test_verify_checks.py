@@ -10,19 +10,20 @@ from dataclasses import replace
 import pytest
 import torch
 
-import h3core.model
+import h3core.model.dit
+import h3core.parallel.partition
 import h3core.parallel.tensor
-import h3core.partition
+from h3core.generate.parity import layer_tolerance, tolerance
+from h3core.nvfp4.layout import ColumnSlice
+from h3core.parallel.plan import Mode
 from h3core.runtime.world import World
+from h3core.span import Span
 from h3core.verify.checks import CHECKS
+from h3core.verify.layers import measure_projection, measure_tp
 from h3core.verify.runner import build_spec
 from h3core.verify.session import Session, at_each_count
 from h3core.verify.spec import VerifyConfig
-from h3core.parity import layer_tolerance, tolerance
-from h3core.nvfp4.layout import ColumnSlice
-from h3core.span import Span
-from h3core.plan import Mode
-from h3core.verify.layers import measure_projection, measure_tp
+
 from mutations import drop_last_rank, ragged_with_broken_reduce_scatter
 
 COUNTS = [2, 6]
@@ -136,39 +137,39 @@ def _tp_with_the_bias_added_twice(ctx, spec):
 
 def _tp_with_a_misaligned_shard(ctx, spec):
     """FC1's rows for this rank's FC2 columns cut one NVFP4 block (16 features) off from FC2's."""
-    real = h3core.partition.gate_value_rows
+    real = h3core.parallel.partition.gate_value_rows
 
     def shifted(columns, mlp_width):
         e = columns.elements
         step = 16 if e.stop + 16 <= mlp_width else -16
         return real(ColumnSlice(Span(e.start + step, e.stop + step)), mlp_width)
 
-    h3core.partition.gate_value_rows = shifted
+    h3core.parallel.partition.gate_value_rows = shifted
     try:
         return measure_tp(ctx, spec)
     finally:
-        h3core.partition.gate_value_rows = real
+        h3core.parallel.partition.gate_value_rows = real
 
 
 def _projection_with_a_wrong_segment(ctx, spec):
     """On each rank's own rows, the first segment is modulated with the next segment's shift and
     scale (a segment-to-kind mix-up); the single-rank reference (all rows) is left correct."""
-    real = h3core.model.modulate
+    real = h3core.model.dit.modulate
 
     def mixed_up(x, segments, shift, scale):
         if x.shape[0] == spec.num_tokens or len(segments) < 2:
             return real(x, segments, shift, scale)
-        wrong = h3core.model.KIND_INDEX[segments[1].kind]
+        wrong = h3core.model.dit.KIND_INDEX[segments[1].kind]
         out = real(x, segments, shift, scale)
         first = segments[0]
         out[first.start : first.stop] = torch.addcmul(shift[wrong], x[first.start : first.stop], 1 + scale[wrong])
         return out
 
-    h3core.model.modulate = mixed_up
+    h3core.model.dit.modulate = mixed_up
     try:
         return measure_projection(ctx, spec)
     finally:
-        h3core.model.modulate = real
+        h3core.model.dit.modulate = real
 
 
 @pytest.mark.parametrize(

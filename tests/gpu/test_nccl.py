@@ -11,12 +11,12 @@ import sys
 import pytest
 import torch
 
-from h3core import device
-from h3core.collectives import gather_rows, head_to_seq, reduce_scatter_rows, seq_to_head
 from h3core.errors import RankFailure
+from h3core.parallel.collectives import gather_rows, head_to_seq, reduce_scatter_rows, seq_to_head
+from h3core.parallel.partition import balanced_spans, head_spans, token_spans
+from h3core.runtime import device
 from h3core.runtime.faults import FAULT_ENV, maybe_inject_fault
 from h3core.runtime.world import World
-from h3core.partition import balanced_spans, head_spans, token_spans
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -13,7 +13,7 @@ from h3core.nvfp4.codec import NVFP4Weight, dequantize, global_scale_for, quanti
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.matmul import PATH_CUDA_BF16, PATH_CUDA_FP4, dequant_linear, fp4_kernel_problem
 from h3core.nvfp4.shard import row_parallel
-from h3core.partition import nvfp4_column_slices
+from h3core.parallel.partition import nvfp4_column_slices
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

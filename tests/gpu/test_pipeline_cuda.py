@@ -5,13 +5,13 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from h3core.attention import attend, is_math_kernel, kernels_run, reset_kernel_record
-from h3core.runtime.world import World
-from h3core.parity import latent_parity, run_tolerance
+from h3core.generate.parity import latent_parity, run_tolerance
+from h3core.generate.pipeline import rank_generate
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.generate.run import execute
-from h3core.generate.pipeline import rank_generate
-from h3core.plan import Mode
+from h3core.model.attention import attend, is_math_kernel, kernels_run, reset_kernel_record
+from h3core.parallel.plan import Mode
+from h3core.runtime.world import World
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from h3core import attention
-from h3core.attention import attend, check_backend, kernels_run, reset_kernel_record
 from h3core.errors import BackendUnavailable
+from h3core.model import attention
+from h3core.model.attention import attend, check_backend, kernels_run, reset_kernel_record
 
 FUSED_CPU = [SDPBackend.FLASH_ATTENTION]
 """The CPU's only fused SDPA kernel; under this context a call that would need math raises."""

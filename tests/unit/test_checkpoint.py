@@ -4,14 +4,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from h3core.checkpoint import Checkpoint
-from h3core.config import preset
 from h3core.errors import CheckpointError
 from h3core.files.safetensors import write_safetensors
 from h3core.generate.request import RunShape
 from h3core.generate.sequences import build_sequence, noise_tokens
-from h3core.plan import Mode, ParallelPlan
-from h3core.synthetic import synthetic_checkpoint, synthetic_tensors
+from h3core.model.checkpoint import Checkpoint
+from h3core.model.config import preset
+from h3core.model.synthetic import synthetic_checkpoint, synthetic_tensors
+from h3core.parallel.plan import Mode, ParallelPlan
 
 CFG = preset("tiny")
 
@@ -44,7 +44,7 @@ def test_cache_is_reused_and_deterministic(ckpt_path, tmp_path):
 
 
 def test_written_checkpoint_reproduces_the_in_memory_model(ckpt_path, tmp_path):
-    from h3core.model import H3Model
+    from h3core.model.dit import H3Model
 
     tensors = synthetic_tensors(CFG, seed=3)
     input_scales = {k.removesuffix(".input_scale"): tensors.pop(k) for k in list(tensors) if k.endswith(".input_scale")}
@@ -139,7 +139,7 @@ def test_atomic_write_leaves_nothing_when_interrupted(tmp_path, monkeypatch):
 def test_report_write_is_atomic(tmp_path, monkeypatch):
     import os
 
-    from h3core import report
+    from h3core.reports import schema as report
 
     target = tmp_path / "report.json"
     report.write_report(target, report.Versions())
@@ -160,8 +160,8 @@ def test_synthetic_input_scales_are_calibrated_amax_over_6x448(ckpt_path):
     its input over the calibration pass rounded up to 3 significant bits."""
     import math
 
-    from h3core.synthetic import CALIBRATION_STEPS
-    from h3core.checkpoint import nvfp4_prefixes
+    from h3core.model.checkpoint import nvfp4_prefixes
+    from h3core.model.synthetic import CALIBRATION_STEPS
 
     tensors = load_file(str(ckpt_path))
     model = Checkpoint.open(ckpt_path, CFG).load()
@@ -197,9 +197,9 @@ def test_a_checkpoint_without_input_scales_still_loads(ckpt_path, tmp_path):
 def test_fp4_operands_are_built_at_load_and_never_in_a_forward(ckpt_path, monkeypatch):
     """On the fp4 paths the swizzled scales (and padded weights) exist once the loader returns,
     are counted in the resident bytes, and a forward under inference_mode builds none."""
-    from h3core import device
     from h3core.nvfp4 import linear as linear_module
     from h3core.nvfp4.linear import NVFP4Linear
+    from h3core.runtime import device
 
     plain = Checkpoint.open(ckpt_path, CFG).load()
     monkeypatch.setattr(NVFP4Linear, "emulate_fp4", True)
@@ -219,7 +219,7 @@ def test_fp4_operands_are_built_at_load_and_never_in_a_forward(ckpt_path, monkey
 
 def test_tensor_mode_shards_read_from_disk_are_prepared_and_padded(ckpt_path, monkeypatch):
     from h3core.nvfp4.linear import NVFP4Linear
-    from h3core.partition import nvfp4_column_slices
+    from h3core.parallel.partition import nvfp4_column_slices
 
     monkeypatch.setattr(NVFP4Linear, "emulate_fp4", True)
     ckpt = Checkpoint.open(ckpt_path, CFG)

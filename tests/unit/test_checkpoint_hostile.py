@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import h3core.synthetic as synthetic
-from h3core.checkpoint import Checkpoint
-from h3core.synthetic import synthetic_checkpoint
-from h3core.config import preset
+import h3core.model.synthetic as synthetic
 from h3core.errors import CheckpointError
+from h3core.model.checkpoint import Checkpoint
+from h3core.model.config import preset
+from h3core.model.synthetic import synthetic_checkpoint
 
 CFG = preset("tiny")
 

@@ -2,8 +2,8 @@
 
 import torch
 
-from h3core.collectives import CommStats, gather_rows, head_to_seq, reduce_scatter_rows, seq_to_head
-from h3core.partition import head_spans, token_spans
+from h3core.parallel.collectives import CommStats, gather_rows, head_to_seq, reduce_scatter_rows, seq_to_head
+from h3core.parallel.partition import head_spans, token_spans
 
 
 def test_one_rank_returns_the_input_itself():

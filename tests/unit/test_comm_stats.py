@@ -2,7 +2,7 @@
 
 import pickle
 
-from h3core.collectives import CommStats
+from h3core.parallel.collectives import CommStats
 
 
 def test_record_and_totals():

@@ -1,8 +1,8 @@
 import pytest
 
-from h3core.config import PRESETS, ModelConfig, preset
 from h3core.errors import ConfigError
-from h3core.sequence import SegmentKind as K
+from h3core.model.config import PRESETS, ModelConfig, preset
+from h3core.model.sequence import SegmentKind as K
 
 
 def test_h3_token_count_at_the_reference_resolution():

@@ -1,4 +1,4 @@
-"""The CPU allocator policy (h3core.cpu_memory): parsing, and that it really stops the page faults."""
+"""The CPU allocator policy (h3core.runtime.cpu_memory): parsing, and that it really stops the page faults."""
 
 import os
 import subprocess
@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from h3core import cpu_memory
 from h3core.errors import ConfigError
+from h3core.runtime import cpu_memory
 
 
 def test_the_variable_picks_the_policy(monkeypatch):
@@ -27,7 +27,7 @@ def test_the_variable_picks_the_policy(monkeypatch):
 # resident after it is freed, ready for the next one.
 _PLACEMENT = textwrap.dedent("""
     import ctypes, json, torch
-    from h3core import cpu_memory
+    from h3core.runtime import cpu_memory
 
     libc = ctypes.CDLL(None)
     libc.sbrk.restype = ctypes.c_void_p
@@ -64,7 +64,7 @@ def test_retain_keeps_a_freed_64_mib_tensor_mapped_in_the_heap():
 
 
 def test_system_keeps_glibc_defaults(monkeypatch):
-    code = "from h3core import cpu_memory; print(cpu_memory.apply(), cpu_memory.policy())"
+    code = "from h3core.runtime import cpu_memory; print(cpu_memory.apply(), cpu_memory.policy())"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, cpu_memory.ALLOCATOR_ENV: "system"}, timeout=60)
     assert proc.stdout.split() == ["system", "system"], proc.stderr

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from h3core import device
 from h3core.errors import BackendUnavailable, ConfigError
+from h3core.runtime import device
 
 
 @pytest.fixture

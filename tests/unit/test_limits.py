@@ -1,4 +1,4 @@
-"""h3core.limits and the needs it checks (h3core.generate.memory, bench-transport's): what a run needs
+"""h3core.runtime.limits and the needs it checks (h3core.generate.memory, bench-transport's): what a run needs
 per rank, from its plan, against what the machine has (CPU-checkable, GPU decisions included)."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-import h3core.limits as limits
-from h3core.attention import scores_bytes
-from h3core.bench_transport import transport_need
-from h3core.config import preset
+import h3core.runtime.limits as limits
+from h3core.bench.transport import transport_need
 from h3core.errors import ResourceLimit
 from h3core.generate.memory import STEP_BYTES, generate_need
-from h3core.limits import Capacity, MemoryNeed, check_cpu_ranks, check_memory
-from h3core.plan import Mode, ParallelPlan
+from h3core.model.attention import scores_bytes
+from h3core.model.config import preset
+from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.runtime.limits import Capacity, MemoryNeed, check_cpu_ranks, check_memory
 
 TINY = preset("tiny")
 
@@ -42,7 +42,7 @@ def test_the_need_follows_the_plan():
 
 
 def test_attention_scores_are_counted_where_the_kernel_materialises_them(monkeypatch):
-    import h3core.attention as attention
+    import h3core.model.attention as attention
 
     s, h, dh = 1000, 8, 16
     assert scores_bytes("math", "cpu", torch.float32, h, s, dh) == 2 * 4 * h * s * s
@@ -56,7 +56,7 @@ def test_attention_scores_are_counted_where_the_kernel_materialises_them(monkeyp
 
 
 def test_the_planned_kernel_is_what_a_real_sdpa_call_records():
-    from h3core.attention import attend, kernels_run, planned_sdpa_kernel, reset_kernel_record
+    from h3core.model.attention import attend, kernels_run, planned_sdpa_kernel, reset_kernel_record
 
     qkv = torch.randn(40, 3, 8, 16)  # [S, 3, H, Dh], q, k, v strided as the model's
     reset_kernel_record()

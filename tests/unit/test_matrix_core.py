@@ -7,6 +7,7 @@ import pytest
 
 from h3core import settings
 from h3core.errors import CheckFailed, ConfigError, PartitionError
+from h3core.generate.parity import LatentParity
 from h3core.generate.report import StepDone
 from h3core.generate.request import GenerateRequest
 from h3core.matrix import cells as mx_cells
@@ -16,10 +17,10 @@ from h3core.matrix.report import SINGLE_STEP_NOTE, CellStatus, MatrixCell, Matri
 from h3core.matrix.request import MatrixRequest
 from h3core.matrix.run import _Bar
 from h3core.matrix.summary import scaling, steady_step_seconds, summarise
-from h3core.parity import LatentParity
-from h3core.plan import Mode
-from h3core.report import Versions
+from h3core.parallel.plan import Mode
+from h3core.reports.schema import Versions
 from h3core.reports.units import format_bytes
+
 
 def counts_setting(flag):
     return MatrixRequest.build(GenerateRequest(device="cpu"), counts=flag, output=Path("unused")).counts

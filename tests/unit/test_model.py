@@ -1,9 +1,10 @@
 import torch
 
-from h3core.config import preset
-from h3core.model import (
+from h3core.model.config import preset
+from h3core.model.dit import (
     H3Model,
     add_gated,
+    apply_rope,
     modulate,
     patchify_audio,
     patchify_video,
@@ -11,9 +12,8 @@ from h3core.model import (
     token_positions,
     unpatchify_audio,
     unpatchify_video,
-    apply_rope,
 )
-from h3core.sequence import SegmentKind as K, pack_segments
+from h3core.model.sequence import SegmentKind as K, pack_segments
 
 
 def test_modulation_is_per_segment():
@@ -65,7 +65,7 @@ def test_patchify_round_trips():
 def test_h3_preset_on_meta_counts_parameters_and_nvfp4_bytes():
     model = H3Model(preset("h3"))
     assert all(t.device.type == "meta" for t in model.state_dict().values())
-    from h3core.checkpoint import nvfp4_prefixes, schema
+    from h3core.model.checkpoint import nvfp4_prefixes, schema
 
     specs = schema(preset("h3"))
     nvfp4 = sum(torch.Size(s.shape).numel() * s.dtype.itemsize for s in specs if s.nvfp4)

@@ -13,14 +13,14 @@ import torch
 from safetensors.torch import save_file
 
 from h3core.errors import CheckpointError
-from h3core.nvfp4.codec import dequantize
 from h3core.files.safetensors import SafetensorsReader, write_safetensors
+from h3core.nvfp4.codec import dequantize
 from h3core.nvfp4.io import iter_prefixes, linear_tensors, read_linear
+from h3core.nvfp4.layout import ColumnSlice
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.shard import column_parallel, row_parallel
-from h3core.nvfp4.layout import ColumnSlice
+from h3core.parallel.partition import fused_qkv_rows, head_spans, nvfp4_column_slices
 from h3core.span import Span
-from h3core.partition import fused_qkv_rows, head_spans, nvfp4_column_slices
 
 
 def make_linear(out: int, inp: int, seed: int, extras: bool = True) -> NVFP4Linear:

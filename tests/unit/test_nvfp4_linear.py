@@ -285,7 +285,7 @@ def test_split_rows_with_the_agreed_scale_give_the_one_rank_rows(parts):
 def test_split_columns_with_the_agreed_scale_sum_to_the_one_rank_product():
     """Tensor mode's row-parallel shards (ragged: 5 ranks over 13 blocks, odd counts padded)."""
     from h3core.nvfp4.shard import row_parallel
-    from h3core.partition import nvfp4_column_slices
+    from h3core.parallel.partition import nvfp4_column_slices
 
     full = emulated(out=64, inp=13 * 16, seed=2)
     x = torch.randn(9, full.in_features)

@@ -7,11 +7,11 @@ import torch
 
 from h3core.errors import NVFP4FormatError
 from h3core.nvfp4.codec import dequantize, global_scale_for, quantize
+from h3core.nvfp4.layout import ColumnSlice
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.shard import column_parallel, row_parallel, select_columns, select_rows
-from h3core.nvfp4.layout import ColumnSlice
+from h3core.parallel.partition import fused_qkv_rows, gate_value_rows, head_column_slices, head_spans, nvfp4_column_slices
 from h3core.span import Span
-from h3core.partition import fused_qkv_rows, gate_value_rows, head_column_slices, head_spans, nvfp4_column_slices
 
 HEADS, HEAD_DIM = 12, 16  # hidden 192; 12 heads are ragged over 5, 7 and 8 ranks
 HIDDEN = HEADS * HEAD_DIM

@@ -1,4 +1,4 @@
-"""h3core.outputs: a run's files appear together or not at all, in a place no other run writes to."""
+"""h3core.reports.outputs: a run's files appear together or not at all, in a place no other run writes to."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from h3core import outputs as out
 from h3core.errors import ConfigError, OutputError
-from h3core.outputs import Outputs
+from h3core.reports import outputs as out
+from h3core.reports.outputs import Outputs
 
 
 def _entries(folder: Path) -> list[str]:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from h3core import parity
-from h3core.device import cpu_threads
-from h3core.parity import latent_parity
-from h3core.plan import Mode
+from h3core.generate import parity
+from h3core.generate.parity import latent_parity
+from h3core.parallel.plan import Mode
+from h3core.runtime.device import cpu_threads
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "derive_parity_bounds.py"
 

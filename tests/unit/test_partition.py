@@ -1,9 +1,9 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from h3core import partition
 from h3core.errors import NVFP4FormatError, PartitionError
-from h3core.sequence import Segment, SegmentKind as K, pack_segments
+from h3core.model.sequence import Segment, SegmentKind as K, pack_segments
+from h3core.parallel import partition
 from h3core.span import Span
 
 

@@ -1,14 +1,14 @@
-"""h3core.profile: exclusive time per category, splits that add up to the step, nothing when off."""
+"""h3core.generate.profile: exclusive time per category, splits that add up to the step, nothing when off."""
 
 import time
 
 import torch
 from torch import nn
 
-from h3core import collectives
-from h3core.model import AttentionCore
+from h3core.generate.profile import CATEGORIES, Profiler, RunProfile, mean_split, profiling, shares
+from h3core.model.dit import AttentionCore
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.profile import CATEGORIES, Profiler, RunProfile, mean_split, profiling, shares
+from h3core.parallel import collectives
 
 
 class _SlowCore(AttentionCore):
@@ -83,7 +83,7 @@ def test_regions_outside_a_step_are_ignored_and_off_registers_nothing():
 
 def test_run_profile_means_and_shares():
     steps = [{"attention": 1.0, "rest": 1.0, "step": 2.0}, {"attention": 3.0, "rest": 1.0, "step": 4.0}]
-    from h3core.profile import RankProfile
+    from h3core.generate.profile import RankProfile
 
     run = RunProfile.of([RankProfile(rank=0, clock="perf_counter", steps=steps)])
     assert run.mean["attention"] == 2.0 and run.steady_mean["attention"] == 3.0

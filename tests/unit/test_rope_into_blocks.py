@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from h3core.collectives import send_blocks
-from h3core.model import ProjectedQKV, apply_rope
-from h3core.partition import head_spans
+from h3core.model.dit import ProjectedQKV, apply_rope
+from h3core.parallel.collectives import send_blocks
+from h3core.parallel.partition import head_spans
 
 
 def _reference_rope(x, cos, sin):

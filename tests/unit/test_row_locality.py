@@ -20,16 +20,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from h3core import partition
-from h3core.checkpoint import Checkpoint
-from h3core.config import preset
-from h3core.model import AttentionCore, PackedSequence, ProjectedQKV, rope_table, token_positions
-from h3core.parity import tolerance
-from h3core.plan import Mode
-from h3core.report import error_between
-from h3core.sequence import SegmentKind
+from h3core.generate.parity import tolerance
+from h3core.model.checkpoint import Checkpoint
+from h3core.model.config import preset
+from h3core.model.dit import AttentionCore, PackedSequence, ProjectedQKV, rope_table, token_positions
+from h3core.model.sequence import SegmentKind
+from h3core.model.synthetic import synthetic_checkpoint
+from h3core.parallel import partition
+from h3core.parallel.plan import Mode
+from h3core.reports.schema import error_between
 from h3core.span import Span
-from h3core.synthetic import synthetic_checkpoint
 
 CFG = preset("tiny")
 SIGMA = torch.tensor(0.7)
@@ -137,7 +137,7 @@ def test_all_rows_through_the_slice_path_are_bitwise_the_whole(model, whole):
 
 def test_a_modulation_in_global_coordinates_exceeds_the_bound_by_orders_of_magnitude(model, whole, monkeypatch):
     """The bug row locality rules out: segments of a slice used without rebasing to its rows."""
-    import h3core.model as model_module
+    import h3core.model.dit as model_module
 
     real = model_module.modulate
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from h3core.sampler import FlowMatchEuler, guided_velocity, initial_noise, shifted_sigmas
+from h3core.model.sampler import FlowMatchEuler, guided_velocity, initial_noise, shifted_sigmas
 
 
 def test_shifted_sigmas_match_a_hand_computed_schedule():
@@ -44,7 +44,7 @@ def test_guidance():
 
 def test_a_non_finite_latent_stops_the_run_naming_the_step():
     from h3core.errors import NonFiniteResult
-    from h3core.sampler import check_finite
+    from h3core.model.sampler import check_finite
 
     check_finite({"video": torch.randn(5, 4), "audio": torch.zeros(0, 4)}, step=1, steps=4)  # finite, and empty rows
     bad = torch.randn(5, 4)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from h3core.errors import CheckFailed, ConfigError
-from h3core.runtime.context import RankContext
 from h3core.nvfp4 import shard
+from h3core.reports.schema import Versions
+from h3core.runtime.context import RankContext
 from h3core.span import Span
-from h3core.report import Versions
 from h3core.verify import nvfp4_layout
 from h3core.verify.checks import CHECKS
 from h3core.verify.rows import Measure, VerifyReport, combine, skipped
@@ -89,9 +89,9 @@ def test_the_failure_names_the_failing_rows_and_skips_do_not_fail():
 
 
 def test_counts_above_the_visible_gpus_are_unusable(monkeypatch):
-    import h3core.device
+    import h3core.runtime.device
 
-    monkeypatch.setattr(h3core.device, "visible_gpu_count", lambda: 1)
+    monkeypatch.setattr(h3core.runtime.device, "visible_gpu_count", lambda: 1)
     assert unusable_counts([1, 2, 8], "cuda") == {2: "needs 2 GPUs, 1 visible", 8: "needs 8 GPUs, 1 visible"}
     assert unusable_counts([1, 2, 8], "cpu") == {}
 

@@ -1,6 +1,6 @@
 """The collectives both distributed modes are built from: small typed functions over ragged spans.
 
-Every function takes the spans of `h3core.partition` (`token_spans`, `head_spans`, or any
+Every function takes the spans of `h3core.parallel.partition` (`token_spans`, `head_spans`, or any
 balanced row split); index `i` of a spans list belongs to rank `i` of `group`. `group=None` or a
 1-rank group is the identity path: the input comes back untouched, no process group needed.
 
@@ -27,7 +27,7 @@ CPU memory of that size costs more in page faults than the copy itself. On CUDA 
 allocator already recycles memory, so they are plain allocations there. One thread per process
 calls collectives (as process groups require anyway); `release_scratch()` frees the buffer.
 
-`set_region_timer` lets `h3core.profile` time every collective by kind (unset: no timing).
+`set_region_timer` lets `h3core.generate.profile` time every collective by kind (unset: no timing).
 
 `CommStats` counts, per collective kind, the calls and the bytes this rank sent to and received
 from *other* ranks (its own share stays local and is not counted; gather padding is counted,
@@ -101,7 +101,7 @@ class CommStats(BaseModel):
         return sum(c.bytes_received for c in self.kinds.values())
 
 
-# --- timing hook (h3core.profile) ------------------------------------------------------------------
+# --- timing hook (h3core.generate.profile) ------------------------------------------------------------------
 
 RegionTimer = Callable[[str], ContextManager[None]]
 _region_timer: RegionTimer | None = None
@@ -110,7 +110,7 @@ _region_timer: RegionTimer | None = None
 def set_region_timer(timer: RegionTimer | None) -> None:
     """Time every collective of this process as a region named by its kind (None: stop timing).
 
-    While unset, a collective pays one global lookup for it; `h3core.profile` sets it per run.
+    While unset, a collective pays one global lookup for it; `h3core.generate.profile` sets it per run.
     """
     global _region_timer
     _region_timer = timer

@@ -169,7 +169,7 @@ def scores_bytes(attention: str, device: str, dtype: torch.dtype, heads: int, to
     kernel for inputs laid out as `_sdpa` passes them (`planned_sdpa_kernel`; with the 4-D views it
     passes, the CPU takes flash); never the fused kernels (flash, memory-efficient, cuDNN,
     SageAttention). Decided without touching CUDA: on a GPU `sdpa` is taken as fused. A memory
-    estimate's term (`h3core.limits`)."""
+    estimate's term (`h3core.runtime.limits`)."""
     if attention == "math":
         return 2 * 4 * heads * tokens * tokens  # h3's reference: float32 scores and softmax
     if attention != "sdpa" or device == "cuda":

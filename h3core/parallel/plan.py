@@ -1,7 +1,7 @@
 """The parallel plan: the partition contract applied to one run, built and validated once.
 
 `ParallelPlan.build` runs in the launching process (`h3core.generate.resolve`, and `h3 plan`):
-it applies `h3core.partition` to a model config, a rank count, a mode and every packed sequence of
+it applies `h3core.parallel.partition` to a model config, a rank count, a mode and every packed sequence of
 the run (the prompt's and, with guidance, the negative prompt's), and raises `PartitionError` for
 any empty or misaligned part before a process exists. The plan travels to every rank inside the
 resolved run, and every rank consumes it (torchtitan's `ParallelDims` is the model):
@@ -27,10 +27,11 @@ from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from h3core import partition, settings
-from h3core.config import ModelConfig, preset
+from h3core import settings
+from h3core.model.config import ModelConfig, preset
+from h3core.model.sequence import Segment
 from h3core.nvfp4.layout import ColumnSlice
-from h3core.sequence import Segment
+from h3core.parallel import partition
 from h3core.span import Span
 
 SEQUENCE_NAMES = ("prompt", "negative prompt")
@@ -43,7 +44,7 @@ class Mode(str, Enum):
 
 
 class TensorShards(BaseModel):
-    """What one rank holds of each block's NVFP4 linears in tensor mode (`h3core.model.TENSOR_PARALLEL`)."""
+    """What one rank holds of each block's NVFP4 linears in tensor mode (`h3core.model.dit.TENSOR_PARALLEL`)."""
 
     model_config = ConfigDict(frozen=True)
     qkv_rows: list[Span] = Field(description="Rows of the fused [q | k | v] weight, one span per third (this rank's heads).")
@@ -128,7 +129,7 @@ class ParallelPlan(BaseModel):
                    frames: int | None = None, text_tokens: int | None = None) -> "ParallelPlan":
         """`h3 plan`: the plan of preset `name` at `count` ranks (None: H3_WORLD_SIZE, else every
         visible GPU, else 1) for a prompt of `text_tokens` tokens (None: the preset's)."""
-        from h3core.device import visible_gpu_count
+        from h3core.runtime.device import visible_gpu_count
 
         cfg = preset(name)
         tokens = cfg.text_tokens if text_tokens is None else text_tokens
@@ -166,11 +167,11 @@ def _tensor_shards(config: ModelConfig, heads: list[Span]) -> list[TensorShards 
 
 
 def weight_bytes(config: ModelConfig, mode: Mode, ranks: Sequence[RankPlan]) -> WeightBytes:
-    """The checkpoint's size for `config` (its contract, `h3core.checkpoint.schema`), and what each
+    """The checkpoint's size for `config` (its contract, `h3core.model.checkpoint.schema`), and what each
     rank holds of it: everything in Ulysses mode; the replicated tensors plus, per block, its
     shards of the `TENSOR_PARALLEL` linears in tensor mode (counted with `h3core.nvfp4.layout`)."""
-    from h3core.checkpoint import parameters, schema, stored_bytes
-    from h3core.model import tensor_parallel_prefixes
+    from h3core.model.checkpoint import parameters, schema, stored_bytes
+    from h3core.model.dit import tensor_parallel_prefixes
 
     specs = schema(config)
     split = tensor_parallel_prefixes(config.num_blocks)
@@ -192,7 +193,7 @@ def weight_bytes(config: ModelConfig, mode: Mode, ranks: Sequence[RankPlan]) -> 
 def _shard_bytes(specs, shards: TensorShards | None) -> int:  # type: ignore[no-untyped-def]
     """Bytes of one block's shards: column-parallel rows with their bias rows; row-parallel columns
     with the whole bias (added once after the reduction)."""
-    from h3core.model import TENSOR_PARALLEL, Split
+    from h3core.model.dit import TENSOR_PARALLEL, Split
     from h3core.nvfp4 import layout
 
     assert shards is not None, "tensor mode plans shards for every rank"

@@ -35,8 +35,8 @@ from typing import Iterable
 import torch
 from pydantic import BaseModel
 
-from h3core.plan import Mode
-from h3core.report import ErrorStats
+from h3core.parallel.plan import Mode
+from h3core.reports.schema import ErrorStats
 
 SAFETY = 2.0
 

@@ -22,18 +22,18 @@ from pathlib import Path
 import torch
 
 from h3core import settings
-from h3core.checkpoint import FORMAT_VERSION, SYNTHETIC, TensorSpec, metadata, nvfp4_prefixes, schema, stored_bytes
-from h3core.config import ModelConfig
 from h3core.errors import CheckpointError
+from h3core.files.paths import free_bytes, os_error_reason
 from h3core.files.safetensors import SafetensorsReader, write_safetensors
-from h3core.model import H3Model, PackedSequence, patchify_audio, patchify_video, rope_table, token_positions
+from h3core.model.checkpoint import FORMAT_VERSION, SYNTHETIC, TensorSpec, metadata, nvfp4_prefixes, schema, stored_bytes
+from h3core.model.config import ModelConfig
+from h3core.model.dit import H3Model, PackedSequence, patchify_audio, patchify_video, rope_table, token_positions
+from h3core.model.sampler import FlowMatchEuler, initial_noise
 from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import GLOBAL_SCALE_DIVISOR, quantize
 from h3core.nvfp4.io import linear_tensors
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.partition import SegmentKind
-from h3core.paths import free_bytes, os_error_reason
-from h3core.sampler import FlowMatchEuler, initial_noise
+from h3core.parallel.partition import SegmentKind
 from h3core.text import load_text_encoder, release_text_encoder
 
 GENERATOR_VERSION = "2"

@@ -39,19 +39,21 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 
-from h3core import attention, cpu_memory, settings
-from h3core.attention import attend, check_backend, scores_bytes
-from h3core.collectives import CommStats, SendBlocks, exchange_blocks, head_to_seq, send_blocks, seq_to_head
-from h3core.config import preset
-from h3core.device import Stopwatch, check_world_size_fits, compute_dtype, dtype_name, resolve_device, synchronize, visible_gpu_count
+from h3core import settings
 from h3core.errors import ConfigError
-from h3core.limits import PROCESS_BYTES, MemoryNeed, capacity, check_memory
-from h3core.model import ProjectedQKV
-from h3core.outputs import Outputs
-from h3core.partition import head_spans, token_spans
-from h3core.report import Versions, report_json
+from h3core.model import attention
+from h3core.model.attention import attend, check_backend, scores_bytes
+from h3core.model.config import preset
+from h3core.model.dit import ProjectedQKV
+from h3core.parallel.collectives import CommStats, SendBlocks, exchange_blocks, head_to_seq, send_blocks, seq_to_head
+from h3core.parallel.partition import head_spans, token_spans
+from h3core.reports.outputs import Outputs
+from h3core.reports.schema import Versions, report_json
+from h3core.runtime import cpu_memory
 from h3core.runtime.context import RankContext
+from h3core.runtime.device import Stopwatch, check_world_size_fits, compute_dtype, dtype_name, resolve_device, synchronize, visible_gpu_count
 from h3core.runtime.faults import maybe_inject_fault
+from h3core.runtime.limits import PROCESS_BYTES, MemoryNeed, capacity, check_memory
 from h3core.runtime.world import World
 from h3core.settings import UserRequest
 from h3core.span import Span
@@ -136,7 +138,7 @@ class TransportBenchConfig(UserRequest):
         return cfg
 
     def check_memory(self) -> None:
-        """Refuse (one line) what the ranks of this machine cannot hold (`h3core.limits`)."""
+        """Refuse (one line) what the ranks of this machine cannot hold (`h3core.runtime.limits`)."""
         need = transport_need(self.tokens, self.heads, self.head_dim, self.world_size, self.device,
                               compute_dtype(self.device, self.dtype), self.attention if self.time_attention else None)
         check_memory(need, capacity(self.device, self.world_size), "--tokens (or --width/--height/--frames), --heads or --head-dim")
@@ -157,7 +159,7 @@ class TransportReport(BaseModel):
     command: str = "bench-transport"
     config: TransportBenchConfig
     backend: str = Field(description="Process-group backend: gloo, nccl, or none at one rank.")
-    cpu_allocator: str = Field("n/a", description="CPU allocator policy of the ranks (h3core.cpu_memory); n/a on CUDA.")
+    cpu_allocator: str = Field("n/a", description="CPU allocator policy of the ranks (h3core.runtime.cpu_memory); n/a on CUDA.")
     tokens_per_rank: list[int]
     heads_per_rank: list[int]
     qkv_fused: bool = Field(default=True, description="q|k|v travel in one all-to-all ([S_loc, 3, H, Dh]).")

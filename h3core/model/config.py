@@ -14,7 +14,7 @@ Latent arithmetic (the contract `h3 plan`, the model and the checkpoint share):
 H3 at 864x480, 141 frames: T = 36, 15 x 27 patches per frame -> 14,580 video tokens;
 ceil(141 * 25 / 24) = 147 audio tokens; with a 128-token prompt the packed sequence is 14,855.
 
-Pure pydantic, no torch (`h3core.sequence` imports torch only for its tensor helpers): `h3 plan` and the partition checks use it before any heavy import.
+Pure pydantic, no torch (`h3core.model.sequence` imports torch only for its tensor helpers): `h3 plan` and the partition checks use it before any heavy import.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import math
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from h3core.errors import ConfigError
+from h3core.model.sequence import Segment, SegmentKind, pack_segments
 from h3core.nvfp4 import layout
-from h3core.sequence import Segment, SegmentKind, pack_segments
 
 
 class ModelConfig(BaseModel):

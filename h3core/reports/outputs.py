@@ -35,7 +35,7 @@ from pathlib import Path
 
 from h3core.errors import ConfigError, H3Error, Interrupted, OutputError
 from h3core.files.atomic import write_atomic
-from h3core.paths import free_bytes, os_error_reason, path_kind
+from h3core.files.paths import free_bytes, os_error_reason, path_kind
 
 REPORT_FILES = ("report.json", "matrix.json", "verify.json")
 """A folder holding one of these at its top is a folder of h3 results (what `overwrite` may replace)."""

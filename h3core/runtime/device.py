@@ -7,14 +7,14 @@ Everything that depends on "CPU or CUDA" is decided here and nowhere else:
 - dtype: bf16 on CUDA, fp32 on the CPU, unless the user asks for fp32, bf16 or fp16.
 - ranks: rank `r` of a CUDA run computes on `cuda:{local_rank}`; a CUDA run cannot have more ranks
   than visible GPUs (ConfigError); a CPU run can have up to `H3_MAX_CPU_RANKS` (64; Gloo ranks
-  share the cores; see `h3core.limits`).
+  share the cores; see `h3core.runtime.limits`).
 - timing: `Stopwatch` uses CUDA events on CUDA and `perf_counter` on the CPU, and returns only
   after the device has finished the timed work.
 - memory: `peak_memory_bytes` is `torch.cuda.max_memory_allocated` on CUDA (tensor bytes the
   caching allocator handed out, the seed's figure), and on the CPU the peak resident set size of
   the whole process (Linux `VmHWM`), which also counts Python, torch's code and allocator slack.
   `reset_peak_memory` resets both (the CPU one through `/proc/self/clear_refs`, after handing the
-  memory h3's CPU allocator policy retains back to the kernel: see `h3core.cpu_memory`).
+  memory h3's CPU allocator policy retains back to the kernel: see `h3core.runtime.cpu_memory`).
   `release_memory` returns what a finished in-process run held: garbage collection, then on CUDA
   the caching allocator's cached blocks and cuBLAS's workspaces.
 - NCCL: `nccl_environment` sets fail-fast defaults so that a dead rank does not hang the others.
@@ -113,7 +113,7 @@ def check_world_size_fits(world_size: int, device_type: str) -> None:
     if world_size < 1:
         raise ConfigError(f"world size must be at least 1, got {world_size}")
     if device_type != "cuda":
-        from h3core.limits import check_cpu_ranks
+        from h3core.runtime.limits import check_cpu_ranks
 
         check_cpu_ranks(world_size)
         return
@@ -226,7 +226,7 @@ def reset_peak_memory(device: "torch.device | str") -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
-    from h3core import cpu_memory
+    from h3core.runtime import cpu_memory
 
     if cpu_memory.policy() == cpu_memory.RETAIN:
         cpu_memory.release()  # the window starts at the live memory, not at what the allocator kept

@@ -26,8 +26,8 @@ from typing import Any, Iterable, Iterator
 import torch
 from pydantic import BaseModel, Field
 
-from h3core import collectives
 from h3core.nvfp4.linear import NVFP4Linear
+from h3core.parallel import collectives
 
 ATTENTION, LINEARS, REST = "attention", "nvfp4_linears", "rest"
 COLLECTIVES = (
@@ -107,7 +107,7 @@ class Profiler:
 
     def attach(self, model: torch.nn.Module) -> "Profiler":
         """Hook every NVFP4 linear and every innermost attention core of `model`, and the collectives."""
-        from h3core.model import AttentionCore
+        from h3core.model.dit import AttentionCore
 
         for module in model.modules():
             name = LINEARS if isinstance(module, NVFP4Linear) else ATTENTION if isinstance(module, AttentionCore) else None

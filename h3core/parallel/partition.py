@@ -1,7 +1,7 @@
 """The partition contract (DESIGN.md §3): how heads, tokens, segments and NVFP4 columns split.
 
 Everything that decides "which rank owns what" asks this module; nothing else does the
-arithmetic (the parallel plan, `h3core.plan`, applies it to one run once, and every rank takes its
+arithmetic (the parallel plan, `h3core.parallel.plan`, applies it to one run once, and every rank takes its
 spans and shards from that plan). Pure Python, no torch, so it is cheap to import and to test.
 
 Rule for every split: `q, r = divmod(n, world)`; rank `i` owns `q + 1` items if `i < r`, else
@@ -12,9 +12,9 @@ error, raised before any process exists. Nothing is ever padded to make shapes d
 from __future__ import annotations
 
 from h3core.errors import PartitionError
+from h3core.model.sequence import Segment, SegmentKind
 from h3core.nvfp4 import layout
 from h3core.nvfp4.layout import ColumnSlice, column_slice
-from h3core.sequence import Segment, SegmentKind
 from h3core.span import Span
 
 

@@ -31,12 +31,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from h3core.attention import attend
-from h3core.config import ModelConfig
+from h3core.model.attention import attend
+from h3core.model.config import ModelConfig
+from h3core.model.sequence import KIND_INDEX, KINDS, Segment, SegmentKind
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.sequence import KIND_INDEX, KINDS, Segment, SegmentKind
 from h3core.span import Span
-
 
 # --- positions -----------------------------------------------------------------------------------
 
@@ -348,7 +347,7 @@ class FinalLayer(nn.Module):
 
 
 class H3Model(nn.Module):
-    """The denoiser. Built on the meta device; `h3core.checkpoint` loads its weights."""
+    """The denoiser. Built on the meta device; `h3core.model.checkpoint` loads its weights."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()

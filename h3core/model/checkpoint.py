@@ -1,4 +1,4 @@
-"""The H3 checkpoint: its contract and the loader (the synthetic checkpoint's writer: `h3core.synthetic`).
+"""The H3 checkpoint: its contract and the loader (the synthetic checkpoint's writer: `h3core.model.synthetic`).
 
 The contract (docs/checkpoint.md has the table) is the state dict of `H3Model` itself: every
 module's tensor names and shapes, NVFP4 linears under ModelOpt names (`<layer>.weight` uint8
@@ -28,14 +28,14 @@ from pathlib import Path
 import torch
 from pydantic import ValidationError
 
-from h3core.config import ModelConfig
 from h3core.errors import CheckpointError
-from h3core.model import H3Model
+from h3core.files.paths import path_kind
 from h3core.files.safetensors import SafetensorsReader
+from h3core.model.config import ModelConfig
+from h3core.model.dit import H3Model
 from h3core.nvfp4 import layout
 from h3core.nvfp4.io import CheckpointWeights
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.paths import path_kind
 
 FORMAT = "h3-nvfp4"
 FORMAT_VERSION = "1"
