@@ -21,7 +21,6 @@ The longest of the run's sequences (prompt, negative prompt) sets the activation
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from h3core import settings
@@ -33,23 +32,17 @@ from h3core.runtime.limits import PROCESS_BYTES, MemoryNeed, capacity, check_cpu
 if TYPE_CHECKING:
     import torch
 
-    from h3core.generate.request import GenerateRequest, RunShape
-
 STEP_BYTES = 56  # float64 arange, t and sigmas while the schedule is computed (24), a float and its list slot per timing (32)
 
 
-def check_limits(request: "GenerateRequest", config: ModelConfig, shape: "RunShape", plan: ParallelPlan) -> None:
+def check_limits(config: ModelConfig, plan: ParallelPlan, latent_elements: int, steps: int, device: str, dtype: "torch.dtype", attention: str) -> None:
     """Refuse (one line) a run whose ranks this machine cannot start or hold (`h3core.runtime.limits`)."""
-    from h3core.runtime.device import compute_dtype
-
     launched = settings.under_torchrun()
-    if request.device != "cuda" and not launched:
-        check_cpu_ranks(request.world_size)
-    elements = math.prod(shape.video_latent) + math.prod(shape.audio_latent)
-    dtype = compute_dtype(request.device, request.dtype)
-    spawned = request.world_size > 1 and not launched
-    need = generate_need(config, plan, elements, shape.steps, request.device, dtype, request.attention, spawned)
-    check_memory(need, capacity(request.device, request.world_size), "--width/--height/--frames")
+    if device != "cuda" and not launched:
+        check_cpu_ranks(plan.world_size)
+    spawned = plan.world_size > 1 and not launched
+    need = generate_need(config, plan, latent_elements, steps, device, dtype, attention, spawned)
+    check_memory(need, capacity(device, plan.world_size), "--width/--height/--frames")
 
 
 def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int, steps: int,

@@ -9,6 +9,7 @@ fails in well under a second and allocates nothing. The `ResolvedRun` goes to ev
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import ClassVar
 
@@ -16,9 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from h3core import settings
 from h3core.errors import ConfigError
+from h3core.generate.memory import check_limits
 from h3core.model.checkpoint import SYNTHETIC, Checkpoint
 from h3core.model.config import ModelConfig, preset as get_preset
 from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.runtime.device import compute_dtype
 from h3core.settings import UserRequest
 
 DEFAULT_PROMPT = "a red fox running through fresh snow at dawn, wind and crunching footsteps"
@@ -137,15 +140,15 @@ def _given(value, default):  # type: ignore[no-untyped-def]
 
 def resolve(request: GenerateRequest) -> ResolvedRun:
     """Pick the config, sizes, plan and checkpoint; validate everything before spawning (module docstring)."""
-    from h3core.generate.memory import check_limits
-
     base = get_preset(request.preset or ("h3" if request.model_path else "tiny"))
     checkpoint = Checkpoint.open(request.model_path, base) if request.model_path is not None else None
     config = checkpoint.config if checkpoint else base
     shape = RunShape.of(config, request)
     _check_backends(request, config)
     plan = build_plan(request, config, shape)
-    check_limits(request, config, shape, plan)
+    elements = math.prod(shape.video_latent) + math.prod(shape.audio_latent)
+    dtype = compute_dtype(request.device, request.dtype)
+    check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention)
     path, synthetic = _weights(request, checkpoint, base)
     return ResolvedRun(request=request, config=config, checkpoint=path, synthetic=synthetic, shape=shape, plan=plan)
 

@@ -29,11 +29,11 @@ from h3core.model.checkpoint import FORMAT_VERSION, SYNTHETIC, TensorSpec, metad
 from h3core.model.config import ModelConfig
 from h3core.model.dit import H3Model, PackedSequence, patchify_audio, patchify_video, rope_table, token_positions
 from h3core.model.sampler import FlowMatchEuler, initial_noise
+from h3core.model.sequence import SegmentKind
 from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import GLOBAL_SCALE_DIVISOR, quantize
 from h3core.nvfp4.io import linear_tensors
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.parallel.partition import SegmentKind
 from h3core.text import load_text_encoder, release_text_encoder
 
 GENERATOR_VERSION = "2"
