@@ -34,6 +34,7 @@ from rich.table import Table
 from h3core.generate.pipeline import RankPipeline, rank_generate
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.parallel.plan import Mode
+from h3core.reports.units import format_bytes
 from h3core.runtime.device import cpu_threads, cpu_threads_per_rank, resolve_device
 from h3core.runtime.world import World
 
@@ -151,7 +152,7 @@ def _explain(console: Console, mode: Mode, outcomes, steps: int) -> None:
     split = RunProfile.of([o.profile for o in outcomes]).steady_mean
     console.print(
         f"{mode.value} x2, per rank and step: sent "
-        + ", ".join(f"{kind} {b / 2**20:.2f} MiB" for kind, b in sorted(sent.items()) if kind != "broadcast")
+        + ", ".join(f"{kind} {format_bytes(b)}" for kind, b in sorted(sent.items()) if kind != "broadcast")
         + " · step " + f"{split.get('step', 0):.3f} s = "
         + ", ".join(f"{name} {sec:.3f} s ({share:.0%})" for name, sec, share in shares(split)),
         soft_wrap=True,

@@ -17,6 +17,7 @@ from h3core.generate.profile import Profiler, step_context
 from h3core.generate.sequences import Latent, Sequence, latent_kinds
 from h3core.model.dit import H3Model
 from h3core.model.sampler import FlowMatchEuler, check_finite, guided_velocity
+from h3core.model.sequence import SegmentKind
 from h3core.parallel.collectives import repartition_rows
 from h3core.parallel.runtime import ParallelRuntime
 from h3core.runtime import device as dev
@@ -38,7 +39,8 @@ class Denoiser:
     sampler: FlowMatchEuler
 
     @property
-    def kinds(self):  # type: ignore[no-untyped-def]
+    def kinds(self) -> list[SegmentKind]:
+        """The latent kinds of the request (video, audio), in order."""
         return latent_kinds(self.sequences[0].segments)
 
     def own_rows(self, noise: Latent, device: torch.device) -> Latent:

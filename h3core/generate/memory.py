@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from h3core import settings
 from h3core.model.attention import scores_bytes
+from h3core.model.checkpoint import DENSE_BYTES
 from h3core.model.config import ModelConfig
 from h3core.parallel.plan import Mode, ParallelPlan
 from h3core.runtime.limits import PROCESS_BYTES, MemoryNeed, capacity, check_cpu_ranks, check_memory
@@ -66,8 +67,8 @@ def held_weight_bytes(plan: ParallelPlan, dtype_bytes: int) -> int:
     """The largest rank's weights: its stored bytes, dense tensors (stored as bf16) at the compute dtype."""
     weights = plan.weights
     assert weights is not None, "ParallelPlan.build counts the weights"
-    dense = weights.checkpoint_bytes - weights.nvfp4_bytes
-    return max(weights.per_rank) + dense * max(0, dtype_bytes - 2) // 2
+    dense_elements = (weights.checkpoint_bytes - weights.nvfp4_bytes) // DENSE_BYTES
+    return max(weights.per_rank) + dense_elements * max(0, dtype_bytes - DENSE_BYTES)
 
 
 def activation_elements(config: ModelConfig, plan: ParallelPlan, s: int) -> int:

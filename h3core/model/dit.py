@@ -1,6 +1,6 @@
 """The H3 denoiser (DESIGN.md §2): a single-stream joint DiT over one packed sequence.
 
-This file knows nothing about parallelism. It works on "some rows of a packed sequence": a
+This file holds no parallel code. It works on "some rows of a packed sequence": a
 `PackedSequence` says which segments those rows hold (`text | video | audio`, in local
 coordinates) and carries the RoPE table of the whole sequence with the rows it covers. On one
 rank the rows are the whole sequence; a parallel plan (h3core.parallel) feeds each rank its own

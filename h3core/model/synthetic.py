@@ -34,6 +34,7 @@ from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import GLOBAL_SCALE_DIVISOR, quantize
 from h3core.nvfp4.io import linear_tensors
 from h3core.nvfp4.linear import NVFP4Linear
+from h3core.reports.units import format_bytes
 from h3core.text import load_text_encoder, release_text_encoder
 
 GENERATOR_VERSION = "2"
@@ -171,7 +172,7 @@ def synthetic_checkpoint(config: ModelConfig, seed: int = 0, directory: Path | N
         write_safetensors(path, synthetic_tensors(config, seed), metadata(config, SYNTHETIC, seed=str(seed)))
     except OSError as err:
         raise CheckpointError(
-            f"cannot write the synthetic checkpoint ({expected / 2**20:.0f} MiB) to the cache folder {folder}: "
+            f"cannot write the synthetic checkpoint ({format_bytes(expected)}) to the cache folder {folder}: "
             f"{os_error_reason(err)}; set H3_CACHE_DIR to a writable folder with room for it"
         ) from None
     return path, True

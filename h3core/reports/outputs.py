@@ -36,6 +36,7 @@ from pathlib import Path
 from h3core.errors import ConfigError, H3Error, Interrupted, OutputError
 from h3core.files.atomic import write_atomic
 from h3core.files.paths import free_bytes, os_error_reason, path_kind
+from h3core.reports.units import format_bytes
 
 REPORT_FILES = ("report.json", "matrix.json", "verify.json")
 """A folder holding one of these at its top is a folder of h3 results (what `overwrite` may replace)."""
@@ -164,8 +165,8 @@ class _Target:
         free = free_bytes(self.staging)
         if free < need:
             raise ConfigError(
-                f"{self.flag} {self.path}: this run writes about {need / 2**20:.0f} MiB but only "
-                f"{free / 2**20:.0f} MiB are free there; free some space or choose another {self.flag}"
+                f"{self.flag} {self.path}: this run writes about {format_bytes(need)} but only "
+                f"{format_bytes(free)} are free there; free some space or choose another {self.flag}"
             )
 
     # -- the end ----------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def torchrun_store(launched: TorchrunEnv, rendezvous_s: float, timeout: timedelt
     """The rendezvous store of a torchrun launch, found within `rendezvous_s` or a ConfigError line."""
     import torch.distributed as dist
 
-    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not settings.env_str(name)]
     if missing:
         verb = "is" if len(missing) == 1 else "are"
         raise ConfigError(f"{launched.describe()} says torchrun started h3, but {' and '.join(missing)} {verb} not set; {_STALE}")

@@ -110,7 +110,7 @@ def _same(a: dict, b: dict) -> bool:
 
 def test_an_unwritable_or_full_cache_folder_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("x")
-    with pytest.raises(CheckpointError, match=r"cannot write the synthetic checkpoint \(\d+ MiB\) to the cache folder .*: .*; set H3_CACHE_DIR"):
+    with pytest.raises(CheckpointError, match=r"cannot write the synthetic checkpoint \([\d.]+ [KMG]?i?B\) to the cache folder .*: .*; set H3_CACHE_DIR"):
         synthetic_checkpoint(CFG, seed=0, directory=tmp_path / "file" / "cache")
     monkeypatch.setattr(synthetic, "free_bytes", lambda folder: 0)
     with pytest.raises(CheckpointError, match="no space left on the device; set H3_CACHE_DIR to a writable folder"):
