@@ -50,6 +50,7 @@ INJECT_FAULT = "H3_INJECT_FAULT"
 DEBUG = "H3_DEBUG"
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 
 DEFAULT_SEED = 440420
 """The seed of the seed's reference runs: the default of every `--seed`."""
@@ -280,6 +281,9 @@ class TorchrunEnv:
     rank: int
     world_size: int
     local_rank: int
+    local_world_size: int
+    """Processes torchrun started on this machine (`LOCAL_WORLD_SIZE`; the world when a launcher omits it).
+    Multi-node: WORLD_SIZE counts every machine's ranks, this only this machine's."""
 
     def describe(self) -> str:
         master = f", MASTER_ADDR={os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}" if env_str("MASTER_ADDR") else ""
@@ -303,7 +307,22 @@ def torchrun_env() -> TorchrunEnv | None:
         raise ConfigError(f"{shown}: not whole numbers; {stale}") from None
     if world < 1 or not 0 <= rank < world or local_rank < 0:
         raise ConfigError(f"{shown}: not a valid torchrun rank (needs 0 <= RANK < WORLD_SIZE); {stale}")
-    return TorchrunEnv(rank, world, local_rank)
+    local_world = _local_world_size(world, local_rank, stale)
+    return TorchrunEnv(rank, world, local_rank, local_world)
+
+
+def _local_world_size(world: int, local_rank: int, stale: str) -> int:
+    """`LOCAL_WORLD_SIZE` (torchrun sets it: the processes of this machine), else the whole world."""
+    text = env_str(LOCAL_WORLD_SIZE)
+    if text is None:
+        return world
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{LOCAL_WORLD_SIZE}={text}: not a whole number; {stale}") from None
+    if not local_rank < value <= world:
+        raise ConfigError(f"{LOCAL_WORLD_SIZE}={value} with LOCAL_RANK={local_rank} and WORLD_SIZE={world}: not a valid torchrun launch; {stale}")
+    return value
 
 
 def under_torchrun() -> bool:

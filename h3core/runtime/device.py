@@ -30,6 +30,7 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
+from h3core import settings
 from h3core.errors import BackendUnavailable, ConfigError
 
 if TYPE_CHECKING:
@@ -109,19 +110,24 @@ def device_name(device_type: str) -> str:
 
 
 def check_world_size_fits(world_size: int, device_type: str) -> None:
-    """A CUDA run needs one visible GPU per rank; a CPU run takes Gloo ranks up to `H3_MAX_CPU_RANKS`."""
+    """A CUDA run needs one visible GPU per rank of this machine; a CPU run takes Gloo ranks up to
+    `H3_MAX_CPU_RANKS` per machine. Under torchrun the ranks of this machine are its
+    `LOCAL_WORLD_SIZE` (a multi-node world is larger than any one machine)."""
     if world_size < 1:
         raise ConfigError(f"world size must be at least 1, got {world_size}")
+    launched = settings.torchrun_env()
+    here = launched.local_world_size if launched is not None else world_size
+    where = f" on this machine (LOCAL_WORLD_SIZE={here} of WORLD_SIZE={world_size})" if launched is not None else ""
     if device_type != "cuda":
         from h3core.runtime.limits import check_cpu_ranks
 
-        check_cpu_ranks(world_size)
+        check_cpu_ranks(here)
         return
     gpus = visible_gpu_count()
-    if world_size > gpus:
+    if here > gpus:
         raise ConfigError(
-            f"{world_size} ranks asked for but only {gpus} GPU(s) are visible; "
-            f"use a count of at most {gpus}, or --device cpu for Gloo ranks"
+            f"{here} ranks asked for{where} but only {gpus} GPU(s) are visible; "
+            f"use a count of at most {gpus} per machine, or --device cpu for Gloo ranks"
         )
 
 

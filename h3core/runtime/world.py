@@ -47,7 +47,7 @@ from h3core import settings
 from h3core.errors import ConfigError, H3Error, RankFailure
 from h3core.runtime import cpu_memory
 from h3core.runtime.context import RankContext, leave_group
-from h3core.runtime.device import check_world_size_fits, rank_device, resolve_device, visible_gpu_count
+from h3core.runtime.device import check_world_size_fits, cpu_threads_per_rank, rank_device, resolve_device, visible_gpu_count
 from h3core.runtime.liveness import HEARTBEAT_S, Watch, new_heartbeat
 from h3core.runtime.messages import RankError, describe_exit, to_cpu
 from h3core.runtime.rendezvous import torchrun_store
@@ -197,6 +197,8 @@ class World:
         if self.device_type == "cuda" and local_rank >= visible_gpu_count():
             raise ConfigError(f"LOCAL_RANK {local_rank} has no GPU: only {visible_gpu_count()} are visible on this machine")
         device = rank_device(self.device_type, local_rank)
+        if self.device_type == "cpu":
+            _share_cores(launched.local_world_size)
         if dist.is_initialized():
             self.backend = str(dist.get_backend())
         else:
@@ -324,6 +326,16 @@ class World:
         if errors:
             raise errors[0].to_exception(self.world_size)
         raise RankFailure(suspect if suspect is not None else -1, "lost contact with the process")
+
+
+def _share_cores(ranks_here: int) -> None:
+    """torchrun on CPUs: this machine's ranks share its cores, as spawned ranks do (unless the user
+    set OMP_NUM_THREADS, which torch already applied). Kernels block by thread count, so this also
+    makes a torchrun run compute what the same count of spawned ranks computes, bit for bit."""
+    import torch
+
+    if not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(cpu_threads_per_rank(ranks_here))
 
 
 def _drain_errors(workers: list[_Worker]) -> list[RankError]:

@@ -101,3 +101,21 @@ def test_cpu_peak_memory_sees_a_large_allocation():
     assert after - before >= 60 * 1024 * 1024
     assert "resident" in device.peak_memory_kind("cpu")
     assert device.peak_memory_kind("cuda") == "torch.cuda.max_memory_allocated"
+
+
+def test_multi_node_torchrun_counts_only_this_machines_ranks_against_its_gpus(two_gpus, monkeypatch):
+    """Two machines of 2 GPUs: WORLD_SIZE=4, LOCAL_WORLD_SIZE=2 fits; 3 local ranks do not."""
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    device.check_world_size_fits(4, "cuda")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match=r"3 ranks asked for on this machine \(LOCAL_WORLD_SIZE=3 of WORLD_SIZE=4\) but only 2 GPU"):
+        device.check_world_size_fits(4, "cuda")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # LOCAL_RANK 1 cannot be on a machine of one process
+    with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE=1 with LOCAL_RANK=1 and WORLD_SIZE=4: not a valid torchrun launch"):
+        device.check_world_size_fits(4, "cuda")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # a launcher without it: the whole world is on this machine
+    with pytest.raises(ConfigError, match="4 ranks asked for on this machine"):
+        device.check_world_size_fits(4, "cuda")
