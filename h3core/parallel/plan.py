@@ -29,6 +29,7 @@ from typing import Sequence
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from h3core import settings
+from h3core.errors import PartitionError
 from h3core.model.config import ModelConfig, preset
 from h3core.model.sequence import Segment
 from h3core.nvfp4.layout import ColumnSlice
@@ -117,8 +118,15 @@ class ParallelPlan(BaseModel):
 
     @classmethod
     def for_layout(cls, config: ModelConfig, layout: RankLayout, mode: Mode, *sequences: list[Segment]) -> "ParallelPlan":
-        """The plan of a run laid out as `layout`: the partition of one group of `layout.degree` ranks."""
-        return cls.build(config, layout.degree, mode, *sequences).model_copy(update={"layout": layout})
+        """The plan of a run laid out as `layout`: the partition of one group of `layout.degree` ranks
+        (a `PartitionError` then names the layout: the count it speaks of is one group's)."""
+        try:
+            plan = cls.build(config, layout.degree, mode, *sequences)
+        except PartitionError as err:
+            if layout.degree == layout.world_size:
+                raise
+            raise PartitionError(f"{err} per group ({layout.describe()})") from err
+        return plan.model_copy(update={"layout": layout})
 
     @classmethod
     def build(cls, config: ModelConfig, world_size: int, mode: Mode, *sequences: list[Segment]) -> "ParallelPlan":
