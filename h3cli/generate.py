@@ -29,7 +29,8 @@ def render_run(report, console: Console) -> None:
     s = report.shape
     table.add_row("request", f"{s.width}x{s.height}, {s.frames} frames, {s.steps} steps, seed {report.seed}, guidance {report.guidance_scale}")
     table.add_row("sequence", f"{report.num_tokens} tokens · " + ", ".join(f"{g.kind} {g.stop - g.start}" for g in report.partition.segments))
-    table.add_row("partition", f"heads {report.partition.heads} · tokens {report.partition.tokens}")
+    table.add_row("layout", layout_line(report.partition.layout))
+    table.add_row("partition", f"heads {report.partition.heads} · tokens {report.partition.tokens}" + (" (each group)" if len(report.partition.layout.groups) > 1 else ""))
     table.add_row("compute", f"{report.device_name} · {report.dtype} · attention {report.attention_kernel} · NVFP4 {report.nvfp4_path}")
     t = report.timings
     steps = report.step_seconds
@@ -59,6 +60,17 @@ def render_run(report, console: Console) -> None:
     console.print(table)
     if report.profile is not None:
         render_profile(report.profile, console)
+
+
+def layout_line(layout) -> str:
+    """'world 4 = 1 replica x 2 CFG halves x 2 ranks per sequence: ranks 0-1 prompt · ranks 2-3 negative prompt'."""
+    groups = " · ".join(f"ranks {_ranks(g.ranks)} {' + '.join(g.runs)}" for g in layout.groups)
+    exchange = "; one cfg_exchange per step" if layout.cfg_parallel else ""
+    return f"{layout.describe()}: {groups}{exchange}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
 
 
 def render_profile(profile, console: Console) -> None:
@@ -95,6 +107,7 @@ def generate(
     prompt: options.Prompt = None,
     negative_prompt: options.NegativePrompt = "",
     guidance: options.Guidance = 1.0,
+    cfg_parallel: options.CfgParallel = False,
     preset: options.RunPreset = None,
     width: options.Width = None,
     height: options.Height = None,
@@ -128,7 +141,7 @@ def generate(
         mode=Mode(_pick(mode_arg, mode.value if mode else None, "the mode") or Mode.ULYSSES.value),
         attention=_pick(attn_arg, attention, "the attention backend") or "sdpa",
         prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
-        preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, dtype=dtype,
+        cfg_parallel=cfg_parallel, preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, dtype=dtype,
         model_path=model, text_encoder_path=text_encoder, profile=profile,
     )
     out = Output(json)

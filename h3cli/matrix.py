@@ -70,6 +70,7 @@ def matrix(
     prompt: options.Prompt = None,
     negative_prompt: options.NegativePrompt = "",
     guidance: options.Guidance = 1.0,
+    cfg_parallel: Annotated[bool, typer.Option("--cfg-parallel", help="Also run every mode with CFG parallel (two halves, one per guidance branch) at each requested count; odd counts are skipped with the reason. Needs --guidance.")] = False,
     preset: options.RunPreset = None,
     width: options.Width = None,
     height: options.Height = None,
@@ -98,7 +99,7 @@ def matrix(
         preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, attention=attention,
         device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile,
     )
-    request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark, overwrite=overwrite)
+    request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark, overwrite=overwrite, cfg_parallel=cfg_parallel)
     out = Output(json)
     columns = (TextColumn("[bold]matrix[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TimeRemainingColumn())
     with progress_bar(out.err if json else out.console, *columns) as update:

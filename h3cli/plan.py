@@ -16,9 +16,11 @@ from h3core.reports.units import format_bytes
 
 
 def _render(plan: ParallelPlan, console: Console) -> None:
+    _render_groups(plan, console)
     seg_text = ", ".join(f"{s.kind} {len(s)}" for s in plan.segments)
+    each = " of each group" if len(plan.layout.groups) > 1 else ""
     table = Table(
-        title=f"{plan.preset} · {plan.mode.value} · {plan.world_size} rank(s) · {plan.num_tokens} tokens ({seg_text})",
+        title=f"{plan.preset} · {plan.mode.value} · {plan.world_size} rank(s){each} · {plan.num_tokens} tokens ({seg_text})",
         title_justify="left",
     )
     w = plan.weights
@@ -28,7 +30,7 @@ def _render(plan: ParallelPlan, console: Console) -> None:
             f"({w.nvfp4_bytes:,} NVFP4); tensor mode splits the {w.block_linears_bytes:,} bytes of block linears"
         )
         table.caption_justify = "left"
-    for col in ("rank", "heads", "tokens", "local segments", "weights held"):
+    for col in ("rank" if not each else "local rank", "heads", "tokens", "local segments", "weights held"):
         table.add_column(col)
     for i, r in enumerate(plan.ranks):
         table.add_row(
@@ -38,6 +40,25 @@ def _render(plan: ParallelPlan, console: Console) -> None:
     console.print(table)
     if plan.mode is Mode.TENSOR:
         _render_shards(plan, console)
+
+
+def _render_groups(plan: ParallelPlan, console: Console) -> None:
+    """The layout's groups (only when there is more than one): which global ranks, what each runs."""
+    layout = plan.layout
+    if len(layout.groups) == 1:
+        return
+    table = Table(title=f"rank layout: {layout.describe()}", title_justify="left")
+    for col in ("replica", "CFG branch", "global ranks", "runs every step"):
+        table.add_column(col)
+    for g in layout.groups:
+        branch = str(g.branch) if layout.cfg_parallel else "-"
+        table.add_row(str(g.replica), branch, ", ".join(map(str, g.ranks)), " + ".join(g.runs) + f" ({plan.mode.value} over {len(g.ranks)})")
+    if layout.cfg_parallel:
+        table.caption = ("each step: both branches' velocities, then one cfg_exchange per replica gives every rank the other "
+                         "branch's velocity for its latent rows; the rank-level table below is each group's partition "
+                         "(the prompt's sequence; the negative prompt's splits the same way by its own length)")
+        table.caption_justify = "left"
+    console.print(table)
 
 
 def _render_shards(plan: ParallelPlan, console: Console) -> None:
@@ -66,10 +87,13 @@ def plan(
     height: options.Height = None,
     frames: options.Frames = None,
     text_tokens: Annotated[Optional[int], typer.Option("--text-tokens", help="Prompt length in tokens (default: the preset's).")] = None,
+    cfg_parallel: Annotated[bool, typer.Option("--cfg-parallel", help="Lay the ranks out as two CFG halves (prompt | negative prompt), as h3 generate --cfg-parallel does.")] = False,
+    replicas: Annotated[int, typer.Option("--replicas", help="Independent groups of ranks (replica groups) the count splits into.")] = 1,
     json: options.Json = False,
 ) -> None:
-    """Print, per rank, the heads, token interval, clipped segments and (tensor mode) NVFP4 slices."""
-    result = ParallelPlan.for_preset(preset, count, mode, width=width, height=height, frames=frames, text_tokens=text_tokens)
+    """Print the rank layout's groups and, per rank of a group, the heads, token interval, clipped segments and (tensor mode) NVFP4 slices."""
+    result = ParallelPlan.for_preset(preset, count, mode, width=width, height=height, frames=frames, text_tokens=text_tokens,
+                                     cfg_parallel=cfg_parallel, replicas=replicas)
     Output(json).result(result, lambda console: _render(result, console))
 
 

@@ -23,6 +23,10 @@ class PartitionError(ConfigError):
     """A partition would leave a rank empty or cut an NVFP4 block."""
 
 
+class LayoutError(ConfigError):
+    """A rank count that does not split into the asked-for groups (replicas, CFG halves)."""
+
+
 class CheckpointError(ConfigError):
     """A checkpoint (or text encoder) file is missing, truncated or does not match the contract."""
 

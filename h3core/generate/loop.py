@@ -4,6 +4,13 @@ The latent state is this rank's rows of the prompt's sequence (`Latent`, float32
 loop. With guidance the negative prompt's sequence splits the same latent rows differently (its
 text is another length): the rows are re-split to its partition for its forward and the velocity
 back again (`repartition_rows`, one all-to-all each way; nothing moves where the splits agree).
+
+With CFG parallel (`CfgHalf`) a rank runs one of the two sequences: branch 0 the prompt's, branch 1
+the negative prompt's, each over its own group of ranks. Its latent state is its rows in its own
+sequence's split; per step it computes its sequence's velocity for those rows, ONE exchange with the
+other half (`exchange_halves`) brings the other branch's velocity for the same rows, and both halves
+form the same guided velocity (same formula, same operand order as above) and the same float32
+Euler update, so they hold the same latent values throughout.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from h3core.generate.sequences import Latent, Sequence, latent_kinds
 from h3core.model.dit import H3Model
 from h3core.model.sampler import FlowMatchEuler, check_finite, guided_velocity
 from h3core.model.sequence import SegmentKind
-from h3core.parallel.collectives import repartition_rows
+from h3core.parallel.collectives import exchange_halves, repartition_rows
+from h3core.parallel.layout import CfgHalf
 from h3core.parallel.runtime import ParallelRuntime
 from h3core.runtime import device as dev
 from h3core.runtime.faults import maybe_inject_fault
@@ -30,22 +38,28 @@ StepDoneCallback = Callable[[int, int, float], None]
 @dataclass
 class Denoiser:
     """One request's loop state on one rank: the parallelized model, the runtime, the request's
-    sequences (the prompt's first), guidance and the sampler."""
+    sequences (the prompt's first), guidance, the sampler, and with CFG parallel this rank's half."""
 
     model: H3Model
     runtime: ParallelRuntime
     sequences: list[Sequence]
     guidance_scale: float
     sampler: FlowMatchEuler
+    cfg: CfgHalf | None = None
 
     @property
     def kinds(self) -> list[SegmentKind]:
         """The latent kinds of the request (video, audio), in order."""
         return latent_kinds(self.sequences[0].segments)
 
+    @property
+    def own(self) -> int:
+        """The sequence whose split this rank's latent rows follow: its branch's, else the prompt's."""
+        return self.cfg.branch if self.cfg is not None else 0
+
     def own_rows(self, noise: Latent, device: torch.device) -> Latent:
-        """This rank's rows of the whole latent, in the prompt sequence's split."""
-        own = {k: self.sequences[0].kind_spans(k)[self.runtime.rank] for k in self.kinds}
+        """This rank's rows of the whole latent, in its own sequence's split."""
+        own = {k: self.sequences[self.own].kind_spans(k)[self.runtime.rank] for k in self.kinds}
         return {k: noise[k][own[k].start : own[k].stop].to(device) for k in self.kinds}
 
     def velocity(self, index: int, latent: Latent, sigma: torch.Tensor) -> Latent:
@@ -62,11 +76,26 @@ class Denoiser:
 
     def guided(self, latent: Latent, sigma: torch.Tensor) -> Latent:
         """The velocity of one step: the prompt's, with guidance against the negative prompt's."""
+        if self.cfg is not None:
+            return self.guided_in_halves(latent, sigma)
         v = self.velocity(0, latent, sigma)
         if len(self.sequences) == 1:
             return v
         v_neg = self.moved(self.velocity(1, self.moved(latent, 0, 1), sigma), 1, 0)
         return {k: guided_velocity(v[k], v_neg[k], self.guidance_scale) for k in self.kinds}
+
+    def guided_in_halves(self, latent: Latent, sigma: torch.Tensor) -> Latent:
+        """CFG parallel: this branch's velocity, the other's by one exchange, then the same guidance."""
+        mine = self.velocity(self.own, latent, sigma)
+        other = self.other_half(mine)
+        cond, uncond = (mine, other) if self.own == 0 else (other, mine)
+        return {k: guided_velocity(cond[k], uncond[k], self.guidance_scale) for k in self.kinds}
+
+    def other_half(self, v: Latent) -> Latent:
+        """The other branch's values of this rank's rows (one all-to-all over both halves, every kind in it)."""
+        own, other, rt = self.sequences[self.own], self.sequences[1 - self.own], self.runtime
+        parts = [(v[k], own.kind_spans(k), other.kind_spans(k)) for k in self.kinds]
+        return dict(zip(self.kinds, exchange_halves(parts, self.cfg.group, rt.stats)))  # type: ignore[union-attr]
 
     def step(self, index: int, sigma: torch.Tensor, latent: Latent) -> Latent:
         """One Euler step of this rank's rows, in float32 (`sigma` on the rank's device)."""
@@ -74,8 +103,8 @@ class Denoiser:
         return {k: self.sampler.step(v[k], index, latent[k]) for k in self.kinds}
 
     def gather(self, latent: Latent) -> Latent:
-        """Every rank's rows of the final latent (on every rank): one gather per kind."""
-        return {k: self.runtime.gather(latent[k], self.sequences[0].kind_spans(k)) for k in self.kinds}
+        """Every rank's rows of the final latent (on every rank of its group): one gather per kind."""
+        return {k: self.runtime.gather(latent[k], self.sequences[self.own].kind_spans(k)) for k in self.kinds}
 
 
 def denoise(denoiser: Denoiser, latent: Latent, sigmas: torch.Tensor, device: torch.device,

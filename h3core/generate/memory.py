@@ -16,7 +16,9 @@ unless said otherwise:
 - `steps`: the sigma schedule (computed in float64) and the per-step timings, per step;
 - `process`: a spawned rank's own process (`h3core.runtime.limits.PROCESS_BYTES`).
 
-The longest of the run's sequences (prompt, negative prompt) sets the activations.
+The longest of the run's sequences (prompt, negative prompt) sets the activations (with CFG
+parallel a rank runs one of them, and the largest rank is one that runs the longest). Every group
+of the run's layout runs the same plan, so the largest rank of one group is the largest of all.
 """
 
 from __future__ import annotations
@@ -38,12 +40,12 @@ STEP_BYTES = 56  # float64 arange, t and sigmas while the schedule is computed (
 
 def check_limits(config: ModelConfig, plan: ParallelPlan, latent_elements: int, steps: int, device: str, dtype: "torch.dtype", attention: str) -> None:
     """Refuse (one line) a run whose ranks this machine cannot start or hold (`h3core.runtime.limits`)."""
-    launched = settings.under_torchrun()
+    launched, ranks = settings.under_torchrun(), plan.layout.world_size  # every rank of the run, all groups
     if device != "cuda" and not launched:
-        check_cpu_ranks(plan.world_size)
-    spawned = plan.world_size > 1 and not launched
+        check_cpu_ranks(ranks)
+    spawned = ranks > 1 and not launched
     need = generate_need(config, plan, latent_elements, steps, device, dtype, attention, spawned)
-    check_memory(need, capacity(device, plan.world_size), "--width/--height/--frames")
+    check_memory(need, capacity(device, ranks), "--width/--height/--frames")
 
 
 def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int, steps: int,
@@ -60,7 +62,7 @@ def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int,
     on_host = {"latents": 2 * latent_elements * 4, "steps": steps * STEP_BYTES}
     if spawned:
         on_host["process"] = PROCESS_BYTES
-    return MemoryNeed(ranks=plan.world_size, device=device, on_device=on_device, on_host=on_host, spawned=spawned)
+    return MemoryNeed(ranks=plan.layout.world_size, device=device, on_device=on_device, on_host=on_host, spawned=spawned)
 
 
 def held_weight_bytes(plan: ParallelPlan, dtype_bytes: int) -> int:

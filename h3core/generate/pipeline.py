@@ -3,14 +3,17 @@
 `rank_generate(ctx, run)` is the whole run on one rank (every rank calls it; world size 1 is the
 same code):
 
+0. the process groups of the run's layout (`RankGroups`): the rank's sequence group (the plan's
+   ranks) and, with CFG parallel, the group of both halves of its replica;
 1. rank 0 encodes the prompt (and the negative prompt) and releases the encoder; the hidden
-   states reach every rank by broadcast (`encode_prompts`);
+   states reach every rank of the run by broadcast (`encode_prompts`);
 2. `RankPipeline.load`: the model is loaded (tensor mode: without the linears it reads as shards)
    and `parallelize`d for the run's plan: the heavy part, done once;
 3. `RankPipeline.denoise`: seeded noise (the same on every rank, whatever the world size) is
    patchified and the rank keeps its own rows: the residual stream and the latent state stay
    token-sharded for the whole loop (`h3core.generate.loop`); at the end the latent rows are
-   gathered once and unpatchified on rank 0.
+   gathered once within each group of branch 0 and unpatchified on the rank that leads each
+   replica (rank 0 for replica 0).
 
 A pipeline holds no request: `denoise` runs one request's sequences, so a loaded pipeline can run
 several requests. `RankPipeline.unparallelized` is the baseline the distributed layer is measured
@@ -36,6 +39,7 @@ from h3core.model.sampler import FlowMatchEuler
 from h3core.model.sequence import SegmentKind
 from h3core.nvfp4 import matmul as nvfp4_matmul
 from h3core.parallel.collectives import broadcast_tensors
+from h3core.parallel.layout import RankGroups
 from h3core.parallel.parallelize import left_out_at_load, parallelize
 from h3core.parallel.runtime import ParallelRuntime
 from h3core.parallel.tensor import block_linears
@@ -98,7 +102,7 @@ class RankPipeline:
         """Denoise one request of `run` (its sequences' text hidden states `texts`) on this rank."""
         sequences = [build_sequence(run.config, plan, text, run.shape.video_grid, self.device) for plan, text in zip(run.plan.sequences, texts)]
         sampler = FlowMatchEuler(run.shape.shift)
-        denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, sampler)
+        denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, sampler, self.runtime.cfg)
         latent = denoiser.own_rows(noise_tokens(run.config, run.shape, run.request.seed), self.device)  # float32
         sigmas = sampler.set_timesteps(run.shape.steps)
         _reset_records(self.device)
@@ -106,8 +110,8 @@ class RankPipeline:
         with torch.inference_mode(), profiling(self.model, self.device, self.runtime.rank, run.request.profile) as profiler:
             latent, step_seconds = denoise(denoiser, latent, sigmas, self.device, profiler, on_step)
             peak = dev.peak_memory_bytes(self.device)
-            with dev.Stopwatch(self.device) as watch:
-                whole = denoiser.gather(latent)
+            with dev.Stopwatch(self.device) as watch:  # branch 1 holds the same values: branch 0 gathers
+                whole = denoiser.gather(latent) if denoiser.own == 0 else {}
         return Denoised(
             latent=whole, step_seconds=step_seconds, timings={"sampling": sum(step_seconds), "gather": watch.seconds},
             peak_memory=peak, nvfp4_paths=nvfp4_matmul.paths_run(), attention_kernels=attention.kernels_run(),
@@ -139,12 +143,12 @@ def _held_weights(model: H3Model, checkpoint: Checkpoint, shards_read: int | Non
 
 
 def encode_prompts(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime) -> tuple[list[torch.Tensor], dict | None, float, int]:
-    """Rank 0 encodes the request's prompts (and releases the encoder); every rank gets the hidden
-    states by broadcast. Returns them, rank 0's encoder info, the seconds and the peak memory."""
+    """Rank 0 encodes the request's prompts (and releases the encoder); every rank of the run gets
+    the hidden states by broadcast. Returns them, rank 0's encoder info, the seconds and the peak memory."""
     dev.reset_peak_memory(ctx.device)
     with dev.Stopwatch(ctx.device) as watch:
         texts, info = _encode_on_rank_zero(run, ctx.device) if ctx.rank == 0 else (None, None)
-        texts = broadcast_tensors(texts, src=0, group=runtime.group, device=ctx.device, stats=runtime.stats)
+        texts = broadcast_tensors(texts, src=0, group=ctx.group, device=ctx.device, stats=runtime.stats)
     return texts, info, watch.seconds, dev.peak_memory_bytes(ctx.device)
 
 
@@ -163,11 +167,26 @@ def _encode_on_rank_zero(run: ResolvedRun, device: torch.device) -> tuple[list[t
 def rank_generate(ctx: RankContext, run: ResolvedRun, load=RankPipeline.load) -> RankOutcome:  # type: ignore[no-untyped-def]
     """The whole run on one rank (module docstring); `load` builds the pipeline (the baseline passes
     `RankPipeline.unparallelized`)."""
-    runtime = ParallelRuntime(run.plan, ctx.rank, ctx.group)
+    runtime = rank_runtime(ctx, run)
     texts, encoder_info, encode_seconds, peak_text = encode_prompts(ctx, run, runtime)
     pipeline = load(ctx, run, runtime)
     done = pipeline.denoise(run, texts, ctx.report)
     return _outcome(ctx, run, runtime, pipeline, done, encoder_info, {"text_encode": encode_seconds, **pipeline.timings}, peak_text)
+
+
+def rank_runtime(ctx: RankContext, run: ResolvedRun) -> ParallelRuntime:
+    """This rank's runtime: its group's plan, its local rank, its sequence group and CFG half.
+
+    `ctx` holds exactly the run's ranks. Creating the layout's groups is collective over the World:
+    a task that runs on the first ranks of a larger World creates them on every rank first
+    (`RankGroups.create` on the World's context; they are cached), as `first_ranks` does.
+    """
+    layout = run.plan.layout
+    if ctx.world_size != layout.world_size:
+        raise ValueError(f"a run laid out over {layout.world_size} ranks given a context of {ctx.world_size}")
+    groups = RankGroups.create(ctx, layout)
+    assert groups is not None  # every rank of ctx is in the layout
+    return ParallelRuntime(run.plan, groups.coords.local, groups.sequence, groups.cfg_half)
 
 
 def _outcome(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, pipeline: RankPipeline, done: Denoised,
@@ -180,6 +199,7 @@ def _outcome(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, pipel
     )
     if ctx.rank == 0:
         outcome.text_encoder = encoder_info
+    if runtime.rank == 0 and done.latent:  # the lead of each replica: local rank 0 of branch 0
         outcome.video, outcome.audio = _unpatchified(run, done.latent)
     return outcome
 

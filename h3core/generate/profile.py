@@ -3,7 +3,7 @@
 Categories: `attention` (the attention kernel itself: the model's innermost `AttentionCore`, without
 the all-to-alls around it), `nvfp4_linears` (every `NVFP4Linear` forward, weight decoding included
 on the dequant paths), one per collective kind (`seq_to_head`, `head_to_seq`, `gather_rows`,
-`reduce_scatter_rows`, `repartition_rows`, `broadcast`; waiting for a late peer counts there), and
+`reduce_scatter_rows`, `repartition_rows`, `cfg_exchange`, `broadcast`; waiting for a late peer counts there), and
 `rest`: the step's time minus all of them (norms, RoPE, modulation, residuals, the sampler, Python).
 
 How: forward hooks on those modules and `collectives.set_region_timer`, applied to a finished model
@@ -32,7 +32,7 @@ from h3core.parallel import collectives
 ATTENTION, LINEARS, REST = "attention", "nvfp4_linears", "rest"
 COLLECTIVES = (
     collectives.SEQ_TO_HEAD, collectives.HEAD_TO_SEQ, collectives.GATHER_ROWS,
-    collectives.REDUCE_SCATTER_ROWS, collectives.REPARTITION_ROWS, collectives.BROADCAST,
+    collectives.REDUCE_SCATTER_ROWS, collectives.REPARTITION_ROWS, collectives.CFG_EXCHANGE, collectives.BROADCAST,
 )
 CATEGORIES = (ATTENTION, LINEARS, *COLLECTIVES, REST)
 

@@ -20,6 +20,7 @@ from h3core.errors import ConfigError
 from h3core.generate.memory import check_limits
 from h3core.model.checkpoint import SYNTHETIC, Checkpoint
 from h3core.model.config import ModelConfig, preset as get_preset
+from h3core.parallel.layout import RankLayout
 from h3core.parallel.plan import Mode, ParallelPlan
 from h3core.runtime.device import compute_dtype
 from h3core.settings import UserRequest
@@ -37,6 +38,7 @@ class GenerateRequest(UserRequest):
     model_config = ConfigDict(frozen=True, extra="forbid")
     FLAGS: ClassVar[dict[str, str]] = {
         "guidance_scale": "--guidance", "world_size": "--gpus", "model_path": "--model", "text_encoder_path": "--text-encoder",
+        "cfg_parallel": "--cfg-parallel",
     }
 
     prompt: str = Field(DEFAULT_PROMPT, description="What to generate.")
@@ -50,7 +52,9 @@ class GenerateRequest(UserRequest):
     seed: int = Field(settings.DEFAULT_SEED, ge=0, le=MAX_SEED)
     shift: float | None = Field(None, gt=0, allow_inf_nan=False, description="Sampler sigma shift (default: the preset's).")
     mode: Mode = Mode.ULYSSES
-    world_size: int = Field(1, ge=1)
+    world_size: int = Field(1, ge=1, description="Every rank of the run: replicas x CFG halves x ranks per sequence.")
+    cfg_parallel: bool = Field(False, description="With guidance: half the ranks run the prompt's sequence, half the negative prompt's; one exchange per step.")
+    replicas: int = Field(1, ge=1, description="Independent groups of ranks, each running the whole request (h3core.parallel.layout).")
     device: str = Field("cpu", description="'cpu' or 'cuda' (resolved).")
     dtype: str | None = Field(None, description="Compute dtype override: fp32, bf16, fp16.")
     attention: str = "sdpa"
@@ -164,13 +168,21 @@ def _check_backends(request: GenerateRequest, config: ModelConfig) -> None:
 
 
 def build_plan(request: GenerateRequest, config: ModelConfig, shape: RunShape) -> ParallelPlan:
-    """The plan of every sequence the ranks will run, from the prompts' real token counts."""
+    """The plan of every sequence the ranks will run, from the prompts' real token counts, for the
+    request's layout of ranks (checked first: a count that does not split is one line)."""
     from h3core.text import check_text_encoder
 
+    layout = rank_layout(request)
     tokenizer = check_text_encoder(request.text_encoder_path, hidden_size=config.text_dim)
     lengths = [min(len(tokenizer.encode(p)), config.max_text_tokens) for p in request.prompts]
     sequences = [config.segments(shape.width, shape.height, shape.frames, n) for n in lengths]
-    return ParallelPlan.build(config, request.world_size, request.mode, *sequences)
+    return ParallelPlan.for_layout(config, layout, request.mode, *sequences)
+
+
+def rank_layout(request: GenerateRequest) -> RankLayout:
+    """How the request's ranks form groups (replicas x CFG halves x ranks per sequence); `LayoutError` where they cannot."""
+    return RankLayout.of(request.world_size, cfg_parallel=request.cfg_parallel, replicas=request.replicas,
+                         guided=request.guidance_scale != 1.0)
 
 
 def _weights(request: GenerateRequest, checkpoint: Checkpoint | None, base: ModelConfig) -> tuple[Path, bool]:

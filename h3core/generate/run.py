@@ -51,7 +51,7 @@ def one_rank_latents(
     thread count: kernels block by thread count, and the comparison is meant to isolate the
     distribution, not the machine's threading.
     """
-    update = {"world_size": 1} | ({"mode": mode} if mode is not None else {})
+    update = {"world_size": 1, "cfg_parallel": False, "replicas": 1} | ({"mode": mode} if mode is not None else {})
     request = run.request.model_copy(update=update)
     one = run.model_copy(update={"request": request, "plan": build_plan(request, run.config, run.shape)})
     with dev.cpu_threads(threads) if threads else nullcontext():
@@ -82,7 +82,7 @@ def generate(job: GenerateJob, on_step: StepCallback | None = None) -> RunReport
     with Outputs(enabled=settings.is_rank_zero()) as outputs:
         folder = bench = None
         if outputs.enabled:
-            kind = f"generate-{run.request.mode.value}-{run.request.world_size}"
+            kind = f"generate-{run.request.mode.value}{'-cfg' if run.request.cfg_parallel else ''}-{run.request.world_size}"
             folder = outputs.folder(job.output, kind=kind, need_bytes=output_bytes(run, job.save_latents), overwrite=job.overwrite)
             bench = outputs.file(job.benchmark, flag="--benchmark") if job.benchmark is not None else None
         outcomes = execute(run, on_step)

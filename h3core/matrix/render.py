@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 from h3core.generate.profile import COLLECTIVES
-from h3core.matrix.report import CHART_NAME, CellStatus, MatrixCell, MatrixReport
+from h3core.matrix.report import CHART_NAME, CellStatus, MatrixCell, MatrixReport, cell_name, mode_label
 from h3core.parallel.plan import Mode
 from h3core.reports.units import format_bytes
 
@@ -48,7 +48,7 @@ def summary_rows(report: MatrixReport) -> list[list[str]]:
     rows = []
     for c in report.cells:
         rows.append([
-            c.mode.value, str(c.count), _status(c), _seconds(c.sampling_seconds), _seconds(c.step_seconds), _number(c.speedup, ".2f"),
+            mode_label(c.mode, c.cfg_parallel), str(c.count), _status(c), _seconds(c.sampling_seconds), _seconds(c.step_seconds), _number(c.speedup, ".2f"),
             _number(c.efficiency, ".0%"), format_bytes(c.peak_memory_bytes), format_bytes(c.weight_bytes_per_rank),
             format_bytes(c.comm_bytes), *_parity_columns(c),
         ])
@@ -64,6 +64,7 @@ SPLIT_COLUMNS = (
 scales; the gap to the cell's speedup is what collectives and the rest cost."""
 
 _SPLIT_KINDS = ("attention", "nvfp4_linears", "seq_to_head", "head_to_seq", "gather_rows", "reduce_scatter_rows")
+"""Categories with a column of their own; the other collectives (repartition, cfg_exchange, broadcast) add up in `other coll.`."""
 
 
 def _compute_seconds(split: dict[str, float]) -> float:
@@ -86,7 +87,7 @@ def split_rows(report: MatrixReport) -> list[list[str]]:
         compute = _compute_seconds(c.split)
         speedup = baseline[c.mode] / compute if baseline.get(c.mode) and compute > 0 else None
         rows.append([
-            c.mode.value, str(c.count), _seconds(step), *(cell(c.split.get(k, 0.0)) for k in _SPLIT_KINDS),
+            mode_label(c.mode, c.cfg_parallel), str(c.count), _seconds(step), *(cell(c.split.get(k, 0.0)) for k in _SPLIT_KINDS),
             cell(other), cell(c.split.get("rest", 0.0)), _number(speedup, ".2f"),
         ])
     return rows
@@ -118,7 +119,7 @@ def notes(report: MatrixReport) -> list[str]:
     """Lines below the table: why cells were skipped or failed, unmeasured parity, the identity check."""
     lines = []
     for c in report.cells:
-        name = f"{c.mode.value} x{c.count}"
+        name = cell_name(c)
         if c.reason:
             lines.append(f"{name} {c.status.value}: {c.reason}")
         if c.parity_error:
@@ -151,8 +152,8 @@ def markdown(report: MatrixReport) -> str:
 
 
 
-def _series(report: MatrixReport, mode: Mode, value) -> tuple[list[int], list[float]]:
-    cells = [c for c in report.cells if c.mode is mode and c.status is CellStatus.OK and value(c) is not None]
+def _series(report: MatrixReport, mode: Mode, value, cfg_parallel: bool = False) -> tuple[list[int], list[float]]:
+    cells = [c for c in report.cells if c.mode is mode and c.cfg_parallel == cfg_parallel and c.status is CellStatus.OK and value(c) is not None]
     return [c.count for c in cells], [value(c) for c in cells]
 
 
@@ -180,8 +181,8 @@ _MARKERS = ("o", "s", "^", "D")
 
 def _speedup_panel(ax, report: MatrixReport, counts: list[int]) -> None:
     ax.plot(counts, counts, linestyle="--", color="grey", label="ideal (linear)")
-    for mode, marker in zip(report.request.modes, _MARKERS):
-        ax.plot(*_series(report, mode, lambda c: c.speedup), marker=marker, label=mode.value)
+    for (mode, cfg), marker in zip(_lines(report), _MARKERS * 2):
+        ax.plot(*_series(report, mode, lambda c: c.speedup, cfg), marker=marker, linestyle=":" if cfg else "-", label=mode_label(mode, cfg))
     ax.set(title="speedup vs the mode's 1-rank run", xlabel="ranks", ylabel="speedup (x)", xticks=counts)
     _finish(ax)
 
@@ -189,10 +190,16 @@ def _speedup_panel(ax, report: MatrixReport, counts: list[int]) -> None:
 def _memory_panel(ax, report: MatrixReport, counts: list[int]) -> None:
     peak = max((c.peak_memory_bytes or 0 for c in report.cells), default=0)
     unit, scale = ("GiB", 2**30) if peak >= 2 * 2**30 else ("MiB", 2**20)
-    for mode, marker in zip(report.request.modes, _MARKERS):
-        ax.plot(*_series(report, mode, lambda c: c.peak_memory_bytes / scale if c.peak_memory_bytes is not None else None), marker=marker, label=mode.value)
+    for (mode, cfg), marker in zip(_lines(report), _MARKERS * 2):
+        memory = lambda c: c.peak_memory_bytes / scale if c.peak_memory_bytes is not None else None  # noqa: E731
+        ax.plot(*_series(report, mode, memory, cfg), marker=marker, linestyle=":" if cfg else "-", label=mode_label(mode, cfg))
     ax.set(title=f"peak memory per rank (largest rank)\n{report.peak_memory_kind}", xlabel="ranks", ylabel=unit, xticks=counts)
     _finish(ax)
+
+
+def _lines(report: MatrixReport) -> list[tuple[Mode, bool]]:
+    """One line per mode, and per mode again for its CFG-parallel cells."""
+    return [(m, False) for m in report.request.modes] + ([(m, True) for m in report.request.modes] if report.request.cfg_parallel else [])
 
 
 def _finish(ax) -> None:
@@ -205,7 +212,7 @@ def _chart_title(report: MatrixReport) -> list[str]:
     s = report.shape
     lines = [f"h3 matrix · {report.preset} · {s.width}x{s.height}, {s.frames} frames, {s.steps} steps · {report.device_name}" if s else "h3 matrix"]
     lines.append(report.ranks_note + (" (speedups measure core sharing, not GPU scaling)" if report.device == "cpu" else ""))
-    failed = [f"{c.mode.value} x{c.count}" for c in report.cells if c.status is not CellStatus.OK]
+    failed = [cell_name(c) for c in report.cells if c.status is not CellStatus.OK]
     if failed:
         lines.append(f"not plotted (skipped or failed): {', '.join(failed)}")
     return lines

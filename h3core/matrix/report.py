@@ -34,6 +34,7 @@ class MatrixCell(BaseModel):
 
     mode: Mode
     count: int
+    cfg_parallel: bool = Field(False, description="A CFG-parallel cell (--cfg-parallel): two halves of count/2 ranks in `mode`, compared with the mode's 1-rank cell.")
     requested: bool = Field(description="False for a 1-rank baseline that runs although 1 was not asked for.")
     status: CellStatus
     reason: str | None = Field(None, description="Why it was skipped, or the error it failed with.")
@@ -48,6 +49,7 @@ class MatrixCell(BaseModel):
     comm_bytes: int | None = Field(None, description="Bytes sent through collectives, all ranks together.")
     parity: LatentParity | None = Field(None, description="Latents vs one rank of the same mode (None for the 1-rank cell).")
     parity_error: str | None = Field(None, description="Why parity could not be measured.")
+    layout: str | None = Field(None, description="The run's rank layout in words (replicas x CFG halves x ranks per sequence).")
     split: dict[str, float] | None = Field(None, description="With profiling: seconds per step by category (attention, nvfp4_linears, each collective, rest, step), steps after the first, mean over ranks.")
     report: str | None = Field(None, description="The cell's own report.json.")
 
@@ -82,8 +84,8 @@ class MatrixReport(BaseModel):
     files: MatrixFiles | None = None
     versions: Versions
 
-    def cell(self, mode: Mode, count: int) -> MatrixCell | None:
-        return next((c for c in self.cells if c.mode is mode and c.count == count), None)
+    def cell(self, mode: Mode, count: int, cfg_parallel: bool = False) -> MatrixCell | None:
+        return next((c for c in self.cells if c.mode is mode and c.count == count and c.cfg_parallel == cfg_parallel), None)
 
     def problems(self) -> list[str]:
         """Every failed cell, failed or unmeasured parity, and a 1-rank identity that does not hold."""
@@ -101,8 +103,18 @@ class MatrixReport(BaseModel):
         return CheckFailed(f"{len(problems)} problem(s) in the matrix: {'; '.join(problems)}{where}")
 
 
+def cell_name(c: "MatrixCell") -> str:
+    """'ulysses x4', 'tensor+cfg x8'."""
+    return f"{mode_label(c.mode, c.cfg_parallel)} x{c.count}"
+
+
+def mode_label(mode: Mode, cfg_parallel: bool) -> str:
+    """The mode column: 'ulysses', or 'ulysses+cfg' for a CFG-parallel cell."""
+    return mode.value + ("+cfg" if cfg_parallel else "")
+
+
 def _cell_problems(c: MatrixCell) -> list[str]:
-    name = f"{c.mode.value} x{c.count}"
+    name = cell_name(c)
     if c.status is CellStatus.FAILED:
         return [f"{name} failed: {c.reason}"]
     if c.parity_error:

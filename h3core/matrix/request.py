@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from h3core import settings
 from h3core.generate.request import GenerateRequest
+from h3core.errors import LayoutError
+from h3core.parallel.layout import CFG_NEEDS_GUIDANCE
 from h3core.parallel.plan import Mode
 from h3core.reports.outputs import default_folder
 from h3core.runtime import device as dev
@@ -23,6 +25,7 @@ class MatrixRequest(BaseModel):
 
     counts: list[int] = Field(description="Rank counts asked for, ascending; the 1-rank baseline runs even when 1 is not among them.")
     modes: list[Mode] = Field(description="Distributed modes, in the order they run.")
+    cfg_parallel: bool = Field(False, description="Also run each mode with CFG parallel at every requested even count (needs guidance).")
     template: GenerateRequest = Field(description="Settings every cell shares; each cell sets its own mode and world_size.")
     save_latents: bool = Field(description="Write each cell's latents.safetensors (H3_SAVE_LATENTS=0: reports only).")
     output: Path = Field(description="Folder of matrix.json/.md/.png and one subfolder per cell.")
@@ -40,16 +43,19 @@ class MatrixRequest(BaseModel):
         output: Path | None = None,
         benchmark: Path | None = None,
         overwrite: bool = False,
+        cfg_parallel: bool = False,
     ) -> "MatrixRequest":
         """Apply flag > variable > default (`h3core.settings`) to every setting; resolve the template's
         device and its checkpoint and text encoder paths (H3_MODEL_PATH, H3_TEXT_ENCODER_PATH)."""
+        if cfg_parallel and template.guidance_scale == 1.0:
+            raise LayoutError(CFG_NEEDS_GUIDANCE)
         names = settings.mode_names(modes, [m.value for m in Mode], [m.value for m in DEFAULT_MODES])
         template = template.model_copy(update={
             "device": dev.resolve_device(template.device), "world_size": 1,
             "model_path": settings.model_path(template.model_path), "text_encoder_path": settings.text_encoder_path(template.text_encoder_path),
         })
         return cls(
-            overwrite=overwrite,
+            overwrite=overwrite, cfg_parallel=cfg_parallel,
             counts=settings.rank_counts(counts, DEFAULT_COUNTS),
             modes=[Mode(name) for name in names],
             template=template,

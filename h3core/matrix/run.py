@@ -17,7 +17,7 @@ from h3core.generate.request import ResolvedRun
 from h3core.generate.run import execute, one_rank_latents
 from h3core.matrix.cells import PlannedCell, plan_cells
 from h3core.matrix.files import write_matrix_files
-from h3core.matrix.report import REPORT_NAME, SINGLE_STEP_NOTE, CellStatus, MatrixCell, MatrixProgress, MatrixReport, ProgressCallback
+from h3core.matrix.report import REPORT_NAME, SINGLE_STEP_NOTE, CellStatus, cell_name, MatrixCell, MatrixProgress, MatrixReport, ProgressCallback
 from h3core.matrix.request import MatrixRequest
 from h3core.matrix.summary import initial_cell, ranks_note, steady_step_seconds, summarise
 from h3core.parallel.plan import Mode
@@ -108,7 +108,8 @@ class _Matrix:
 
     def _run_cell(self, planned: PlannedCell, run: ResolvedRun) -> MatrixCell:
         mode, count, threads = planned.mode, planned.count, self._threads(planned.count)
-        self.bar.start(f"{mode.value} x{count}")
+        name = cell_name(initial_cell(planned))
+        self.bar.start(name)
         try:
             # One rank runs in this process: give it the thread count launch gives a lone rank.
             with dev.cpu_threads(threads) if threads and count == 1 else nullcontext():
@@ -127,7 +128,7 @@ class _Matrix:
         parity_error = None
         if count > 1:
             report.parity, parity_error = self._parity(run, latents, threads, outcomes[0].nvfp4_paths)
-        write_outputs(report, outcomes[0], self.folder, self.request.save_latents, None, under=f"{mode.value}-{count}")
+        write_outputs(report, outcomes[0], self.folder, self.request.save_latents, None, under=name.replace("+", "-").replace(" x", "-"))
         return summarise(planned, report, threads, self.baseline_seconds.get(mode), parity_error)
 
     # -- parity ---------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def ranks_note(device: str, visible_gpus: int) -> str:
 def initial_cell(planned: PlannedCell) -> MatrixCell:
     """A cell's row before it runs: pending, or skipped with the reason."""
     status = CellStatus.SKIPPED if planned.run is None else CellStatus.PENDING
-    return MatrixCell(mode=planned.mode, count=planned.count, requested=planned.requested, status=status, reason=planned.skip)
+    return MatrixCell(mode=planned.mode, count=planned.count, cfg_parallel=planned.cfg_parallel, requested=planned.requested, status=status, reason=planned.skip)
 
 
 def summarise(planned: PlannedCell, report: RunReport, threads: int | None, baseline_seconds: float | None, parity_error: str | None) -> MatrixCell:
@@ -44,7 +44,8 @@ def summarise(planned: PlannedCell, report: RunReport, threads: int | None, base
     step = steady_step_seconds(report.step_seconds)
     speedup, efficiency = scaling(baseline_seconds, step, planned.count)
     return MatrixCell(
-        mode=planned.mode, count=planned.count, requested=planned.requested, status=CellStatus.OK,
+        mode=planned.mode, count=planned.count, cfg_parallel=planned.cfg_parallel, requested=planned.requested, status=CellStatus.OK,
+        layout=report.partition.layout.describe(),
         ranks_on=report.ranks_on, threads_per_rank=threads, sampling_seconds=report.timings.get("sampling", 0.0),
         step_seconds=step, speedup=speedup, efficiency=efficiency,
         peak_memory_bytes=max(r.peak_memory_sampling_bytes for r in report.ranks),

@@ -14,6 +14,8 @@ balanced row split); index `i` of a spans list belongs to rank `i` of `group`. `
   and k there, only v is copied) and `exchange_blocks` sends them.
 - `gather_rows`: ragged all-gather. Gloo and NCCL gather equal sizes only, so every rank pads its
   rows to the longest share; the padding is cut off before the result is returned.
+- `exchange_halves`: CFG parallel's one exchange per step between the two halves of a group (each
+  rank gets the other half's values of its own rows; only overlapping row ranges move).
 - `reduce_scatter_rows`: ragged reduce-scatter of row partials. An `all_to_all_single` hands every
   rank the partials of its own rows from all ranks (the same bytes a ring reduce-scatter moves),
   then they are summed locally in rank order: `((p_0 + p_1) + p_2) + ... + p_{W-1}`, in float32
@@ -52,6 +54,7 @@ HEAD_TO_SEQ = "head_to_seq"
 GATHER_ROWS = "gather_rows"
 REDUCE_SCATTER_ROWS = "reduce_scatter_rows"
 REPARTITION_ROWS = "repartition_rows"
+CFG_EXCHANGE = "cfg_exchange"
 BROADCAST = "broadcast"
 
 
@@ -463,6 +466,68 @@ def repartition_rows(
     dist.all_to_all_single(out.view(-1), x.contiguous().view(-1), recv_sizes, send_sizes, group=group)
     _record(stats, REPARTITION_ROWS, send_sizes, recv_sizes, rank, x.element_size())
     return out
+
+
+HalfPart = tuple[torch.Tensor, Sequence[Span], Sequence[Span]]
+"""One tensor of `exchange_halves`: (x, own, other): x [n_loc, *F] holds rows `own[local]` of a tensor
+that this rank's half splits as `own` and the other half as `other` (both spans cover the same rows)."""
+
+
+@_timed_as(CFG_EXCHANGE)
+def exchange_halves(parts: Sequence[HalfPart], group: dist.ProcessGroup | None, stats: CommStats | None = None) -> list[torch.Tensor]:
+    """CFG parallel's exchange: for each part, the OTHER half's values of this rank's rows own[local].
+
+    `group` has 2N ranks, two halves of N: group rank `b * N + l` is local rank `l` of half `b`.
+    Peer `j` of the other half sends the rows `other[j] ∩ own[l]` it holds; together they tile
+    `own[l]`, in order. One all-to-all carries every part (per peer, each part's rows flattened, in
+    part order; the parts share a dtype); nothing moves within a half. Returns [n_loc, *F] per part.
+    """
+    rank, size = group_rank_and_size(group)
+    if size < 2 or size % 2:
+        raise ValueError(f"exchange_halves needs a group of two equal halves, got {size} rank(s)")
+    n = size // 2
+    half, local = divmod(rank, n)
+    peers = range((1 - half) * n, (2 - half) * n)  # the other half's group ranks, local order
+    for x, own, other in parts:
+        covered = _check_spans(own, n, "own row", allow_empty=True)
+        if _check_spans(other, n, "other row", allow_empty=True) != covered or x.shape[0] != len(own[local]):
+            raise ValueError(f"exchange_halves: x {tuple(x.shape)} is not rows {own[local]} of a split both halves cover")
+    send = torch.cat([piece.reshape(-1) for j in range(n) for piece in _rows_for(parts, local, j)])
+    send_sizes, recv_sizes = [0] * size, [0] * size
+    for j, peer in enumerate(peers):
+        send_sizes[peer] = sum(own[local].overlap(other[j]) * _row_numel(x) for x, own, other in parts)
+        recv_sizes[peer] = sum(other[j].overlap(own[local]) * _row_numel(x) for x, own, other in parts)
+    recv = send.new_empty(sum(recv_sizes))
+    dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=group)
+    _record(stats, CFG_EXCHANGE, send_sizes, recv_sizes, rank, send.element_size())
+    return _unpack_halves(recv, parts, local, n)
+
+
+def _row_numel(x: torch.Tensor) -> int:
+    return math.prod(x.shape[1:])
+
+
+def _rows_for(parts: Sequence[HalfPart], local: int, j: int) -> list[torch.Tensor]:
+    """The rows of each part this rank sends to the other half's local rank `j`: own[local] ∩ other[j]."""
+    pieces = []
+    for x, own, other in parts:
+        mine, theirs = own[local], other[j]
+        start, stop = max(mine.start, theirs.start), min(mine.stop, theirs.stop)
+        pieces.append(x[start - mine.start : max(start, stop) - mine.start])
+    return pieces
+
+
+def _unpack_halves(recv: torch.Tensor, parts: Sequence[HalfPart], local: int, n: int) -> list[torch.Tensor]:
+    """Split the received buffer (peer-major, then part) into each part's rows own[local], in order."""
+    pieces: list[list[torch.Tensor]] = [[] for _ in parts]
+    offset = 0
+    for j in range(n):
+        for index, (x, own, other) in enumerate(parts):
+            rows = other[j].overlap(own[local])
+            numel = rows * _row_numel(x)
+            pieces[index].append(recv[offset : offset + numel].view(rows, *x.shape[1:]))
+            offset += numel
+    return [p[0] if len(p) == 1 else torch.cat(p) for p in pieces]
 
 
 @_timed_as(BROADCAST)

@@ -15,9 +15,10 @@ resolved run, and every rank consumes it (torchtitan's `ParallelDims` is the mod
 `h3 plan` prints this object, a run's report carries it as `partition`, and each rank's report
 records the spans and shards it actually used (`RankUsage`), so the three can be compared.
 
-One axis today: the plan's ranks are the ranks of one group (the world) that share a sequence or
-the weights. More mesh axes (classifier-free-guidance halves, replica groups) become an outer
-layout of such groups; `ranks` then describe one group and the runtime is given that group.
+The plan describes ONE group of ranks that share a sequence or the weights (`world_size` of them:
+the layout's degree). How the run's ranks form such groups (replicas x CFG halves x degree) is its
+`layout` (`h3core.parallel.layout.RankLayout`); every group runs this same partition, and each
+rank's runtime is given its own group's process group.
 """
 
 from __future__ import annotations
@@ -25,17 +26,16 @@ from __future__ import annotations
 from enum import Enum
 from typing import Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from h3core import settings
+from h3core.errors import PartitionError
 from h3core.model.config import ModelConfig, preset
 from h3core.model.sequence import Segment
 from h3core.nvfp4.layout import ColumnSlice
 from h3core.parallel import partition
+from h3core.parallel.layout import SEQUENCE_NAMES, RankLayout
 from h3core.span import Span
-
-SEQUENCE_NAMES = ("prompt", "negative prompt")
-"""The packed sequences of a run, in order: the prompt's, and guidance's negative prompt's."""
 
 
 class Mode(str, Enum):
@@ -92,7 +92,7 @@ class WeightBytes(BaseModel):
 class ParallelPlan(BaseModel):
     model_config = ConfigDict(frozen=True)
     mode: Mode
-    world_size: int
+    world_size: int = Field(description="Ranks of one group that share a sequence (the layout's degree); the run's world is `layout.world_size`.")
     preset: str
     num_heads: int
     head_dim: int
@@ -104,11 +104,34 @@ class ParallelPlan(BaseModel):
     ranks: list[RankPlan]
     weights: WeightBytes | None = None
     sequences: list[SequencePlan] = Field(default_factory=list, description="Every packed sequence of the run: the prompt's, then guidance's negative prompt's.")
+    layout: RankLayout = Field(description="How the run's ranks form groups of `world_size`: replicas x CFG halves x degree, and the groups.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_group_by_default(cls, data: object) -> object:
+        """A plan without a layout (built for one group, or read from a report written before
+        layouts existed) is one group: the world is its ranks."""
+        if isinstance(data, dict) and data.get("layout") is None and "world_size" in data:
+            guided = len(data.get("sequences") or []) > 1
+            data = {**data, "layout": RankLayout(degree=data["world_size"], guided=guided)}
+        return data
+
+    @classmethod
+    def for_layout(cls, config: ModelConfig, layout: RankLayout, mode: Mode, *sequences: list[Segment]) -> "ParallelPlan":
+        """The plan of a run laid out as `layout`: the partition of one group of `layout.degree` ranks
+        (a `PartitionError` then names the layout: the count it speaks of is one group's)."""
+        try:
+            plan = cls.build(config, layout.degree, mode, *sequences)
+        except PartitionError as err:
+            if layout.degree == layout.world_size:
+                raise
+            raise PartitionError(f"{err} per group ({layout.describe()})") from err
+        return plan.model_copy(update={"layout": layout})
 
     @classmethod
     def build(cls, config: ModelConfig, world_size: int, mode: Mode, *sequences: list[Segment]) -> "ParallelPlan":
-        """Apply the partition contract to each of the run's `sequences` (the prompt's first); raise
-        `PartitionError` for any empty or misaligned part."""
+        """Apply the partition contract to each of the run's `sequences` (the prompt's first) for one
+        group of `world_size` ranks; raise `PartitionError` for any empty or misaligned part."""
         heads = partition.head_spans(config.num_heads, world_size)
         splits = [_sequence_plan(name, segments, world_size) for name, segments in zip(SEQUENCE_NAMES, sequences)]
         shards = _tensor_shards(config, heads) if mode is Mode.TENSOR else [None] * world_size
@@ -126,15 +149,18 @@ class ParallelPlan(BaseModel):
 
     @classmethod
     def for_preset(cls, name: str, count: int | None, mode: Mode, *, width: int | None = None, height: int | None = None,
-                   frames: int | None = None, text_tokens: int | None = None) -> "ParallelPlan":
+                   frames: int | None = None, text_tokens: int | None = None, cfg_parallel: bool = False, replicas: int = 1) -> "ParallelPlan":
         """`h3 plan`: the plan of preset `name` at `count` ranks (None: H3_WORLD_SIZE, else every
-        visible GPU, else 1) for a prompt of `text_tokens` tokens (None: the preset's)."""
+        visible GPU, else 1) for a prompt of `text_tokens` tokens (None: the preset's), laid out as
+        `replicas` groups (of two CFG halves with `cfg_parallel`: the layout then assumes guidance)."""
         from h3core.runtime.device import visible_gpu_count
 
         cfg = preset(name)
         tokens = cfg.text_tokens if text_tokens is None else text_tokens
         segments = cfg.segments(width or cfg.width, height or cfg.height, frames or cfg.frames, tokens)
-        return cls.build(cfg, settings.world_size(count, visible_gpu_count), mode, segments)
+        world = settings.world_size(count, visible_gpu_count)
+        layout = RankLayout.of(world, cfg_parallel=cfg_parallel, replicas=replicas, guided=cfg_parallel)
+        return cls.for_layout(cfg, layout, mode, segments)
 
     @property
     def head_spans(self) -> list[Span]:

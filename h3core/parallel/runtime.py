@@ -3,8 +3,11 @@ head spans, the token spans of the sequence being processed, the byte counters o
 they call, the NVFP4 activation-scale agreement of the linears whose input the ranks split, and a
 record of the spans and shards this rank really used (`RankUsage`, in the run's report).
 
-The group is whatever group the plan's ranks form (today the world's; a sub-group for a later
-mesh axis): every collective here takes it from the runtime, never the world group.
+The group is the process group of the plan's ranks: the run's whole world when its layout is one
+group, else this rank's sequence group (`h3core.parallel.layout.RankGroups`); every collective
+here takes it from the runtime, never the world group. With CFG parallel the runtime also carries
+this rank's half (`cfg`): its branch and the group of both halves, which the loop's one exchange
+per step uses.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from h3core.model.sequence import SegmentKind
 from h3core.parallel.collectives import CommStats, gather_rows
+from h3core.parallel.layout import CfgHalf
 from h3core.parallel.plan import ParallelPlan, SequencePlan, TensorShards
 from h3core.span import Span
 
@@ -39,10 +43,11 @@ class RankUsage(BaseModel):
 class ParallelRuntime:
     """One rank's view of a `ParallelPlan`: see the module docstring."""
 
-    def __init__(self, plan: ParallelPlan, rank: int, group: Any):
+    def __init__(self, plan: ParallelPlan, rank: int, group: Any, cfg: CfgHalf | None = None):
         self.plan = plan
-        self.rank = rank
+        self.rank = rank  # within the group: the index into the plan's spans and shards
         self.group = group  # None at one rank: every collective is then the identity
+        self.cfg = cfg  # CFG parallel: this rank's branch and the group of both halves
         self.world_size = plan.world_size
         self.heads: list[Span] = plan.head_spans
         self.stats = CommStats()

@@ -1,10 +1,11 @@
 """What a task sees on one rank: `RankContext` (rank, world size, device, process group, progress),
-and sub-groups of its first ranks (one World can run checks at several counts)."""
+sub-groups of its first ranks (one World can run checks at several counts), and process groups of
+any list of its ranks (`subgroup`: the groups of a rank layout, `h3core.parallel.layout`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 if TYPE_CHECKING:
     import torch
@@ -44,22 +45,46 @@ class RankContext:
             return self
         if not 1 <= size <= self.world_size:
             raise ValueError(f"cannot take {size} ranks of a world of {self.world_size}")
-        group = _first_ranks_group(self.group, size)
+        group = self.subgroup(range(size))
         if self.rank >= size:
             return None
-        return replace(self, world_size=size, group=group if size > 1 else None, backend=self.backend if size > 1 else "none")
+        return replace(self, world_size=size, group=group, backend=self.backend if size > 1 else "none")
+
+    def subgroup(self, ranks: Iterable[int]) -> "dist.ProcessGroup | None":
+        """The process group of `ranks` (ranks of this context, ascending): None for a single rank,
+        this context's own group for all of its ranks.
+
+        Creating a group is collective over the whole World: every process of it must call this
+        for the same rank lists in the same order, also those not in the list (as `first_ranks`
+        does). Groups are cached per World by their global ranks, so a group created once on every
+        process (e.g. on the World's 8 ranks before taking `first_ranks(6)`) is found again, with no
+        collective, by a sub-context of fewer ranks.
+        """
+        ranks = list(ranks)
+        if len(ranks) <= 1:
+            return None
+        if ranks == list(range(self.world_size)):
+            return self.group
+        if ranks[-1] >= self.world_size or ranks != sorted(set(ranks)):
+            raise ValueError(f"ranks {ranks} are not distinct ranks of a world of {self.world_size}, ascending")
+        return _group_of(tuple(_global_rank(self.group, r) for r in ranks))
 
 
-_SUBGROUPS: dict[tuple[int, int], Any] = {}
+_SUBGROUPS: dict[tuple[int, ...], Any] = {}
 
 
-def _first_ranks_group(parent: "dist.ProcessGroup | None", size: int) -> "dist.ProcessGroup | None":
+def _global_rank(group: "dist.ProcessGroup | None", rank: int) -> int:
     import torch.distributed as dist
 
-    key = (id(parent), size)
-    if key not in _SUBGROUPS:
-        _SUBGROUPS[key] = dist.new_group(ranks=list(range(size))) if size > 1 else None
-    return _SUBGROUPS[key]
+    return rank if group is None or group is dist.group.WORLD else dist.get_global_rank(group, rank)
+
+
+def _group_of(global_ranks: tuple[int, ...]) -> "dist.ProcessGroup":
+    import torch.distributed as dist
+
+    if global_ranks not in _SUBGROUPS:
+        _SUBGROUPS[global_ranks] = dist.new_group(ranks=list(global_ranks))
+    return _SUBGROUPS[global_ranks]
 
 
 def leave_group() -> None:

@@ -71,6 +71,9 @@ def test_benchmark_env_writes_a_copy_of_the_report(tmp_path, cache):
         (["tensor", "2", "--gpus", "4"], "given twice"),
         (["--width", "100"], "not a multiple of 32"),
         (["--device", "cuda"], "CUDA"),
+        (["ulysses", "4", "--cfg-parallel"], "--cfg-parallel needs guidance: give --guidance > 1"),
+        (["ulysses", "3", "--cfg-parallel", "--guidance", "3"], "3 is odd: give an even rank count"),
+        (["tensor", "18", "--cfg-parallel", "--guidance", "3"], "8 attention heads over 9 ranks"),
     ],
 )
 def test_user_errors_are_one_line_exit_2_and_write_nothing(h3, tmp_path, args, needle):

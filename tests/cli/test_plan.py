@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from commands import one_line
+from commands import one_line, run_main
 from h3cli.main import app
 from h3core.errors import PartitionError
 
@@ -75,3 +75,26 @@ def test_plan_reports_model_size_and_weights_per_rank():
     # 56 heads and 672 FC blocks over 6 ranks: ranks 0-1 own 10 heads, the others 9
     assert shares[0] == shares[1] > shares[2] == shares[5]
     assert 1 / 6 * 0.97 < shares[5] < 1 / 6 < shares[0] < 1.05 / 6
+
+
+def test_plan_shows_the_layout_groups_with_cfg_parallel_and_replicas():
+    result = runner.invoke(app, ["plan", "8", "--cfg-parallel", "--replicas", "2", "--preset", "narrow"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "world 8 = 2 replicas x 2 CFG halves x 2 ranks per sequence" in result.stdout
+    assert "6, 7" in result.stdout and "negative prompt (ulysses over 2)" in result.stdout
+    data = json.loads(runner.invoke(app, ["plan", "8", "--cfg-parallel", "--replicas", "2", "--preset", "narrow", "--json"]).stdout)
+    assert data["world_size"] == 2 and data["layout"]["world_size"] == 8  # the partition is one group's; the layout the world's
+    assert [(g["replica"], g["branch"], g["ranks"], g["runs"]) for g in data["layout"]["groups"]] == [
+        (0, 0, [0, 1], ["prompt"]), (0, 1, [2, 3], ["negative prompt"]), (1, 0, [4, 5], ["prompt"]), (1, 1, [6, 7], ["negative prompt"]),
+    ]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["3", "--cfg-parallel"], "3 is odd"),
+    (["6", "--replicas", "4"], "6 ranks do not split into 4 replica groups"),
+    (["18", "--cfg-parallel", "--preset", "tiny"], "use at most 8 ranks per group (world 18 = 1 replica x 2 CFG halves x 9 ranks"),
+])
+def test_plan_refuses_a_layout_that_does_not_split_in_one_line(capsys, args, needle):
+    code, _, err = run_main(capsys, "plan", *args)
+    assert code == 2
+    assert needle in one_line(err)

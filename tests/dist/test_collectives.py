@@ -10,6 +10,7 @@ import torch
 from h3core.parallel.collectives import (
     CommStats,
     broadcast_tensors,
+    exchange_halves,
     gather_rows,
     head_to_seq,
     reduce_scatter_rows,
@@ -79,6 +80,23 @@ def _repartition(ctx, size, num_rows, shift):
     full = _full(21, (num_rows, 3), "fp32")
     mine = source[sub.rank]
     return repartition_rows(full[mine.start : mine.stop], source, target, sub.group, CommStats())
+
+
+def _exchange_halves(ctx, size):
+    """Half b holds rows of two tensors (widths 3 and 2) in its own split; half 0's values are +0, half 1's +100."""
+    sub = ctx.first_ranks(size)
+    if sub is None:
+        return None
+    n, rows = size // 2, (3 * size + 1, size - 1)
+    half, local = divmod(sub.rank, n)
+    splits = [(balanced_spans(r, n), _shifted_spans(r, n, 1)) for r in rows]  # half 0 splits as [0], half 1 as [1]
+    parts = []
+    for index, (r, split) in enumerate(zip(rows, splits)):
+        mine = split[half][local]
+        full = _full(41 + index, (r, 3 - index), "fp32") + 100 * half
+        parts.append((full[mine.start : mine.stop], split[half], split[1 - half]))
+    stats = CommStats()
+    return exchange_halves(parts, sub.group, stats), stats
 
 
 def _broadcast(ctx, size):
@@ -182,6 +200,20 @@ def test_repartition_rows_moves_rows_to_the_other_split(world8, size, shift):
     full = _full(21, (num_rows, 3), "fp32")
     for rank, span in enumerate(_shifted_spans(num_rows, size, shift)):
         assert torch.equal(results[rank], full[span.start : span.stop])  # some targets are empty
+
+
+@pytest.mark.parametrize("size", [2, 6])
+def test_exchange_halves_gives_every_rank_the_other_halfs_rows_in_one_call(world8, size):
+    n, rows = size // 2, (3 * size + 1, size - 1)
+    for rank, (got, stats) in enumerate(world8.run(_exchange_halves, size)[:size]):
+        half, local = divmod(rank, n)
+        for index, r in enumerate(rows):
+            mine = (balanced_spans(r, n), _shifted_spans(r, n, 1))[half][local]
+            other = _full(41 + index, (r, 3 - index), "fp32") + 100 * (1 - half)
+            assert torch.equal(got[index], other[mine.start : mine.stop])  # some ranks hold no rows of a part
+        assert stats.kinds["cfg_exchange"].calls == 1
+        assert stats.kinds["cfg_exchange"].bytes_received == sum(len(s[half][local]) * (3 - i) * 4 for i, s in enumerate(
+            (balanced_spans(r, n), _shifted_spans(r, n, 1)) for r in rows))
 
 
 @pytest.mark.parametrize("size", [2, 8])

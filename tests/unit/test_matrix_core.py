@@ -17,6 +17,8 @@ from h3core.matrix.report import SINGLE_STEP_NOTE, CellStatus, MatrixCell, Matri
 from h3core.matrix.request import MatrixRequest
 from h3core.matrix.run import _Bar
 from h3core.matrix.summary import scaling, steady_step_seconds, summarise
+from h3core.errors import LayoutError
+from h3core.parallel.layout import RankLayout
 from h3core.parallel.plan import Mode
 from h3core.reports.schema import Versions
 from h3core.reports.units import format_bytes
@@ -157,6 +159,19 @@ def test_counts_the_partition_rejects_are_skipped_with_its_message():
     assert planned[1].run is None and "9" in planned[1].skip and "head" in planned[1].skip
 
 
+def test_cfg_cells_follow_each_mode_and_counts_that_cannot_split_are_skipped_with_the_reason():
+    template = GenerateRequest(device="cpu", preset="tiny", steps=1, guidance_scale=3.0)
+    request = MatrixRequest(counts=[2, 3, 18], modes=[Mode.TENSOR], template=template, save_latents=False, output=Path("unused"), cfg_parallel=True)
+    planned = plan_cells(request, visible_gpus=0)
+    assert [(p.count, p.cfg_parallel, p.run is not None) for p in planned] == [
+        (1, False, True), (2, False, True), (3, False, True), (18, False, False), (2, True, True), (3, True, False), (18, True, False),
+    ]
+    assert planned[4].run.plan.layout.cfg_parallel and planned[4].run.plan.world_size == 1
+    assert "3 is odd" in planned[5].skip and "per group (world 18 = 1 replica x 2 CFG halves x 9" in planned[6].skip
+    with pytest.raises(LayoutError, match="--cfg-parallel needs guidance"):
+        MatrixRequest.build(GenerateRequest(device="cpu"), output=Path("unused"), cfg_parallel=True)
+
+
 def test_a_one_rank_cell_that_cannot_resolve_stops_the_matrix(monkeypatch):
     def reject(request):
         raise PartitionError("no")
@@ -287,9 +302,10 @@ def test_a_single_step_shows_no_step_time_speedup_or_efficiency_and_says_why():
     # One step is all warm-up: on 2 cores it once showed a 9.15x speedup and 457% efficiency.
     from h3core.generate.report import RunFiles
 
-    planned = PlannedCell(Mode.ULYSSES, 2, True, None, None)
+    planned = PlannedCell(Mode.ULYSSES, 2, False, True, None, None)
     run_report = SimpleNamespace(step_seconds=[0.9], timings={"sampling": 0.9}, ranks_on="2 CPU ranks (Gloo)", ranks=[], comm_total=SimpleNamespace(bytes_sent=0), parity=None, profile=None, files=RunFiles(directory="d", report="d/report.json", latents=None, preview=None))
     run_report.ranks = [SimpleNamespace(peak_memory_sampling_bytes=1, weights=SimpleNamespace(resident=1))]
+    run_report.partition = SimpleNamespace(layout=RankLayout(degree=2))
     cell = summarise(planned, run_report, 1, baseline_seconds=steady_step_seconds([5.0]), parity_error=None)
     assert cell.step_seconds is None and cell.speedup is None and cell.efficiency is None
     report = _report([cell]).model_copy(update={"scaling_note": SINGLE_STEP_NOTE})
