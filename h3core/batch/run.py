@@ -28,7 +28,8 @@ from h3core import settings
 from h3core.batch.plan import BatchJob, PlannedPrompt, check_flags, mark_complete, plan_prompts, to_run
 from h3core.batch.prompts import read_prompts
 from h3core.batch.report import REPORT_NAME, BatchProgress, BatchReport, ProgressCallback, PromptStatus
-from h3core.errors import H3Error, Interrupted
+from h3core.errors import H3Error, Interrupted, OutputError
+from h3core.files.paths import os_error_reason
 from h3core.generate.files import output_bytes, write_outputs
 from h3core.generate.report import RankOutcome, StepDone, build_report
 from h3core.generate.request import ResolvedRun
@@ -167,6 +168,8 @@ class _Batch:
             write_outputs(report, outcomes[0], folder, self.job.save_latents, None)
             folder.publish()
             folder.finish()
+        except OSError as err:
+            raise OutputError(f"cannot write {folder.path}: {os_error_reason(err)}; this prompt's folder was not written") from None
         finally:
             folder.discard()  # a no-op once published
         r = prompt.result
