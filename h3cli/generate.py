@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from h3cli import options
+from h3cli.batch import run_batch_command
 from h3cli.output import Output, progress_bar
 from h3core.errors import ConfigError
 from h3core.parallel.plan import Mode
@@ -127,6 +128,7 @@ def generate(
     parity: Annotated[bool, typer.Option("--parity", help="Also run one rank with the same seed and record the latent error (at 1 rank: vs the other mode).")] = False,
     overwrite: options.Overwrite = False,
     profile: Annotated[bool, typer.Option("--profile", help="Split each step's time per rank: attention, NVFP4 linears, each collective, the rest (table and report).")] = False,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Many prompts, one load: a text file (one prompt per line) or JSONL (prompt, negative_prompt, seed, width, height, frames, steps, guidance, name); the flags are every prompt's defaults. A folder per prompt and batch.json in --output; the same command again resumes.", show_default=False)] = None,
     json: options.Json = False,
 ) -> None:
     """Generate video + audio latents from a prompt, on one rank or across all of them."""
@@ -135,6 +137,8 @@ def generate(
 
     if mode_arg is not None and mode_arg not in (m.value for m in Mode):
         raise ConfigError(f"unknown mode {mode_arg!r}: the first argument is the mode, ulysses or tensor")
+    if prompts is not None:
+        _check_batch_flags(prompt, parity)
     job = GenerateJob.from_flags(
         count=_pick(count_arg, gpus, "the rank count"), device=device, output=output, save_latents=save_latents,
         benchmark=benchmark, parity=parity, overwrite=overwrite,
@@ -145,10 +149,20 @@ def generate(
         model_path=model, text_encoder_path=text_encoder, profile=profile,
     )
     out = Output(json)
+    if prompts is not None:
+        return run_batch_command(job, prompts, out)
     with progress_bar(out.err if json else out.console, *_BAR) as update:
         report = run_generate(job, on_step=lambda msg: update(completed=msg.step, total=msg.steps, description=f"{msg.seconds:.2f}s/step"))
     out.result(report, lambda console: render_run(report, console))
     out.exit_for(report)
+
+
+def _check_batch_flags(prompt: str | None, parity: bool) -> None:
+    """What `--prompts` cannot take with it: each is one line, before anything runs."""
+    if prompt is not None:
+        raise ConfigError("--prompts and --prompt given together: put every prompt in the --prompts file, or give one --prompt")
+    if parity:
+        raise ConfigError("--parity runs with one prompt: run `h3 generate --prompt ... --parity` (a batch's prompts are each what `h3 generate` gives)")
 
 
 _BAR = (TextColumn("[bold]denoising"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())

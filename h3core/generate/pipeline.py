@@ -23,7 +23,7 @@ against at one rank: the same model, `parallelize` never called.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -45,6 +45,9 @@ from h3core.parallel.runtime import ParallelRuntime
 from h3core.parallel.tensor import block_linears
 from h3core.runtime import cpu_memory, device as dev
 from h3core.runtime.context import RankContext
+
+if TYPE_CHECKING:
+    from h3core.text import TextEncoder
 
 
 @dataclass
@@ -153,15 +156,26 @@ def encode_prompts(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime)
 
 
 def _encode_on_rank_zero(run: ResolvedRun, device: torch.device) -> tuple[list[torch.Tensor], dict]:
-    from h3core.text import load_text_encoder, release_text_encoder
+    from h3core.text import release_text_encoder
 
-    req, cfg = run.request, run.config
-    dtype = dev.compute_dtype(device.type, req.dtype)
-    encoder = load_text_encoder(req.text_encoder_path, hidden_size=cfg.text_dim, seed=0, device=device, dtype=dtype)
-    texts = [encoder.encode(p, cfg.max_text_tokens).float().cpu() for p in req.prompts]
+    encoder = open_text_encoder(run, device)
+    texts = encode_request(encoder, run)
     info = encoder.info.model_dump(mode="json")
     release_text_encoder(encoder)
     return texts, info
+
+
+def open_text_encoder(run: ResolvedRun, device: torch.device) -> "TextEncoder":
+    """The text encoder `run` names, loaded on `device` in the run's compute dtype."""
+    from h3core.text import load_text_encoder
+
+    dtype = dev.compute_dtype(device.type, run.request.dtype)
+    return load_text_encoder(run.request.text_encoder_path, hidden_size=run.config.text_dim, seed=0, device=device, dtype=dtype)
+
+
+def encode_request(encoder: "TextEncoder", run: ResolvedRun) -> list[torch.Tensor]:
+    """The float32 CPU hidden states of the request's prompts (the prompt's, then the negative prompt's)."""
+    return [encoder.encode(p, run.config.max_text_tokens).float().cpu() for p in run.request.prompts]
 
 
 def rank_generate(ctx: RankContext, run: ResolvedRun, load=RankPipeline.load) -> RankOutcome:  # type: ignore[no-untyped-def]
@@ -171,7 +185,7 @@ def rank_generate(ctx: RankContext, run: ResolvedRun, load=RankPipeline.load) ->
     texts, encoder_info, encode_seconds, peak_text = encode_prompts(ctx, run, runtime)
     pipeline = load(ctx, run, runtime)
     done = pipeline.denoise(run, texts, ctx.report)
-    return _outcome(ctx, run, runtime, pipeline, done, encoder_info, {"text_encode": encode_seconds, **pipeline.timings}, peak_text)
+    return rank_outcome(ctx, run, runtime, pipeline, done, encoder_info, {"text_encode": encode_seconds, **pipeline.timings}, peak_text)
 
 
 def rank_runtime(ctx: RankContext, run: ResolvedRun) -> ParallelRuntime:
@@ -189,8 +203,9 @@ def rank_runtime(ctx: RankContext, run: ResolvedRun) -> ParallelRuntime:
     return ParallelRuntime(run.plan, groups.coords.local, groups.sequence, groups.cfg_half)
 
 
-def _outcome(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, pipeline: RankPipeline, done: Denoised,
-             encoder_info: dict | None, timings: dict[str, float], peak_text: int) -> RankOutcome:
+def rank_outcome(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, pipeline: RankPipeline, done: Denoised,
+                 encoder_info: dict | None, timings: dict[str, float], peak_text: int) -> RankOutcome:
+    """What this rank sends back for one request (rank 0's carries the latents and the encoder's info)."""
     outcome = RankOutcome(
         rank=ctx.rank, timings={**timings, **done.timings}, step_seconds=done.step_seconds,
         peak_memory_text=peak_text, peak_memory_sampling=done.peak_memory, weights=pipeline.weights, comm=runtime.stats,

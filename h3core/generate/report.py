@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -122,6 +124,7 @@ class RunReport(BaseModel):
     cpu_allocator: str = "n/a"  # CPU runs: the ranks' allocator policy (h3core.runtime.cpu_memory)
     profile: RunProfile | None = None  # with --profile: per rank and step, where the time went
     files: RunFiles | None = None
+    request_fingerprint: str | None = Field(None, description="sha256 of the resolved request (`request_fingerprint`): equal for two runs of the same request; how `h3 generate --prompts` knows a result is complete.")
     versions: Versions
 
     def failure(self) -> CheckFailed | None:
@@ -131,6 +134,12 @@ class RunReport(BaseModel):
             return None
         where = f" (report: {self.files.report})" if self.files else ""
         return CheckFailed(f"latent parity failed: relative error {p.relative:.3g} > tolerance {p.tolerance:g} vs {p.reference}{where}")
+
+
+def request_fingerprint(run: ResolvedRun) -> str:
+    """sha256 of everything the resolved request decides (prompt, sizes, seed, guidance, mode, ranks,
+    dtype, attention, config, checkpoint path, plan): a changed prompt, seed or size changes it."""
+    return hashlib.sha256(run.model_dump_json().encode()).hexdigest()
 
 
 def ranks_on(world_size: int, device: str) -> str:
@@ -168,7 +177,7 @@ def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
         audio=TensorChecksum.of(first.audio) if first.audio is not None else None,
         cpu_allocator=first.cpu_allocator,
         profile=RunProfile.of([o.profile for o in outcomes]) if all(o.profile for o in outcomes) else None,
-        versions=Versions.collect(),
+        request_fingerprint=request_fingerprint(run), versions=Versions.collect(),
     )
 
 

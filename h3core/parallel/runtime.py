@@ -54,6 +54,12 @@ class ParallelRuntime:
         self.used = RankUsage()
         self._sequence: SequencePlan | None = None
 
+    def new_records(self) -> None:
+        """Start the records of one request: fresh collective counters and rows used (the heads and
+        shards stay: they are the loaded model's, the same for every request)."""
+        self.stats = CommStats()
+        self.used = self.used.model_copy(update={"tokens": {}})
+
     @property
     def tokens(self) -> list[Span]:
         """Token spans of every rank for the sequence being processed (set by `sequence`)."""

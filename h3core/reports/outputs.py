@@ -38,7 +38,7 @@ from h3core.files.atomic import write_atomic
 from h3core.files.paths import free_bytes, os_error_reason, path_kind
 from h3core.reports.units import format_bytes
 
-REPORT_FILES = ("report.json", "matrix.json", "verify.json")
+REPORT_FILES = ("report.json", "matrix.json", "verify.json", "batch.json")
 """A folder holding one of these at its top is a folder of h3 results (what `overwrite` may replace)."""
 
 PROBE_BYTES = 4096
@@ -123,12 +123,7 @@ class _Target:
     # -- the checks ---------------------------------------------------------------------------------
 
     def _check_name(self) -> None:
-        if str(self.path) in ("", "."):
-            raise ConfigError(f"{self.flag} is empty (or '.'): give a new folder or file name, e.g. {self.flag} outputs/run1")
-        here = Path.cwd().resolve()
-        target = self.path.resolve()
-        if target == here or target in here.parents:
-            raise ConfigError(f"{self.flag} {self.path} is the current folder or one above it; give a new folder name, e.g. {self.flag} outputs/run1")
+        _check_not_here(self.path, self.flag)
 
     def _make_parents(self) -> None:
         missing = []
@@ -158,16 +153,7 @@ class _Target:
     def _probe(self, need_bytes: int) -> None:
         """Write, sync and remove a small file where the results will go; check the free space."""
         assert self.staging is not None
-        probe = self.staging / ".probe"
-        write_atomic(probe, b"\0" * PROBE_BYTES)
-        probe.unlink()
-        need = need_bytes + MARGIN_BYTES
-        free = free_bytes(self.staging)
-        if free < need:
-            raise ConfigError(
-                f"{self.flag} {self.path}: this run writes about {format_bytes(need)} but only "
-                f"{format_bytes(free)} are free there; free some space or choose another {self.flag}"
-            )
+        _probe_room(self.staging, need_bytes, self.flag, self.path)
 
     # -- the end ----------------------------------------------------------------------------------------
 
@@ -317,6 +303,73 @@ class FileInFolder:
         return self.folder.write(self.relative, data)
 
 
+class ResultsFolder:
+    """A folder that fills entry by entry (`h3 generate --prompts`): each entry an `OutputFolder`
+    published whole as soon as it is done, and an index file (`index`) rewritten atomically after
+    each, so that what an interrupted command finished stays and the index is current.
+
+    Checked and locked for the whole command like any target. An existing folder is taken only when
+    it is empty or holds `index` (the same command run again: `resumed`); anything else is refused.
+    Nothing is staged at this level: the folder is made at once, and `close` only releases the lock.
+    """
+
+    def __init__(self, path: Path, flag: str, index: str, need_bytes: int = 0):
+        self.path, self.flag, self.index = Path(path), flag, index
+        self._lock: _Lock | None = None
+        _check_not_here(self.path, flag)
+        try:
+            self.resumed = self._check_existing()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock = _Lock(self.path, flag)
+            self.path.mkdir(exist_ok=True)
+            _probe_room(self.path, need_bytes, flag, self.path)
+        except OSError as err:
+            self.close()
+            raise ConfigError(f"cannot write to {self.path} ({flag}): {os_error_reason(err)}; choose another {flag}") from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_existing(self) -> bool:
+        path = self.path
+        if not path.exists() and not path.is_symlink():
+            return False
+        if not path.is_dir() or path.is_symlink():
+            raise ConfigError(f"{self.flag} {path} is {path_kind(path)}, not a folder; choose a new folder name")
+        if (path / self.index).is_file():
+            return True
+        entries = sorted(p.name for p in path.iterdir())
+        if entries:
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise ConfigError(
+                f"{self.flag} {path} already holds files ({shown}) and no {self.index}: it is not a folder this command wrote, "
+                "and h3 does not mix results into it; choose a new folder"
+            )
+        return False
+
+    def entry(self, name: str, need_bytes: int = 0, overwrite: bool = False) -> OutputFolder:
+        """The subfolder `name`, staged beside itself and published whole (`overwrite`: replace an earlier result)."""
+        return OutputFolder(self.path / name, self.flag, need_bytes, overwrite)
+
+    def write_index(self, data: bytes) -> Path:
+        """Rewrite the index file atomically (whole at every moment)."""
+        try:
+            return write_atomic(self.path / self.index, data)
+        except OSError as err:
+            raise OutputError(f"cannot write {self.path / self.index}: {os_error_reason(err)}") from None
+
+    def close(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __enter__(self) -> "ResultsFolder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class Outputs:
     """Every place one command writes to, published together or not at all (see the module docstring)."""
 
@@ -380,6 +433,30 @@ def publish_on_interrupt(outputs: Outputs, message: str) -> None:
     except H3Error as err:
         raise Interrupted(f"interrupted (Ctrl-C), and the partial results could not be written: {err}") from None
     raise Interrupted(message)
+
+
+def _check_not_here(path: Path, flag: str) -> None:
+    """A target is a new name: not empty, not the current folder or one above it."""
+    if str(path) in ("", "."):
+        raise ConfigError(f"{flag} is empty (or '.'): give a new folder or file name, e.g. {flag} outputs/run1")
+    here = Path.cwd().resolve()
+    target = path.resolve()
+    if target == here or target in here.parents:
+        raise ConfigError(f"{flag} {path} is the current folder or one above it; give a new folder name, e.g. {flag} outputs/run1")
+
+
+def _probe_room(folder: Path, need_bytes: int, flag: str, target: Path) -> None:
+    """Write, sync and remove a small file in `folder`; check the free space for `need_bytes`."""
+    probe = folder / ".probe"
+    write_atomic(probe, b"\0" * PROBE_BYTES)
+    probe.unlink()
+    need = need_bytes + MARGIN_BYTES
+    free = free_bytes(folder)
+    if free < need:
+        raise ConfigError(
+            f"{flag} {target}: this run writes about {format_bytes(need)} but only "
+            f"{format_bytes(free)} are free there; free some space or choose another {flag}"
+        )
 
 
 def _sync_folder(folder: Path) -> None:

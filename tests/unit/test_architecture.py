@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("model", ("h3core.model",)),
     ("parallel", ("h3core.parallel",)),
     ("commands", ("h3core.bench", "h3core.generate")),
-    ("suites", ("h3core.matrix", "h3core.verify")),
+    ("suites", ("h3core.batch", "h3core.matrix", "h3core.verify")),
 ]
 """README's layer contract, lowest first: (name, module prefixes)."""
 

@@ -1,0 +1,110 @@
+"""The prompt file of `h3 generate --prompts FILE`, read and checked whole before anything runs.
+
+Two forms:
+
+- text: one prompt per line; blank lines and lines starting with `#` are skipped;
+- JSONL (a `.jsonl` file, or one whose first prompt line starts with `{`): one JSON object per
+  line with `prompt` (required) and optionally `negative_prompt`, `seed`, `width`, `height`,
+  `frames`, `steps`, `guidance` and `name` (the output folder's name); blank and `#` lines are
+  skipped here too.
+
+What a line leaves out comes from the flags. A malformed file is one `ConfigError` naming the file
+and the line (exit 2), before any rank starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from h3core.errors import ConfigError
+from h3core.files.paths import os_error_reason
+
+MAX_SEED = 2**64 - 1
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class PromptEntry(BaseModel):
+    """One prompt of the file: what it sets (None: the flag's value)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    line: int = Field(description="Its line in the file (1-based).")
+    prompt: str = Field(min_length=1)
+    negative_prompt: str | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    width: int | None = Field(None, ge=1)
+    height: int | None = Field(None, ge=1)
+    frames: int | None = Field(None, ge=1)
+    steps: int | None = Field(None, ge=1)
+    guidance: float | None = Field(None, ge=0, allow_inf_nan=False)
+    name: str | None = Field(None, pattern=NAME.pattern, description="The output folder's name after its number (default: a slug of the prompt).")
+
+    def overrides(self) -> dict[str, object]:
+        """The `GenerateRequest` fields this prompt sets."""
+        fields = {"prompt": self.prompt, "negative_prompt": self.negative_prompt, "seed": self.seed, "width": self.width,
+                  "height": self.height, "frames": self.frames, "steps": self.steps, "guidance_scale": self.guidance}
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+FIELDS = tuple(name for name in PromptEntry.model_fields if name != "line")
+
+
+def read_prompts(path: Path) -> list[PromptEntry]:
+    """Every prompt of `path`, in order; one ConfigError naming the file and line for anything wrong."""
+    lines = _read_lines(path)
+    content = [(n, text.strip()) for n, text in enumerate(lines, 1) if text.strip() and not text.strip().startswith("#")]
+    if not content:
+        raise ConfigError(f"--prompts {path}: no prompts in the file (blank lines and lines starting with # are skipped)")
+    jsonl = path.suffix == ".jsonl" or content[0][1].startswith("{")
+    return [_json_entry(path, n, text) if jsonl else PromptEntry(line=n, prompt=text) for n, text in content]
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"--prompts {path}: not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+    except OSError as err:
+        raise ConfigError(f"--prompts {path}: {os_error_reason(err)}; give a prompt file (one prompt per line, or JSONL)") from None
+
+
+def _json_entry(path: Path, line: int, text: str) -> PromptEntry:
+    where = f"--prompts {path}, line {line}"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{where}: not valid JSON ({err.msg} at column {err.colno}); each line of a JSONL file is one object") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: a JSON {type(data).__name__}, not an object; give e.g. {{\"prompt\": \"a red fox\", \"seed\": 1}}")
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; a prompt takes {', '.join(FIELDS)}")
+    if "prompt" not in data:
+        raise ConfigError(f"{where}: no \"prompt\" (it is the one required field)")
+    try:
+        return PromptEntry(line=line, **data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{where}: {field}: {first['msg']} (got {first.get('input')!r})") from None
+
+
+def folder_names(entries: list[PromptEntry]) -> list[str]:
+    """`NNN-<name or slug of the prompt>` per prompt: numbered in file order, so names never collide."""
+    width = max(3, len(str(len(entries) - 1)))
+    return [f"{i:0{width}d}-{entry.name or slug(entry.prompt)}" for i, entry in enumerate(entries)]
+
+
+def slug(text: str, limit: int = 40) -> str:
+    """Lowercase ASCII letters and digits joined by '-', at most `limit` characters ('prompt' if none)."""
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    out = ""
+    for word in words:
+        candidate = f"{out}-{word}" if out else word
+        if len(candidate) > limit:
+            break
+        out = candidate
+    return out or (words[0][:limit] if words else "prompt")

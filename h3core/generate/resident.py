@@ -1,0 +1,125 @@
+"""Many requests, one load: the rank tasks of `h3 generate --prompts` (`h3core.batch`).
+
+A World's ranks outlive its `World.run` calls (spawned workers serve task after task; at world
+size 1 and under torchrun the task runs in the calling process), so a rank keeps its loaded
+`RankPipeline` in its own process between calls, in `_HELD`, keyed by everything that decides the
+load (`LoadKey`: checkpoint, config, mode, rank layout, this rank's heads and tensor shards, device,
+dtype, attention backend, process group). A request's token spans are not in the key: they depend
+on its size and text length, and `RankPipeline.denoise` takes them from the request's own plan.
+
+The tasks, in the order a batch calls them:
+
+- `encode_prompts_once`: rank 0 loads the text encoder once, encodes every request's prompts
+  (and negative prompts), releases it; the hidden states go back to the caller;
+- `denoise_request`: one request on every rank: the held pipeline (loaded on the first call, or
+  when the key changed), the request's texts broadcast from rank 0, `RankPipeline.denoise`; the
+  outcome is `rank_generate`'s, with the load seconds this request paid (0 once loaded);
+- `drop_held`: forget the held pipeline (the end of a batch, or after a failed request).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from h3core.generate.pipeline import RankPipeline, encode_request, open_text_encoder, rank_outcome, rank_runtime
+from h3core.generate.report import RankOutcome
+from h3core.generate.request import ResolvedRun
+from h3core.parallel.collectives import broadcast_tensors
+from h3core.runtime import device as dev
+from h3core.runtime.context import RankContext
+
+
+class LoadKey(BaseModel):
+    """What decides a rank's loaded pipeline; two requests with the same key share one load."""
+
+    model_config = ConfigDict(frozen=True)
+    checkpoint: str
+    config: str  # the ModelConfig as JSON
+    mode: str
+    layout: str  # replicas x CFG halves x degree (`RankLayout`) as JSON: it decides the rank's groups
+    rank_share: str  # this rank's heads and tensor shards as JSON
+    device: str
+    dtype: str | None
+    attention: str
+    group: int  # the process group's id: a new World is a new group
+
+    @classmethod
+    def of(cls, ctx: RankContext, run: ResolvedRun) -> "LoadKey":
+        local = run.plan.layout.coords(ctx.rank).local
+        share = run.plan.ranks[local].model_dump_json(include={"heads", "tensor"})
+        return cls(
+            checkpoint=str(run.checkpoint), config=run.config.model_dump_json(), mode=run.plan.mode.value,
+            layout=run.plan.layout.model_dump_json(include={"replicas", "cfg", "degree"}), rank_share=share, device=str(ctx.device), dtype=run.request.dtype,
+            attention=run.request.attention, group=id(ctx.group),
+        )
+
+
+class EncodedPrompts(BaseModel):
+    """What rank 0's one text-encoder load gave: every request's hidden states and the time each took."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    texts: list[list[torch.Tensor]]  # per request: the prompt's [L, D] float32 CPU states, then the negative prompt's
+    seconds: list[float]  # per request: its encode
+    load_seconds: float  # loading and releasing the encoder, once
+    peak_memory: int
+    info: dict
+
+
+_HELD: dict[LoadKey, RankPipeline] = {}
+
+
+def held_pipeline(ctx: RankContext, run: ResolvedRun) -> tuple[RankPipeline, float]:
+    """This rank's pipeline for `run` and the seconds loading it cost now (0 when it was held)."""
+    key = LoadKey.of(ctx, run)
+    if key in _HELD:
+        return _HELD[key], 0.0
+    drop_held(ctx)
+    pipeline = RankPipeline.load(ctx, run, rank_runtime(ctx, run))
+    _HELD[key] = pipeline
+    return pipeline, pipeline.timings["load"]
+
+
+def drop_held(ctx: RankContext | None = None) -> None:
+    """Forget the held pipeline and hand its memory back (a task, and a plain call in this process)."""
+    if _HELD:
+        device = next(iter(_HELD.values())).device
+        _HELD.clear()
+        dev.release_memory(device.type)
+
+
+def encode_prompts_once(ctx: RankContext, runs: list[ResolvedRun]) -> EncodedPrompts | None:
+    """Rank 0: load the text encoder once, encode every run's prompts, release it (other ranks: None).
+    Every run shares the encoder, its config's text width and the compute dtype (the batch's flags)."""
+    from h3core.text import release_text_encoder
+
+    if ctx.rank != 0 or not runs:
+        return None
+    dev.reset_peak_memory(ctx.device)
+    with dev.Stopwatch(ctx.device) as whole:
+        encoder = open_text_encoder(runs[0], ctx.device)
+        texts, seconds = [], []
+        for run in runs:
+            with dev.Stopwatch(ctx.device) as watch:
+                texts.append(encode_request(encoder, run))
+            seconds.append(watch.seconds)
+        info = encoder.info.model_dump(mode="json")
+        release_text_encoder(encoder)
+    return EncodedPrompts(texts=texts, seconds=seconds, load_seconds=whole.seconds - sum(seconds),
+                          peak_memory=dev.peak_memory_bytes(ctx.device), info=info)
+
+
+def denoise_request(ctx: RankContext, run: ResolvedRun, texts: list[torch.Tensor] | None, encode_seconds: float,
+                    encoded: dict[str, Any]) -> RankOutcome:
+    """One request of a batch on this rank (module docstring). `texts`: the request's hidden states
+    (rank 0 must have them; the others get them by broadcast); `encoded`: rank 0's encoder info and
+    peak memory while encoding (`info`, `peak_memory`)."""
+    pipeline, load_seconds = held_pipeline(ctx, run)
+    runtime = pipeline.runtime
+    runtime.new_records()
+    texts = broadcast_tensors(texts if ctx.rank == 0 else None, src=0, group=ctx.group, device=ctx.device, stats=runtime.stats)
+    done = pipeline.denoise(run, texts, ctx.report)
+    timings = {"text_encode": encode_seconds, "load": load_seconds}
+    return rank_outcome(ctx, run, runtime, pipeline, done, encoded.get("info"), timings, encoded.get("peak_memory", 0))
