@@ -109,6 +109,7 @@ def generate(
     negative_prompt: options.NegativePrompt = "",
     guidance: options.Guidance = 1.0,
     cfg_parallel: options.CfgParallel = False,
+    replicas: options.Replicas = 1,
     preset: options.RunPreset = None,
     width: options.Width = None,
     height: options.Height = None,
@@ -145,7 +146,7 @@ def generate(
         mode=Mode(_pick(mode_arg, mode.value if mode else None, "the mode") or Mode.ULYSSES.value),
         attention=_pick(attn_arg, attention, "the attention backend") or "sdpa",
         prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
-        cfg_parallel=cfg_parallel, preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, dtype=dtype,
+        cfg_parallel=cfg_parallel, replicas=replicas, preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, dtype=dtype,
         model_path=model, text_encoder_path=text_encoder, profile=profile,
     )
     out = Output(json)

@@ -22,6 +22,7 @@ NegativePrompt = Annotated[str, typer.Option("--negative-prompt", help="Uncondit
 Guidance = Annotated[float, typer.Option("--guidance", help="Classifier-free guidance scale (1 = off).")]
 RunPreset = Annotated[Optional[str], typer.Option("--preset", help="h3, h3-2blocks, narrow, narrow-1k, wide-1k (CPU scaling) or tiny (default: tiny without --model, h3 with one).")]
 CfgParallel = Annotated[bool, typer.Option("--cfg-parallel", help="With guidance: half the ranks run the prompt, half the negative prompt, each half in the chosen mode; one exchange per step (needs an even count).")]
+Replicas = Annotated[int, typer.Option("--replicas", help="Independent groups the ranks split into (replicas x [2 CFG halves] x ranks per sequence); with --prompts each group takes its own prompts (also across machines under torchrun).")]
 Steps = Annotated[Optional[int], typer.Option("--steps", help="Denoising steps (default: the preset's).")]
 Seed = Annotated[int, typer.Option("--seed", help="Noise seed.")]
 DEFAULT_SEED = settings.DEFAULT_SEED

@@ -88,7 +88,7 @@ def plan(
     frames: options.Frames = None,
     text_tokens: Annotated[Optional[int], typer.Option("--text-tokens", help="Prompt length in tokens (default: the preset's).")] = None,
     cfg_parallel: Annotated[bool, typer.Option("--cfg-parallel", help="Lay the ranks out as two CFG halves (prompt | negative prompt), as h3 generate --cfg-parallel does.")] = False,
-    replicas: Annotated[int, typer.Option("--replicas", help="Independent groups of ranks (replica groups) the count splits into.")] = 1,
+    replicas: options.Replicas = 1,
     json: options.Json = False,
 ) -> None:
     """Print the rank layout's groups and, per rank of a group, the heads, token interval, clipped segments and (tensor mode) NVFP4 slices."""

@@ -325,6 +325,13 @@ def _local_world_size(world: int, local_rank: int, stale: str) -> int:
     return value
 
 
+def ranks_on_this_machine(world_size: int) -> int:
+    """The ranks of a `world_size` run that this machine holds: under torchrun its `LOCAL_WORLD_SIZE`
+    (a multi-node world spans machines), else all of them (spawned here, or one in this process)."""
+    launched = torchrun_env()
+    return launched.local_world_size if launched is not None else world_size
+
+
 def under_torchrun() -> bool:
     """True when torchrun (or any launcher following its environment contract) started us."""
     return torchrun_env() is not None

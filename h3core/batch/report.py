@@ -37,6 +37,7 @@ class PromptResult(BaseModel):
     load_seconds: float | None = Field(None, description="Denoiser load this prompt paid: the first prompt of a World pays it, later ones 0.")
     sampling_seconds: float | None = None
     fingerprint: str | None = Field(None, description="sha256 of the resolved request (its report.json carries the same).")
+    replica: int | None = Field(None, description="The replica group that ran it (`--replicas`; 0 with one group).")
     report: str | None = Field(None, description="Its report.json.")
 
 

@@ -15,8 +15,11 @@
    stops, as torchrun stops every rank). Ctrl-C keeps the finished prompts and the summary, writes
    nothing of the prompt in flight, and exits 130.
 
-`run_prompt` (one prompt on the ranks) is separate from which prompts run (`plan`), so that replica
-groups can later take several prompts per `World.run`.
+With `--replicas R` the World's ranks form R independent groups (`h3core.parallel.layout`): the
+prompts still to run are taken R at a time, one per group, in one `World.run` (`run_round`); the
+last round may leave groups idle. Each prompt runs exactly once, on one group. A fault on any
+group's ranks closes the World: the prompts of that round are recorded as failed (a rerun of the
+same command redoes them), the next round starts fresh ranks.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from h3core.files.paths import os_error_reason
 from h3core.generate.files import output_bytes, write_outputs
 from h3core.generate.report import RankOutcome, StepDone, build_report
 from h3core.generate.request import ResolvedRun
-from h3core.generate.resident import EncodedPrompts, denoise_request, drop_held, encode_prompts_once
+from h3core.generate.resident import EncodedPrompts, denoise_round, drop_held, encode_prompts_once
 from h3core.reports.outputs import ResultsFolder, default_folder
 from h3core.reports.schema import Versions, report_json, timestamp
 from h3core.runtime.context import RankContext
@@ -58,14 +61,18 @@ def run_batch(job: BatchJob, on_progress: ProgressCallback | None = None) -> Bat
         return _Batch(job, planned, folder, on_progress).run()
 
 
-def run_prompt(world: World, run: ResolvedRun, texts: EncodedPrompts | None, slot: int) -> list[RankOutcome] | None:
-    """One prompt on every rank of `world` (`slot`: its place in `texts`); rank 0's outcome first.
-    None on torchrun ranks other than 0."""
-    mine = texts.texts[slot] if texts is not None else None
-    seconds = texts.seconds[slot] if texts is not None else 0.0
+def run_round(world: World, runs: list[ResolvedRun | None], texts: EncodedPrompts | None, slots: list[int | None]) -> list[list[RankOutcome]] | None:
+    """One prompt per replica group on the ranks of `world` (`runs[r]`: replica r's, None when it
+    idles; `slots[r]`: its place in `texts`). Per replica, its ranks' outcomes, its lead's (the
+    latents) first; None on torchrun ranks other than 0."""
+    mine = [texts.texts[s] if texts is not None and s is not None else [] for s in slots]
+    seconds = [texts.seconds[s] if texts is not None and s is not None else 0.0 for s in slots]
     encoded = {"info": texts.info, "peak_memory": texts.peak_memory} if texts is not None else {}
-    outcomes = world.run(denoise_request, run, mine, seconds, encoded)
-    return outcomes if world.is_main else None
+    outcomes = world.run(denoise_round, runs, mine if texts is not None else None, seconds, encoded)
+    if not world.is_main:
+        return None
+    width = len(outcomes) // len(runs)  # the ranks of one replica: consecutive, its lead first
+    return [outcomes[r * width : (r + 1) * width] for r in range(len(runs))]
 
 
 class _Batch:
@@ -88,8 +95,9 @@ class _Batch:
         try:
             todo = [self.planned[i] for i in self._agreed(to_run(self.planned))]
             texts = self._encode([p.run for p in todo])  # type: ignore[misc]
-            for slot, prompt in enumerate(todo):
-                self._run_one(prompt, texts, slot)
+            groups = self.job.template.replicas
+            for first in range(0, len(todo), groups):
+                self._run_round(todo[first : first + groups], texts, first)
             self.report.complete = True
         except KeyboardInterrupt:
             self._stop("interrupted (Ctrl-C)")
@@ -139,18 +147,24 @@ class _Batch:
 
     # -- one prompt ---------------------------------------------------------------------------------------
 
-    def _run_one(self, prompt: PlannedPrompt, texts: EncodedPrompts | None, slot: int) -> None:
-        assert prompt.run is not None
-        self.current = prompt.result.folder
+    def _run_round(self, prompts: list[PlannedPrompt], texts: EncodedPrompts | None, first: int) -> None:
+        """Up to one prompt per replica group at once (`first`: the first one's place in `texts`)."""
+        groups = self.job.template.replicas
+        runs = [p.run for p in prompts] + [None] * (groups - len(prompts))
+        slots = [first + i for i in range(len(prompts))] + [None] * (groups - len(prompts))
+        self.current = ", ".join(p.result.folder for p in prompts)
         self._progress()
         started = time.perf_counter()
         world = self._ranks()
         try:
-            outcomes = run_prompt(world, prompt.run, texts, slot)
-            if outcomes is not None:
-                self._publish(prompt, outcomes, started)
+            per_replica = run_round(world, runs, texts, slots)
+            for replica, (prompt, outcomes) in enumerate(zip(prompts, per_replica or [])):
+                prompt.result.replica = replica
+                self._publish_or_fail(prompt, outcomes, started)
         except H3Error as err:
-            self._failed(prompt, err, started)
+            for prompt in prompts:
+                if prompt.result.status is PromptStatus.PENDING:
+                    self._failed(prompt, err, started)
             if settings.under_torchrun():
                 raise  # torchrun stops every rank: the batch ends here
             if world.world_size == 1:
@@ -158,6 +172,13 @@ class _Batch:
         finally:
             self.current = ""
             self._write()
+
+    def _publish_or_fail(self, prompt: PlannedPrompt, outcomes: list[RankOutcome], started: float) -> None:
+        """A folder the file system refuses is that prompt's failure, not its round's."""
+        try:
+            self._publish(prompt, outcomes, started)
+        except OutputError as err:
+            self._failed(prompt, err, started)
 
     def _publish(self, prompt: PlannedPrompt, outcomes: list[RankOutcome], started: float) -> None:
         """Write the prompt's folder as `h3 generate` does, published whole; record it as done."""

@@ -40,17 +40,19 @@ STEP_BYTES = 56  # float64 arange, t and sigmas while the schedule is computed (
 
 def check_limits(config: ModelConfig, plan: ParallelPlan, latent_elements: int, steps: int, device: str, dtype: "torch.dtype", attention: str) -> None:
     """Refuse (one line) a run whose ranks this machine cannot start or hold (`h3core.runtime.limits`)."""
-    launched, ranks = settings.under_torchrun(), plan.layout.world_size  # every rank of the run, all groups
+    launched = settings.under_torchrun()
+    ranks = settings.ranks_on_this_machine(plan.layout.world_size)  # this machine's ranks, of every group
     if device != "cuda" and not launched:
         check_cpu_ranks(ranks)
     spawned = ranks > 1 and not launched
-    need = generate_need(config, plan, latent_elements, steps, device, dtype, attention, spawned)
+    need = generate_need(config, plan, latent_elements, steps, device, dtype, attention, spawned, ranks)
     check_memory(need, capacity(device, ranks), "--width/--height/--frames")
 
 
 def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int, steps: int,
-                  device: str, dtype: "torch.dtype", attention: str, spawned: bool) -> MemoryNeed:
-    """A generate run's need per rank (module docstring); `latent_elements`: video + audio latent elements."""
+                  device: str, dtype: "torch.dtype", attention: str, spawned: bool, ranks: int | None = None) -> MemoryNeed:
+    """A generate run's need per rank (module docstring); `latent_elements`: video + audio latent
+    elements; `ranks`: the ranks on this machine (default: every rank of the run)."""
     s = max(seq.num_tokens for seq in plan.sequences)
     h_loc = max(plan.heads)
     on_device = {
@@ -62,7 +64,7 @@ def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int,
     on_host = {"latents": 2 * latent_elements * 4, "steps": steps * STEP_BYTES}
     if spawned:
         on_host["process"] = PROCESS_BYTES
-    return MemoryNeed(ranks=plan.layout.world_size, device=device, on_device=on_device, on_host=on_host, spawned=spawned)
+    return MemoryNeed(ranks=ranks or plan.layout.world_size, device=device, on_device=on_device, on_host=on_host, spawned=spawned)
 
 
 def held_weight_bytes(plan: ParallelPlan, dtype_bytes: int) -> int:

@@ -11,8 +11,9 @@ The tasks, in the order a batch calls them:
 
 - `encode_prompts_once`: rank 0 loads the text encoder once, encodes every request's prompts
   (and negative prompts), releases it; the hidden states go back to the caller;
-- `denoise_request`: one request on every rank: the held pipeline (loaded on the first call, or
-  when the key changed), the request's texts broadcast from rank 0, `RankPipeline.denoise`; the
+- `denoise_round`: one request per replica group (`--replicas R`; one group is the plain case) on
+  every rank: the held pipeline (loaded on the first call, or when the key changed), every group's
+  texts broadcast from rank 0, `RankPipeline.denoise` of the rank's own group's request; the
   outcome is `rank_generate`'s, with the load seconds this request paid (0 once loaded);
 - `drop_held`: forget the held pipeline (the end of a batch, or after a failed request).
 """
@@ -28,6 +29,7 @@ from h3core.generate.pipeline import RankPipeline, encode_request, open_text_enc
 from h3core.generate.report import RankOutcome
 from h3core.generate.request import ResolvedRun
 from h3core.parallel.collectives import broadcast_tensors
+from h3core.parallel.layout import RankGroups
 from h3core.runtime import device as dev
 from h3core.runtime.context import RankContext
 
@@ -111,15 +113,38 @@ def encode_prompts_once(ctx: RankContext, runs: list[ResolvedRun]) -> EncodedPro
                           peak_memory=dev.peak_memory_bytes(ctx.device), info=info)
 
 
-def denoise_request(ctx: RankContext, run: ResolvedRun, texts: list[torch.Tensor] | None, encode_seconds: float,
-                    encoded: dict[str, Any]) -> RankOutcome:
-    """One request of a batch on this rank (module docstring). `texts`: the request's hidden states
-    (rank 0 must have them; the others get them by broadcast); `encoded`: rank 0's encoder info and
-    peak memory while encoding (`info`, `peak_memory`)."""
-    pipeline, load_seconds = held_pipeline(ctx, run)
-    runtime = pipeline.runtime
-    runtime.new_records()
-    texts = broadcast_tensors(texts if ctx.rank == 0 else None, src=0, group=ctx.group, device=ctx.device, stats=runtime.stats)
-    done = pipeline.denoise(run, texts, ctx.report)
-    timings = {"text_encode": encode_seconds, "load": load_seconds}
-    return rank_outcome(ctx, run, runtime, pipeline, done, encoded.get("info"), timings, encoded.get("peak_memory", 0))
+def denoise_round(ctx: RankContext, runs: list[ResolvedRun | None], texts: list[list[torch.Tensor]] | None,
+                  seconds: list[float], encoded: dict[str, Any]) -> RankOutcome | None:
+    """One request per replica group, all at once (module docstring): `runs[r]` is replica r's request
+    (None: that group idles this round); `texts[r]` its hidden states (rank 0 has them all; the
+    other ranks get them by one broadcast over the world); `seconds[r]` its encode time; `encoded`:
+    rank 0's encoder info and peak memory while encoding (`info`, `peak_memory`).
+
+    Every rank of the world takes part in the group creation and the broadcast; then each group runs
+    its own request with its own collectives. Returns this rank's outcome (None on an idle rank)."""
+    layout = next(run for run in runs if run is not None).plan.layout
+    RankGroups.create(ctx, layout)  # collective over the world once, cached: idle ranks must join it too
+    replica = layout.coords(ctx.rank).replica
+    run = runs[replica]
+    pipeline, load_seconds = held_pipeline(ctx, run) if run is not None else (None, 0.0)
+    if pipeline is not None:
+        pipeline.runtime.new_records()
+    stats = pipeline.runtime.stats if pipeline is not None else None
+    flat = [t for group in texts for t in group] if ctx.rank == 0 and texts is not None else None
+    received = broadcast_tensors(flat, src=0, group=ctx.group, device=ctx.device, stats=stats)
+    if run is None or pipeline is None:
+        return None
+    done = pipeline.denoise(run, _texts_of(runs, received, replica), ctx.report)
+    timings = {"text_encode": seconds[replica], "load": load_seconds}
+    outcome = rank_outcome(ctx, run, pipeline.runtime, pipeline, done, encoded.get("info"), timings, encoded.get("peak_memory", 0))
+    if outcome.video is not None or outcome.audio is not None:  # the lead of its replica: its report names the encoder
+        outcome.text_encoder = encoded.get("info")
+    return outcome
+
+
+def _texts_of(runs: list[ResolvedRun | None], received: list[torch.Tensor], replica: int) -> list[torch.Tensor]:
+    """Replica `replica`'s hidden states out of every group's, sent in replica order (each request
+    has its prompt's, and with guidance its negative prompt's)."""
+    counts = [len(run.request.prompts) if run is not None else 0 for run in runs]
+    start = sum(counts[:replica])
+    return received[start : start + counts[replica]]

@@ -15,11 +15,12 @@ from typing import Callable
 import torch
 
 from h3core import settings
+from h3core.errors import ConfigError
 from h3core.generate.files import output_bytes, write_outputs
 from h3core.generate.parity import LatentParity, latent_parity, run_tolerance
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.report import RankOutcome, RunReport, StepDone, build_report
-from h3core.generate.request import GenerateJob, ResolvedRun, build_plan, check_torchrun_parity, resolve
+from h3core.generate.request import GenerateJob, GenerateRequest, ResolvedRun, build_plan, check_torchrun_parity, resolve
 from h3core.parallel.plan import Mode
 from h3core.reports.outputs import Outputs
 from h3core.runtime import device as dev
@@ -71,6 +72,15 @@ def reference_parity(run: ResolvedRun, outcome: RankOutcome) -> LatentParity:
     return latent_parity(outcome.latents, reference, tol, name)
 
 
+def check_one_group(request: GenerateRequest) -> None:
+    """One prompt runs on one group: replica groups need prompts to share out (`--prompts`)."""
+    if request.replicas > 1:
+        raise ConfigError(
+            f"--replicas {request.replicas} runs independent groups that share the prompts of --prompts FILE out; "
+            "one prompt runs on one group: give --prompts FILE, or leave --replicas out to run it on all the ranks"
+        )
+
+
 def generate(job: GenerateJob, on_step: StepCallback | None = None) -> RunReport | None:
     """Resolve, reserve the output folder, launch every rank, and publish the report with its files
     (only after every rank succeeded; on any failure or Ctrl-C nothing is written).
@@ -78,6 +88,7 @@ def generate(job: GenerateJob, on_step: StepCallback | None = None) -> RunReport
     Returns None on the ranks of a torchrun launch other than rank 0 (which writes everything).
     """
     check_torchrun_parity(job.parity)
+    check_one_group(job.request)
     run = resolve(job.request)
     with Outputs(enabled=settings.is_rank_zero()) as outputs:
         folder = bench = None

@@ -115,9 +115,8 @@ def check_world_size_fits(world_size: int, device_type: str) -> None:
     `LOCAL_WORLD_SIZE` (a multi-node world is larger than any one machine)."""
     if world_size < 1:
         raise ConfigError(f"world size must be at least 1, got {world_size}")
-    launched = settings.torchrun_env()
-    here = launched.local_world_size if launched is not None else world_size
-    where = f" on this machine (LOCAL_WORLD_SIZE={here} of WORLD_SIZE={world_size})" if launched is not None else ""
+    here = settings.ranks_on_this_machine(world_size)
+    where = f" on this machine (LOCAL_WORLD_SIZE={here} of WORLD_SIZE={world_size})" if settings.under_torchrun() else ""
     if device_type != "cuda":
         from h3core.runtime.limits import check_cpu_ranks
 

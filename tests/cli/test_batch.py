@@ -64,7 +64,7 @@ def test_a_batch_writes_a_folder_per_prompt_records_failures_and_resumes(h3, tmp
 
 def test_ctrl_c_keeps_the_finished_prompts_and_the_summary(h3, tmp_path, monkeypatch):
     prompts, out = _write(tmp_path / "p.jsonl", [LINES[0], LINES[2]]), tmp_path / "batch"
-    real, calls = batch_run.run_prompt, []
+    real, calls = batch_run.run_round, []
 
     def interrupted_second(*args, **kwargs):
         calls.append(1)
@@ -72,7 +72,7 @@ def test_ctrl_c_keeps_the_finished_prompts_and_the_summary(h3, tmp_path, monkeyp
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(batch_run, "run_prompt", interrupted_second)
+    monkeypatch.setattr(batch_run, "run_round", interrupted_second)
     code, _, err = _batch(h3, prompts, out)
     assert code == 130 and "interrupted (Ctrl-C) after 1 of 2 prompts" in err
     summary = BatchReport.model_validate_json((out / "batch.json").read_text())

@@ -74,10 +74,14 @@ def test_benchmark_env_writes_a_copy_of_the_report(tmp_path, cache):
         (["ulysses", "4", "--cfg-parallel"], "--cfg-parallel needs guidance: give --guidance > 1"),
         (["ulysses", "3", "--cfg-parallel", "--guidance", "3"], "3 is odd: give an even rank count"),
         (["tensor", "18", "--cfg-parallel", "--guidance", "3"], "8 attention heads over 9 ranks"),
+        (["ulysses", "4", "--replicas", "2"], "--replicas 2 runs independent groups that share the prompts of --prompts FILE out"),
+        (["ulysses", "3", "--replicas", "2", "--prompts", "PROMPTS"], "3 ranks do not split into 2 replica groups"),
     ],
 )
 def test_user_errors_are_one_line_exit_2_and_write_nothing(h3, tmp_path, args, needle):
-    code, _, err = h3("generate", "--output", str(tmp_path / "run"), *args)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a fox\n")
+    code, _, err = h3("generate", "--output", str(tmp_path / "run"), *(str(prompts) if a == "PROMPTS" else a for a in args))
     assert code == 2, err
     assert needle in one_line(err)
     assert not (tmp_path / "run").exists()

@@ -11,7 +11,7 @@ import torch
 
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.request import GenerateRequest, resolve
-from h3core.generate.resident import denoise_request, drop_held, encode_prompts_once
+from h3core.generate.resident import denoise_round, drop_held, encode_prompts_once
 from h3core.parallel.plan import Mode
 
 PROMPTS = [
@@ -30,7 +30,7 @@ def _batch_then_alone(ctx, runs):
     try:
         encoded = encode_prompts_once(sub, runs)
         meta = {"info": encoded.info, "peak_memory": encoded.peak_memory} if encoded else {}
-        batched = [denoise_request(sub, run, encoded.texts[i] if encoded else None, 0.0, meta) for i, run in enumerate(runs)]
+        batched = [denoise_round(sub, [run], [encoded.texts[i]] if encoded else None, [0.0], meta) for i, run in enumerate(runs)]
     finally:
         drop_held()
     alone = [rank_generate(sub, run) for run in runs]
@@ -48,3 +48,43 @@ def test_each_prompt_of_a_batch_equals_it_run_alone_bitwise(world8, mode):
     for (latents, _), reference in zip(batched, alone):
         for kind in ("video", "audio"):
             assert torch.equal(latents[kind], reference[kind]), kind
+
+
+def _replicas_then_alone(ctx, runs, alone_runs):
+    """World task on ranks 0-3 as 2 replica groups of 2: the batch's rounds (prompts 0 and 1 at once,
+    then prompt 2 with group 1 idle), then each prompt alone on ranks 0-1. Every rank returns its
+    outcomes of the rounds; rank 0 also the latents alone."""
+    sub = ctx.first_ranks(4)
+    if sub is None:
+        return None
+    try:
+        encoded = encode_prompts_once(sub, runs)
+        meta = {"info": encoded.info, "peak_memory": encoded.peak_memory} if encoded else {}
+        texts = encoded.texts if encoded else None
+        rounds = [
+            denoise_round(sub, [runs[0], runs[1]], [texts[0], texts[1]] if texts else None, [0.0, 0.0], meta),
+            denoise_round(sub, [runs[2], None], [texts[2], []] if texts else None, [0.0, 0.0], meta),
+        ]
+    finally:
+        drop_held()
+    pair = ctx.first_ranks(2)
+    alone = [rank_generate(pair, run) for run in alone_runs] if pair is not None else None
+    return rounds, [a.latents for a in alone] if alone and pair.rank == 0 else None
+
+
+def test_replica_groups_share_the_prompts_out_and_each_equals_it_alone_bitwise(world8):
+    """--replicas 2 on 4 ranks: group 0 (ranks 0-1) and group 1 (ranks 2-3) each run their own prompt
+    in the same World.run; each prompt's latents equal that prompt alone on 2 ranks, bit for bit;
+    each group loads once; a round with fewer prompts than groups leaves group 1 idle."""
+    runs = [resolve(GenerateRequest(**p, world_size=4, replicas=2, steps=2, device="cpu")) for p in PROMPTS]
+    alone_runs = [resolve(GenerateRequest(**p, world_size=2, steps=2, device="cpu")) for p in PROMPTS]
+    results = world8.run(_replicas_then_alone, runs, alone_runs)
+    (first, second), alone = results[0]
+    group1_first, group1_second = results[2][0]
+    assert group1_second is None and results[3][0][1] is None  # group 1 idled in round 2
+    leads = [first, group1_first, second]  # rank 0 ran prompts 0 and 2, rank 2 prompt 1
+    assert [o.rank for o in leads] == [0, 2, 0]
+    assert first.timings["load"] > 0 and group1_first.timings["load"] > 0 and second.timings["load"] == 0.0
+    for lead, reference in zip(leads, alone):
+        for kind in ("video", "audio"):
+            assert torch.equal(lead.latents[kind], reference[kind]), kind

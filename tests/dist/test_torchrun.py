@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from h3core.runtime.device import cpu_threads
 from tests.commands import run_main
 
 
@@ -60,3 +61,23 @@ def test_generate_across_two_torchrun_agents_equals_the_spawned_ranks(tmp_path, 
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     report = json.loads((tmp_path / "torchrun" / "report.json").read_text())
     assert report["world_size"] == 2 and [r["rank"] for r in report["ranks"]] == [0, 1]
+
+
+def test_replica_groups_across_two_torchrun_agents_share_the_prompts_out(tmp_path, capsys):
+    """`--replicas 2` over two agents (one group per "machine"): each prompt runs once, on one group;
+    rank 0 writes every prompt's folder and batch.json; each prompt's latents are bit for bit that
+    prompt on one rank in this process (at the agents' one thread)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red fox in snow\na lighthouse at night\na cat on a piano\n")
+    args = ["generate", "ulysses", "--preset", "tiny", "--steps", "1", "--device", "cpu", "--prompts", str(prompts)]
+    agents = _agents(2, [*args, "--replicas", "2", "--output", str(tmp_path / "replicas")], tmp_path)
+    codes = [agent.wait(timeout=240) for agent in agents]
+    assert codes == [0, 0], [(tmp_path / f"agent{n}.log").read_text() for n in range(2)]
+    with cpu_threads(1):
+        code, _, err = run_main(capsys, *args[:2], "1", *args[2:], "--output", str(tmp_path / "one"))
+    assert code == 0, err
+    batch = json.loads((tmp_path / "replicas" / "batch.json").read_text())
+    assert [(p["status"], p["replica"]) for p in batch["prompts"]] == [("ok", 0), ("ok", 1), ("ok", 0)]
+    for p in batch["prompts"]:
+        ours, alone = (load_file(tmp_path / run / p["folder"] / "latents.safetensors") for run in ("replicas", "one"))
+        assert all(torch.equal(ours[k], alone[k]) for k in ours), p["folder"]
