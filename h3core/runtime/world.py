@@ -197,8 +197,6 @@ class World:
         if self.device_type == "cuda" and local_rank >= visible_gpu_count():
             raise ConfigError(f"LOCAL_RANK {local_rank} has no GPU: only {visible_gpu_count()} are visible on this machine")
         device = rank_device(self.device_type, local_rank)
-        if self.device_type == "cpu":
-            _share_cores(launched.local_world_size)
         if dist.is_initialized():
             self.backend = str(dist.get_backend())
         else:
@@ -206,6 +204,8 @@ class World:
             store = torchrun_store(launched, self.rank_timeout_s, timeout)
             self.backend = init_group(self.device_type, device, store, rank, env_world, timeout)
             self._joined_torchrun = True
+            if self.device_type == "cpu":  # joined: this process is a rank of the launch from now on
+                _share_cores(launched.local_world_size)
         progress = self._progress if rank == 0 else None
         self._local = RankContext(rank, env_world, local_rank, device, dist.group.WORLD, self.backend, progress)
 
