@@ -13,8 +13,10 @@ Its tensors are buffers named exactly as ModelOpt names them in a checkpoint, so
 | `input_scale` (optional) | `[]` | float32, static activation global scale (fp4 path only) |
 
 `forward` takes one of the paths of `h3core.nvfp4.matmul`; `path` says which and `path_reason`
-why, and every forward adds one to that path's count in the per-process record
-(`matmul.paths_run`). On the fp4 paths (`cuda-fp4-scaled-mm`, `cpu-fp4-emulated`):
+why, and every forward (and every `forward_rows`) adds one to that path's count in the per-process
+record (`matmul.paths_run`). `forward_rows` computes some output features only, into a strided
+destination if asked (the dequant paths decode just those rows; Ulysses' v GEMM writes into the
+all-to-all's send blocks this way). On the fp4 paths (`cuda-fp4-scaled-mm`, `cpu-fp4-emulated`):
 
 - the GEMM's operands (the swizzled block scales, and a zero-padded copy of the packed weight
   only when its shape is not a whole number of GEMM tiles) are built by `prepare()`, which the

@@ -119,7 +119,8 @@ def record_path(path: str) -> None:
 
 
 def paths_run() -> dict[str, int]:
-    """NVFP4 matmul paths this process ran since the last `reset_path_record`: {path: forward calls}."""
+    """NVFP4 matmul paths this process ran since the last `reset_path_record`: {path: GEMM calls
+    (`forward` and `forward_rows`)}."""
     return dict(sorted(_paths_run.items()))
 
 
