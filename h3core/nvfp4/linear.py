@@ -200,7 +200,27 @@ class NVFP4Linear(nn.Module):
         if self.agree_amax is not None and self.input_scale is None and self.path in FP4_PATHS:
             self.agree_amax(torch.zeros((), device=self.weight.device))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def rows_apart(self) -> bool:
+        """True where output rows computed apart (`forward(x, rows=...)`) are bitwise the same columns
+        as the whole `forward(x)`: the dequant paths, where each output row depends on its weight row
+        only. False on the fp4 paths: one activation scale covers the whole call (agreed over ranks
+        per call), so `rows` there runs the whole product and copies its columns out."""
+        return self.path not in FP4_PATHS
+
+    def forward_rows(self, x: torch.Tensor, rows: slice, out: torch.Tensor | None = None) -> torch.Tensor:
+        """`self(x, rows=rows, out=out)`: output features `rows` only (see `forward`)."""
+        return self(x, rows=rows, out=out)
+
+    def forward(self, x: torch.Tensor, rows: slice | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [..., in] -> [..., out_features], or [..., len(rows)] for output features `rows`.
+
+        `out` (with `rows`; [M, len(rows)], x's dtype, unit column stride, any row stride): where the
+        result goes. On the dequant paths (`rows_apart`) only those weight rows are decoded and their
+        GEMM writes straight into `out`; on the fp4 paths the whole product runs and its columns are
+        copied (`torch._scaled_mm` takes no strided output). Called through the module either way,
+        so forward hooks (calibration, `--profile`) see every GEMM.
+        """
         if x.shape[-1] != self.in_features or not x.is_floating_point():
             raise ValueError(
                 f"NVFP4Linear({self.in_features} -> {self.out_features}) got input {x.dtype} {tuple(x.shape)}"
@@ -210,48 +230,30 @@ class NVFP4Linear(nn.Module):
             x2 = x2 * self.pre_quant_scale.to(x2.dtype)
         path = self.path
         record_path(path)
+        if rows is not None and path not in FP4_PATHS:
+            return self._rows_forward(x, x2, rows, out, path)
         if path in FP4_PATHS:
             y = self._fp4_forward(x2, path)
         elif path == PATH_CUDA_BF16:
             y = dequant_linear(x2.to(torch.bfloat16), self.nvfp4, self.bias)
         else:
             y = dequant_linear(x2, self.nvfp4, self.bias)
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # [..., out]
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # [..., out]
+        if rows is None:
+            return y
+        return y[..., rows] if out is None else out.copy_(y[..., rows].reshape(out.shape))
 
-    @property
-    def rows_apart(self) -> bool:
-        """True where `forward_rows` computes only the rows asked for, bitwise the same columns as
-        `forward` (the dequant paths: each output row depends only on its weight row). False on the
-        fp4 paths: there one activation scale covers the whole call (agreed over ranks per call),
-        so `forward_rows` runs the whole `forward` and copies its columns out."""
-        return self.path not in FP4_PATHS
-
-    def forward_rows(self, x: torch.Tensor, rows: slice, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Output features `rows` of `forward(x)`.  x: [..., in] -> [..., len(rows)]
-
-        `out` ([M, len(rows)], x's dtype; unit column stride, any row stride): where the result goes.
-        On the dequant paths (`rows_apart`) only those weight rows are decoded and their GEMM writes
-        straight into `out` (bitwise the columns `forward` gives); on the fp4 paths `forward` runs
-        whole and the columns are copied (`torch._scaled_mm` takes no strided output).
-        """
-        if not self.rows_apart:
-            y = self(x)[..., rows]
-            return y if out is None else out.copy_(y.reshape(out.shape))
-        if x.shape[-1] != self.in_features or not x.is_floating_point():
-            raise ValueError(f"NVFP4Linear({self.in_features} -> {self.out_features}) got input {x.dtype} {tuple(x.shape)}")
-        x2 = x.reshape(-1, self.in_features)  # [M, in]
-        if self.pre_quant_scale is not None:
-            x2 = x2 * self.pre_quant_scale.to(x2.dtype)
-        path = self.path
-        record_path(path)
-        w, bias = self.nvfp4, None if self.bias is None else self.bias[rows]
-        weight = type(w)(w.packed[rows], w.scale[rows], w.global_scale)
+    def _rows_forward(self, x: torch.Tensor, x2: torch.Tensor, rows: slice, out: torch.Tensor | None, path: str) -> torch.Tensor:
+        """The dequant paths on output features `rows`: decode those weight rows only, GEMM into `out` if given."""
+        w = self.nvfp4
+        weight = NVFP4Weight(w.packed[rows], w.scale[rows], w.global_scale)
+        bias = None if self.bias is None else self.bias[rows]
         gemm_dtype = torch.bfloat16 if path == PATH_CUDA_BF16 else x2.dtype
         direct = out if out is not None and out.dtype == gemm_dtype else None
-        y = dequant_linear(x2.to(gemm_dtype), weight, bias, out=direct)
-        if out is not None and direct is None:
-            return out.copy_(y)
-        return y if out is not None else y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
+        y = dequant_linear(x2.to(gemm_dtype), weight, bias, out=direct)  # [M, len(rows)]
+        if out is not None:
+            return y if direct is not None else out.copy_(y)
+        return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
 
     def _fp4_forward(self, x2: torch.Tensor, path: str) -> torch.Tensor:
         act_global = self.activation_global_scale(x2)  # before any early return: peers may wait on it

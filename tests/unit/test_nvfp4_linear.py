@@ -333,3 +333,13 @@ def test_forward_rows_on_the_fp4_path_copies_the_whole_forwards_columns():
     assert not linear.rows_apart
     linear.forward_rows(x, slice(64, 96), out=out)
     assert torch.equal(out, linear(x)[:, 64:96])
+
+
+def test_forward_rows_runs_through_the_module_so_hooks_see_it():
+    """Calibration (input amax) and `--profile` (time per linear) hook the module: a rows-only GEMM
+    must pass through them like a whole forward."""
+    linear = make_linear(out=96, inp=64)
+    seen = []
+    linear.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape))
+    linear.forward_rows(torch.randn(5, 64), slice(32, 64))
+    assert seen == [torch.Size([5, 64])]
