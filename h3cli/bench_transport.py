@@ -50,7 +50,7 @@ def _render(report: Any, console: Console) -> None:
             f"plain all_to_all_single of the same bytes, buffers allocated once), {verdict} target {report.target_ratio}"
         )
         console.print(
-            f"  round trip = RoPE into the send blocks + v copy - RoPE on one rank + seq->head + head->seq; "
+            f"  round trip = RoPE and v GEMM into the send blocks - the same on one rank + seq->head + head->seq; "
             f"seq->head of a stacked q|k|v (pack + all-to-all) + head->seq: {report.packed_ratio:.2f} x; "
             f"the wire into fresh receive buffers: {report.fresh_ratio:.2f} x",
             soft_wrap=True,

@@ -2,12 +2,15 @@
 against the physical limit: the same bytes through a plain all-to-all.
 
 Every rank builds random attention inputs for its token rows in H3's real head layout (56 x 128 by
-default) as the model has them just before RoPE (q and k normalised, v; `ProjectedQKV`), sharded as
+default) as the model has them just before RoPE (q and k normalised; v still to be computed by its
+NVFP4 GEMM: `ProjectedQKV` with a `LinearHeads` v, as the model's dequant paths build it), sharded as
 h3 shards them (`token_spans`, `head_spans`), and times, per iteration and in this order:
 
-1. `finish_one_rank`: RoPE of q and k into new tensors: what one rank does before attention anyway;
-2. `finish_into_blocks`: the same RoPE written straight into the all-to-all's send blocks, plus the
-   copy of v there (`ProjectedQKV.write` into `send_blocks`): what Ulysses attention does instead;
+1. `finish_one_rank`: RoPE of q and k into new tensors and v's GEMM into a new tensor: what one
+   rank does before attention anyway;
+2. `finish_into_blocks`: the same RoPE written straight into the all-to-all's send blocks and v's
+   GEMM writing there, one GEMM per peer (`ProjectedQKV.write` into `send_blocks`): what Ulysses
+   attention does instead;
 3. `seq_to_head`: the all-to-all of those blocks into `[S, 3, H_loc, Dh]` (`exchange_blocks`);
 4. `attention` on the rank's heads over the whole sequence (the chosen backend; optional);
 5. `head_to_seq` of the attention output back to `[S_loc, H, Dh]` (all-to-all + unpack);
@@ -19,7 +22,11 @@ h3 shards them (`token_spans`, `head_spans`), and times, per iteration and in th
    version of this benchmark used as its baseline: on a CPU its page faults cost more than the copy).
 
 h3's round trip, per iteration = (2) - (1) + (3) + (5): everything Ulysses adds to one rank's
-attention path; the wire = (7). Each timed region starts after a barrier (no rank's figure includes
+attention path; the wire = (7). v's GEMM is in both (1) and (2), so only what Ulysses changes about
+it counts (per-peer GEMMs, strided output rows). Its input is `V_INPUT_WIDTH` wide instead of the
+model's hidden width: the GEMM stays cheap next to the transport (at 7168 it would take seconds per
+rank on a CPU, equally in (1) and (2), and bury the difference in noise) while its output, what the
+layout changes, is the model's. Each timed region starts after a barrier (no rank's figure includes
 waiting for a late peer) and ends when the device has finished (`Stopwatch`). Per rank, the median
 over the iterations after warm-up; a figure is the **maximum over ranks** of those medians (the
 slowest rank sets the pace of a collective). Ratio = h3's round trip / the wire; targets (this
@@ -44,7 +51,8 @@ from h3core.errors import ConfigError
 from h3core.model import attention
 from h3core.model.attention import attend, check_backend, scores_bytes
 from h3core.model.config import preset
-from h3core.model.dit import ProjectedQKV
+from h3core.model.dit import LinearHeads, ProjectedQKV
+from h3core.nvfp4.linear import NVFP4Linear
 from h3core.parallel.collectives import CommStats, SendBlocks, exchange_blocks, head_to_seq, send_blocks, seq_to_head
 from h3core.parallel.partition import head_spans, token_spans
 from h3core.reports.outputs import Outputs
@@ -67,6 +75,8 @@ ROUND_TRIP = {"finish_into_blocks": 1, "finish_one_rank": -1, "seq_to_head": 1, 
 PACKED_ROUND_TRIP = {"seq_to_head_packed": 1, "head_to_seq": 1}
 WIRE = {"wire_qkv": 1, "wire_out": 1}
 FRESH = {"fresh_qkv": 1, "fresh_out": 1}
+V_INPUT_WIDTH = 64
+"""Input width of the benchmark's v GEMM (NVFP4, 64 = four 16-element blocks; see the module docstring)."""
 
 
 def target_ratio(world_size: int) -> float:
@@ -164,7 +174,8 @@ class TransportReport(BaseModel):
     heads_per_rank: list[int]
     qkv_fused: bool = Field(default=True, description="q|k|v travel in one all-to-all ([S_loc, 3, H, Dh]).")
     identity_exact: bool = Field(description="head_to_seq(seq_to_head(x)) == x bit for bit on every rank.")
-    blocks_exact: bool = Field(True, description="RoPE written into the send blocks arrives bit for bit as seq_to_head of the finished q|k|v.")
+    blocks_exact: bool = Field(True, description="RoPE and v's GEMM written into the send blocks arrive bit for bit as seq_to_head of the finished q|k|v.")
+    v_gemm_input_width: int = Field(V_INPUT_WIDTH, description="Input width of the v GEMM timed in finish_one_rank and finish_into_blocks.")
     attention_kernels: list[dict[str, int]] = Field(default_factory=list, description="Per rank: the attention kernels its timed calls ran (kernel -> calls).")
     phases: dict[str, PhaseTiming]
     round_trip_s: float = Field(description="h3's round trip (finish_into_blocks - finish_one_rank + seq_to_head + head_to_seq), slowest rank's median.")
@@ -192,7 +203,7 @@ class _Inputs:
 
     tokens: list[Span]
     heads: list[Span]
-    projected: ProjectedQKV  # q, k (normalised), v: [S_loc, H, Dh]; angles [S_loc, Dh/2]
+    projected: ProjectedQKV  # q, k (normalised): [S_loc, H, Dh]; v: LinearHeads; angles [S_loc, Dh/2]
     qkv: torch.Tensor  # [S_loc, 3, H, Dh], the finished q|k|v
     stand_in_out: torch.Tensor  # [S, H_loc, Dh], what attention would return when it is not timed
 
@@ -208,10 +219,17 @@ def _inputs(ctx: RankContext, cfg: TransportBenchConfig) -> _Inputs:
         return torch.randn(*shape, generator=generator, device=ctx.device, dtype=dtype)
 
     angles = torch.rand(local_tokens, cfg.head_dim // 2, generator=generator, device=ctx.device) * 6.3
-    q, k, v = (randn(local_tokens, cfg.heads, cfg.head_dim) for _ in range(3))
-    projected = ProjectedQKV(q, k, v, angles.cos(), angles.sin())
+    q, k, h = randn(local_tokens, cfg.heads, cfg.head_dim), randn(local_tokens, cfg.heads, cfg.head_dim), randn(local_tokens, V_INPUT_WIDTH)
+    projected = ProjectedQKV(q, k, LinearHeads(_v_linear(ctx, cfg), h, 0, cfg.heads, cfg.head_dim), angles.cos(), angles.sin())
     qkv = torch.stack(projected.split(), dim=1)
     return _Inputs(tokens, heads, projected, qkv, randn(cfg.tokens, local_heads, cfg.head_dim))
+
+
+def _v_linear(ctx: RankContext, cfg: TransportBenchConfig) -> NVFP4Linear:
+    """v's NVFP4 linear, `V_INPUT_WIDTH -> heads * head_dim` with a bias, the same on every rank (replicated)."""
+    generator = torch.Generator().manual_seed(cfg.seed)
+    weight = torch.randn(cfg.heads * cfg.head_dim, V_INPUT_WIDTH, generator=generator)
+    return NVFP4Linear.from_float(weight, torch.randn(weight.shape[0], generator=generator)).to(ctx.device)
 
 
 def _exactness(ctx: RankContext, x: _Inputs) -> tuple[bool, bool]:
@@ -278,9 +296,9 @@ def _bytes_per_call(stats: CommStats, calls: int) -> dict[str, int]:
 
 
 def _write_blocks(projected: ProjectedQKV, heads: list[Span]) -> SendBlocks:
-    """Ulysses attention's producer step: RoPE of q, k and the copy of v, into the send blocks."""
-    local_tokens, _, head_dim = projected.v.shape
-    blocks = send_blocks(local_tokens, (3,), head_dim, heads, projected.v)
+    """Ulysses attention's producer step: RoPE of q, k and v's GEMM, into the send blocks."""
+    local_tokens, _, head_dim = projected.q.shape
+    blocks = send_blocks(local_tokens, (3,), head_dim, heads, projected.q)
     for head_range, view in blocks.pieces:
         projected.write(head_range, view)
     return blocks
@@ -400,7 +418,7 @@ def transport_need(tokens: int, heads: int, head_dim: int, world_size: int, devi
     """`h3 bench-transport`'s need per rank: q|k|v rows, their head-sharded copy, the output and the
     baseline's buffers (and attention's scores where its kernel materialises them)."""
     s_loc, h_loc = -(-tokens // world_size), -(-heads // world_size)
-    rows = 2 * s_loc * 3 * heads * head_dim  # q|k|v and the send side of seq->head
+    rows = 2 * s_loc * 3 * heads * head_dim + s_loc * V_INPUT_WIDTH  # q|k|v, the send side of seq->head, v's input
     by_head = 2 * tokens * 3 * h_loc * head_dim  # received q|k|v and the baseline's receive buffer
     outputs = 2 * tokens * h_loc * head_dim  # the attention output (or its stand-in) and head->seq
     scores = scores_bytes(attention, device, dtype, h_loc, tokens, head_dim) if attention else 0

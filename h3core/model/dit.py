@@ -23,6 +23,7 @@ loaded in the compute dtype. Never call `model.to(dtype)`: it would cast the fp8
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -218,31 +219,74 @@ def dense_linear(out_features: int, in_features: int) -> nn.Linear:
     return nn.Linear(in_features, out_features, device="meta").requires_grad_(False)
 
 
+@dataclass(frozen=True)
+class LinearHeads:
+    """Heads of a linear's output not computed yet: features `[first, first + H * Dh)` of
+    `linear(h)`, as [S, H, Dh]. `compute()` gives them as a new tensor; `into()` lets the GEMM write
+    a range of heads straight into a destination laid out differently (no copy on the dequant paths)."""
+
+    linear: NVFP4Linear
+    h: torch.Tensor  # [S, D_in], the linear's input rows
+    first: int  # first output feature of head 0
+    num_heads: int
+    head_dim: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.h.shape[0], self.num_heads, self.head_dim)
+
+    def _features(self, first_head: int, count: int) -> slice:
+        start = self.first + first_head * self.head_dim
+        return slice(start, start + count * self.head_dim)
+
+    def compute(self) -> torch.Tensor:
+        return self.linear.forward_rows(self.h, self._features(0, self.num_heads)).unflatten(-1, (-1, self.head_dim))
+
+    def into(self, heads: slice, out: torch.Tensor) -> None:
+        """Heads `heads` into out: [S, *group, w, Dh], any strides, heads grouped as `(*group, w)`
+        (e.g. `(peers, heads_per_peer)`). One GEMM per group of w heads, into its `[S, w * Dh]` view."""
+        width, start = out.shape[-2], heads.start
+        for index in itertools.product(*(range(n) for n in out.shape[1:-2])):
+            dest = out[(slice(None), *index)]  # [S, w, Dh]
+            rows = self._features(start, width)
+            if dest.stride(-1) == 1 and dest.stride(-2) == self.head_dim:
+                self.linear.forward_rows(self.h, rows, out=dest.view(dest.shape[0], width * self.head_dim))
+            else:  # heads not laid out row by row: no matrix view of them exists
+                dest.copy_(self.linear.forward_rows(self.h, rows).unflatten(-1, (width, self.head_dim)))
+            start += width
+
+
 @dataclass
 class ProjectedQKV:
-    """Attention inputs of some rows one step before they are final: q and k normalised, not yet rotated.
+    """Attention inputs of some rows one step before they are final: q and k normalised, not yet
+    rotated; v a tensor, or `LinearHeads` still to be computed.
 
-    `split()` finishes them (RoPE on q and k) into q, k, v: [S, H, Dh] each, what a rank attends over.
-    `write(heads, out)` writes the same values for a range of heads into a destination laid out
-    differently, e.g. an all-to-all's send buffer, so that nothing is copied twice on the way out.
+    `split()` finishes them (RoPE on q and k, v computed) into q, k, v: [S, H, Dh] each, what a rank
+    attends over. `write(heads, out)` writes the same values for a range of heads into a destination
+    laid out differently, e.g. an all-to-all's send buffer, so that nothing is copied on the way out.
     """
 
     q: torch.Tensor  # [S, H, Dh], RMS-normalised
     k: torch.Tensor  # [S, H, Dh], RMS-normalised
-    v: torch.Tensor  # [S, H, Dh]
+    v: torch.Tensor | LinearHeads  # [S, H, Dh]
     cos: torch.Tensor  # [S, Dh/2]
     sin: torch.Tensor  # [S, Dh/2]
 
     def split(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return apply_rope(self.q, self.cos, self.sin), apply_rope(self.k, self.cos, self.sin), self.v
+        v = self.v.compute() if isinstance(self.v, LinearHeads) else self.v
+        return apply_rope(self.q, self.cos, self.sin), apply_rope(self.k, self.cos, self.sin), v
 
     def write(self, heads: slice, out: torch.Tensor) -> None:
         """Heads `heads` of q, k (rotated) and v into out: [S, 3, *group, Dh], any strides, with the
-        heads grouped as `group` (e.g. `(peers, heads_per_peer)`); bit-identical to `split()`."""
+        heads grouped as `group` (e.g. `(peers, heads_per_peer)`); bit-identical to `split()`.
+        A lazy v is computed by its GEMM straight into `out[:, 2]`."""
         group = tuple(out.shape[2:-1])
         apply_rope(self.q[:, heads].unflatten(1, group), self.cos, self.sin, out=out[:, 0])
         apply_rope(self.k[:, heads].unflatten(1, group), self.cos, self.sin, out=out[:, 1])
-        out[:, 2].copy_(self.v[:, heads].unflatten(1, group))
+        if isinstance(self.v, LinearHeads):
+            self.v.into(heads, out[:, 2])
+        else:
+            out[:, 2].copy_(self.v[:, heads].unflatten(1, group))
 
 
 class AttentionCore(nn.Module):
@@ -274,9 +318,19 @@ class Attention(nn.Module):
     def forward(self, h: torch.Tensor, rope: Rope) -> torch.Tensor:
         # h: [S, D] -> [S, D]. The head count comes from the qkv weight, so a head-sharded qkv just works.
         cos, sin = rope.local()
-        q, k, v = self.qkv(h).unflatten(-1, (3, -1, self.head_dim)).unbind(1)  # [S, H, Dh] each
+        q, k, v = self._project(h)  # [S, H, Dh] each (v maybe still lazy)
         o = self.core.attend_projected(ProjectedQKV(self.norm_q(q), self.norm_k(k), v, cos, sin))  # [S, H, Dh]
         return self.out(o.flatten(1))
+
+    def _project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | LinearHeads]:
+        """q, k: [S, H, Dh]; v: [S, H, Dh], or `LinearHeads` where the linear computes rows apart
+        (the dequant paths), so that the attention core decides where v's GEMM writes (bitwise the
+        same values). The fp4 paths keep one fused GEMM: one activation scale for q|k|v."""
+        width = self.qkv.out_features // 3
+        if not self.qkv.rows_apart:
+            return self.qkv(h).unflatten(-1, (3, -1, self.head_dim)).unbind(1)
+        q, k = self.qkv.forward_rows(h, slice(0, 2 * width)).unflatten(-1, (2, -1, self.head_dim)).unbind(1)
+        return q, k, LinearHeads(self.qkv, h, 2 * width, width // self.head_dim, self.head_dim)
 
 
 class MLP(nn.Module):

@@ -13,8 +13,10 @@ Its tensors are buffers named exactly as ModelOpt names them in a checkpoint, so
 | `input_scale` (optional) | `[]` | float32, static activation global scale (fp4 path only) |
 
 `forward` takes one of the paths of `h3core.nvfp4.matmul`; `path` says which and `path_reason`
-why, and every forward adds one to that path's count in the per-process record
-(`matmul.paths_run`). On the fp4 paths (`cuda-fp4-scaled-mm`, `cpu-fp4-emulated`):
+why, and every forward (and every `forward_rows`) adds one to that path's count in the per-process
+record (`matmul.paths_run`). `forward_rows` computes some output features only, into a strided
+destination if asked (the dequant paths decode just those rows; Ulysses' v GEMM writes into the
+all-to-all's send blocks this way). On the fp4 paths (`cuda-fp4-scaled-mm`, `cpu-fp4-emulated`):
 
 - the GEMM's operands (the swizzled block scales, and a zero-padded copy of the packed weight
   only when its shape is not a whole number of GEMM tiles) are built by `prepare()`, which the
@@ -198,7 +200,27 @@ class NVFP4Linear(nn.Module):
         if self.agree_amax is not None and self.input_scale is None and self.path in FP4_PATHS:
             self.agree_amax(torch.zeros((), device=self.weight.device))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def rows_apart(self) -> bool:
+        """True where output rows computed apart (`forward(x, rows=...)`) are bitwise the same columns
+        as the whole `forward(x)`: the dequant paths, where each output row depends on its weight row
+        only. False on the fp4 paths: one activation scale covers the whole call (agreed over ranks
+        per call), so `rows` there runs the whole product and copies its columns out."""
+        return self.path not in FP4_PATHS
+
+    def forward_rows(self, x: torch.Tensor, rows: slice, out: torch.Tensor | None = None) -> torch.Tensor:
+        """`self(x, rows=rows, out=out)`: output features `rows` only (see `forward`)."""
+        return self(x, rows=rows, out=out)
+
+    def forward(self, x: torch.Tensor, rows: slice | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [..., in] -> [..., out_features], or [..., len(rows)] for output features `rows`.
+
+        `out` (with `rows`; [M, len(rows)], x's dtype, unit column stride, any row stride): where the
+        result goes. On the dequant paths (`rows_apart`) only those weight rows are decoded and their
+        GEMM writes straight into `out`; on the fp4 paths the whole product runs and its columns are
+        copied (`torch._scaled_mm` takes no strided output). Called through the module either way,
+        so forward hooks (calibration, `--profile`) see every GEMM.
+        """
         if x.shape[-1] != self.in_features or not x.is_floating_point():
             raise ValueError(
                 f"NVFP4Linear({self.in_features} -> {self.out_features}) got input {x.dtype} {tuple(x.shape)}"
@@ -208,13 +230,30 @@ class NVFP4Linear(nn.Module):
             x2 = x2 * self.pre_quant_scale.to(x2.dtype)
         path = self.path
         record_path(path)
+        if rows is not None and path not in FP4_PATHS:
+            return self._rows_forward(x, x2, rows, out, path)
         if path in FP4_PATHS:
             y = self._fp4_forward(x2, path)
         elif path == PATH_CUDA_BF16:
             y = dequant_linear(x2.to(torch.bfloat16), self.nvfp4, self.bias)
         else:
             y = dequant_linear(x2, self.nvfp4, self.bias)
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # [..., out]
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # [..., out]
+        if rows is None:
+            return y
+        return y[..., rows] if out is None else out.copy_(y[..., rows].reshape(out.shape))
+
+    def _rows_forward(self, x: torch.Tensor, x2: torch.Tensor, rows: slice, out: torch.Tensor | None, path: str) -> torch.Tensor:
+        """The dequant paths on output features `rows`: decode those weight rows only, GEMM into `out` if given."""
+        w = self.nvfp4
+        weight = NVFP4Weight(w.packed[rows], w.scale[rows], w.global_scale)
+        bias = None if self.bias is None else self.bias[rows]
+        gemm_dtype = torch.bfloat16 if path == PATH_CUDA_BF16 else x2.dtype
+        direct = out if out is not None and out.dtype == gemm_dtype else None
+        y = dequant_linear(x2.to(gemm_dtype), weight, bias, out=direct)  # [M, len(rows)]
+        if out is not None:
+            return y if direct is not None else out.copy_(y)
+        return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
 
     def _fp4_forward(self, x2: torch.Tensor, path: str) -> torch.Tensor:
         act_global = self.activation_global_scale(x2)  # before any early return: peers may wait on it

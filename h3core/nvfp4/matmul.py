@@ -119,7 +119,8 @@ def record_path(path: str) -> None:
 
 
 def paths_run() -> dict[str, int]:
-    """NVFP4 matmul paths this process ran since the last `reset_path_record`: {path: forward calls}."""
+    """NVFP4 matmul paths this process ran since the last `reset_path_record`: {path: GEMM calls
+    (`forward` and `forward_rows`)}."""
     return dict(sorted(_paths_run.items()))
 
 
@@ -142,9 +143,18 @@ def dequant_row_chunks(out_features: int, in_features: int, budget_elements: int
 
 
 def dequant_linear(
-    x: torch.Tensor, w: NVFP4Weight, bias: torch.Tensor | None, chunk_elements: int | None = None
+    x: torch.Tensor,
+    w: NVFP4Weight,
+    bias: torch.Tensor | None,
+    chunk_elements: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`(x @ dequantize(w).T) + bias` in `x.dtype`, decoding `w` in row chunks.  x: [M, in] -> [M, out]"""
+    """`(x @ dequantize(w).T) + bias` in `x.dtype`, decoding `w` in row chunks.  x: [M, in] -> [M, out]
+
+    `out` ([M, out] in x's dtype, unit column stride, any row stride, e.g. a view into an
+    all-to-all's send buffer): each chunk's GEMM writes its columns there directly (BLAS takes the
+    row stride as its leading dimension, so nothing is copied) and `out` is returned.
+    """
     if chunk_elements is None:
         chunk_elements = DEQUANT_CHUNK_ELEMENTS.get(x.device.type, DEQUANT_CHUNK_ELEMENTS["cpu"])
     chunks = dequant_row_chunks(w.out_features, w.in_features, chunk_elements)
@@ -152,12 +162,12 @@ def dequant_linear(
     index = torch.empty(rows * w.packed.shape[1], dtype=torch.int32, device=x.device)
     decoded = torch.empty(rows * w.in_features, dtype=torch.float32, device=x.device)
     dense = decoded if x.dtype == torch.float32 else torch.empty(rows * w.in_features, dtype=x.dtype, device=x.device)
-    if len(chunks) == 1:
+    if out is None and len(chunks) == 1:
         out = F.linear(x, _decode_chunk(w, chunks[0], index, decoded, dense))
     else:
-        out = torch.empty(x.shape[0], w.out_features, dtype=x.dtype, device=x.device)
-        for chunk in chunks:
-            out[:, chunk] = F.linear(x, _decode_chunk(w, chunk, index, decoded, dense))
+        out = torch.empty(x.shape[0], w.out_features, dtype=x.dtype, device=x.device) if out is None else out
+        for chunk in chunks:  # the same GEMM as F.linear, its result written in place: bitwise equal
+            torch.mm(x, _decode_chunk(w, chunk, index, decoded, dense).t(), out=out[:, chunk])
     # The bias is added after the GEMM, never fused into it: tensor mode adds a row-parallel
     # layer's bias after the reduction, and one rank must round exactly as that does.
     return out if bias is None else out.add_(bias.to(x.dtype))

@@ -11,7 +11,7 @@ balanced row split); index `i` of a spans list belongs to rank `i` of `group`. `
   token rows as they lie and unpacks the received head blocks into `[S_loc, *mid, H, Dh]`.
   The pack can be skipped: `send_blocks` hands out the send buffer as views in the input's
   layout, a producer writes into them directly (Ulysses attention: the model's RoPE writes q
-  and k there, only v is copied) and `exchange_blocks` sends them.
+  and k there, v's GEMM writes v) and `exchange_blocks` sends them.
 - `gather_rows`: ragged all-gather. Gloo and NCCL gather equal sizes only, so every rank pads its
   rows to the longest share; the padding is cut off before the result is returned.
 - `exchange_halves`: CFG parallel's one exchange per step between the two halves of a group (each

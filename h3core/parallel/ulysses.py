@@ -2,7 +2,7 @@
 
 Per block on rank r: AdaLN, the full QKV, q/k norm and RoPE all run on r's tokens; one all-to-all
 sends q|k|v sequence->head (r now holds every token of its heads, ragged heads and tokens both
-allowed; the model's RoPE writes q and k straight into the all-to-all's send buffer, see
+allowed; the model's RoPE writes q and k, and v's GEMM writes v, straight into the all-to-all's send buffer, see
 `UlyssesAttention.attend_projected`), attention runs, the inverse all-to-all returns head->sequence, and the output
 projection, gate and MLP run on r's tokens again. Weights are replicated.
 """
@@ -36,15 +36,16 @@ class UlyssesAttention(nn.Module):
         return head_to_seq(out, rt.tokens, rt.heads, rt.group, rt.stats)  # [S_loc, H, Dh]
 
     def attend_projected(self, qkv: ProjectedQKV) -> torch.Tensor:
-        """The model's path: RoPE writes q and k straight into the all-to-all's send blocks and v is
-        copied there, instead of finishing q|k|v, stacking them and packing the stack (two passes
-        over 3x the activations saved); bit-identical to `forward(*qkv.split())`."""
+        """The model's path: RoPE writes q and k straight into the all-to-all's send blocks and v's
+        GEMM writes there too (one GEMM per peer on the dequant paths; computed and copied on the fp4
+        paths), instead of finishing q|k|v, stacking them and packing the stack (two passes over 3x
+        the activations saved); bit-identical to `forward(*qkv.split())`."""
         rt = self.runtime
         rt.used.heads = rt.heads[rt.rank]
         if rt.world_size == 1:
             return self.inner.attend_projected(qkv)
-        local_tokens, _, head_dim = qkv.v.shape
-        blocks = send_blocks(local_tokens, (3,), head_dim, rt.heads, qkv.v)
+        local_tokens, _, head_dim = qkv.q.shape
+        blocks = send_blocks(local_tokens, (3,), head_dim, rt.heads, qkv.q)
         for heads, view in blocks.pieces:
             qkv.write(heads, view)  # view: [S_loc, 3, peers, H_j, Dh]
         by_head = exchange_blocks(blocks, rt.tokens, rt.heads, rt.group, rt.stats)  # [S, 3, H_loc, Dh]

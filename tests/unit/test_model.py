@@ -71,3 +71,27 @@ def test_h3_preset_on_meta_counts_parameters_and_nvfp4_bytes():
     nvfp4 = sum(torch.Size(s.shape).numel() * s.dtype.itemsize for s in specs if s.nvfp4)
     assert nvfp4 == 12_507_071_280
     assert len(nvfp4_prefixes(model)) == 4 + 4 * 50
+
+
+def test_attention_with_v_computed_apart_is_bitwise_the_fused_qkv(monkeypatch):
+    """On the dequant paths Attention leaves v to its GEMM (`LinearHeads`, which Ulysses points at
+    its send blocks); on one rank that gives bitwise what the fused q|k|v GEMM gives."""
+    import torch.nn as nn
+
+    from h3core.model.dit import Attention, LinearHeads, rope_table
+    from h3core.nvfp4.linear import NVFP4Linear
+
+    cfg = preset("tiny")
+    d, g = cfg.hidden, torch.Generator().manual_seed(0)
+    attn = Attention(cfg)
+    attn.qkv = NVFP4Linear.from_float(torch.randn(3 * d, d, generator=g), torch.randn(3 * d, generator=g))
+    attn.out = NVFP4Linear.from_float(torch.randn(d, d, generator=g))
+    for norm in (attn.norm_q, attn.norm_k):
+        norm.weight = nn.Parameter(torch.rand(cfg.head_dim, generator=g) + 0.5, requires_grad=False)
+    h = torch.randn(29, d, generator=g)
+    rope = rope_table(cfg, torch.arange(29)[:, None].expand(29, 3).float())
+    assert isinstance(attn._project(h)[2], LinearHeads)
+    apart = attn(h, rope)
+    monkeypatch.setattr(NVFP4Linear, "rows_apart", property(lambda self: False))  # as on the fp4 paths
+    assert not isinstance(attn._project(h)[2], LinearHeads)
+    assert torch.equal(attn(h, rope), apart)

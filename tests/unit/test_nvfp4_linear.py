@@ -300,3 +300,46 @@ def test_split_columns_with_the_agreed_scale_sum_to_the_one_rank_product():
             total += shard(x[:, cols.elements.start : cols.elements.stop])
         relative = ((total - whole).abs().max() / whole.abs().max()).item()
         assert relative < 1e-6 if agree else relative > 1e-3, (agree, relative)
+
+
+@pytest.mark.parametrize(
+    "out, inp, tokens, rows",
+    [
+        (3 * 56 * 16, 896, 37, slice(2 * 896 + 5 * 16, 2 * 896 + 12 * 16)),  # 7 heads of v, narrow preset widths
+        (3 * 8 * 16, 128, 1, slice(2 * 128 + 16, 2 * 128 + 32)),  # one 16-wide head, one token
+        (3 * 7 * 128, 896, 3, slice(2 * 896, 3 * 896)),  # v whole
+        (1031, 448, 5, slice(0, 1031)),  # every row, chunked with a tail
+    ],
+)
+def test_forward_rows_into_a_strided_view_is_bitwise_those_columns_of_forward(out, inp, tokens, rows):
+    """What lets Ulysses' v GEMM write straight into the all-to-all's send blocks: only `rows` are
+    decoded, the GEMM writes through the view's row stride, and the bits are forward's."""
+    linear = make_linear(out=out, inp=inp, seed=out)
+    x = torch.randn(tokens, inp, generator=torch.Generator().manual_seed(tokens))
+    width = rows.stop - rows.start
+    assert linear.rows_apart
+    assert torch.equal(linear.forward_rows(x, rows), linear(x)[:, rows])
+    buffer = torch.full((tokens, 3, width), float("nan"))  # v's place in a [S, 3, w] block
+    result = linear.forward_rows(x, rows, out=buffer[:, 2])
+    assert result.data_ptr() == buffer[:, 2].data_ptr()
+    assert torch.equal(buffer[:, 2], linear(x)[:, rows]) and buffer[:, :2].isnan().all()
+
+
+def test_forward_rows_on_the_fp4_path_copies_the_whole_forwards_columns():
+    """The fp4 paths quantize the whole input with one scale: rows are not computed apart there."""
+    linear = emulated(out=96, inp=128, seed=3)
+    x = torch.randn(4, 128)
+    out = torch.full((4, 2, 32), float("nan"))[:, 1]
+    assert not linear.rows_apart
+    linear.forward_rows(x, slice(64, 96), out=out)
+    assert torch.equal(out, linear(x)[:, 64:96])
+
+
+def test_forward_rows_runs_through_the_module_so_hooks_see_it():
+    """Calibration (input amax) and `--profile` (time per linear) hook the module: a rows-only GEMM
+    must pass through them like a whole forward."""
+    linear = make_linear(out=96, inp=64)
+    seen = []
+    linear.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape))
+    linear.forward_rows(torch.randn(5, 64), slice(32, 64))
+    assert seen == [torch.Size([5, 64])]

@@ -1,9 +1,14 @@
-"""RoPE written into another layout (Ulysses' send blocks) is bit for bit RoPE into a new tensor."""
+"""RoPE and v's GEMM written into another layout (Ulysses' send blocks) are bit for bit RoPE and
+the fused q|k|v GEMM into new tensors."""
+
+import math
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
-from h3core.model.dit import ProjectedQKV, apply_rope
+from h3core.model.dit import LinearHeads, ProjectedQKV, apply_rope
+from h3core.nvfp4.linear import NVFP4Linear
 from h3core.parallel.collectives import send_blocks
 from h3core.parallel.partition import head_spans
 
@@ -48,3 +53,45 @@ def test_written_send_blocks_equal_the_pack_of_finished_qkv(ranks):
     expected = torch.cat([finished[:, :, h.start : h.stop].reshape(-1) for h in heads])
     assert torch.equal(blocks.buffer, expected)
     assert sum(r.stop - r.start for r, _ in blocks.pieces) == 13 and len(blocks.pieces) <= 2
+
+
+def _lazy_projected(tokens, heads, head_dim, seed=0):
+    """q, k finished by a fused QKV linear; v still lazy (`LinearHeads`), as the model's dequant path builds it."""
+    g = torch.Generator().manual_seed(seed)
+    width = heads * head_dim
+    linear = NVFP4Linear.from_float(torch.randn(3 * width, width, generator=g), torch.randn(3 * width, generator=g))
+    h = torch.randn(tokens, width, generator=g)
+    fused = linear(h).unflatten(-1, (3, heads, head_dim))  # [S, 3, H, Dh]
+    angles = torch.rand(tokens, head_dim // 2, generator=g) * 40
+    lazy = LinearHeads(linear, h, 2 * width, heads, head_dim)
+    return ProjectedQKV(fused[:, 0], fused[:, 1], lazy, angles.cos(), angles.sin()), fused
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 5])
+def test_v_gemm_written_into_send_blocks_equals_the_fused_projection(ranks):
+    """v's GEMM per peer, into the blocks, is bitwise v of the fused q|k|v GEMM (13 ragged heads)."""
+    p, fused = _lazy_projected(9, 13, 16, seed=ranks)
+    assert torch.equal(p.split()[2], fused[:, 2])
+    heads = head_spans(13, ranks)
+    blocks = send_blocks(9, (3,), 16, heads, p.q)
+    blocks.buffer.fill_(float("nan"))
+    for head_range, view in blocks.pieces:
+        p.write(head_range, view)
+    finished = torch.stack(p.split(), dim=1)  # [S_loc, 3, H, Dh]
+    expected = torch.cat([finished[:, :, h.start : h.stop].reshape(-1) for h in heads])
+    assert torch.equal(blocks.buffer, expected)
+
+
+def test_v_gemm_into_send_blocks_copies_nothing_of_v():
+    """The GEMM writes v through the blocks' row stride: no copy of v's size runs (the profiler
+    sees every aten op; only the weight decoding's small copies remain)."""
+    p, _ = _lazy_projected(37, 13, 16)
+    blocks = send_blocks(37, (3,), 16, head_spans(13, 3), p.q)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for head_range, view in blocks.pieces:
+            p.v.into(head_range, view[:, 2])
+    ops = [e for e in prof.events() if e.name in ("aten::copy_", "aten::mm")]
+    assert sum(e.name == "aten::mm" for e in ops) == 3  # one GEMM per peer
+    v_sizes = {37 * w * 16 for w in (4, 5)}  # a peer's block of v: 5 or 4 heads
+    copied = [math.prod(e.input_shapes[0]) for e in ops if e.name == "aten::copy_"]
+    assert not v_sizes & set(copied), copied
