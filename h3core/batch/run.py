@@ -67,7 +67,7 @@ def run_round(world: World, runs: list[ResolvedRun | None], texts: EncodedPrompt
     latents) first; None on torchrun ranks other than 0."""
     mine = [texts.texts[s] if texts is not None and s is not None else [] for s in slots]
     seconds = [texts.seconds[s] if texts is not None and s is not None else 0.0 for s in slots]
-    encoded = {"info": texts.info, "peak_memory": texts.peak_memory} if texts is not None else {}
+    encoded = texts.for_reports() if texts is not None else {}
     outcomes = world.run(denoise_round, runs, mine if texts is not None else None, seconds, encoded)
     if not world.is_main:
         return None

@@ -205,16 +205,15 @@ def rank_runtime(ctx: RankContext, run: ResolvedRun) -> ParallelRuntime:
 
 def rank_outcome(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, pipeline: RankPipeline, done: Denoised,
                  encoder_info: dict | None, timings: dict[str, float], peak_text: int) -> RankOutcome:
-    """What this rank sends back for one request (rank 0's carries the latents and the encoder's info)."""
+    """What this rank sends back for one request (each replica's lead carries the latents and the encoder's info)."""
     outcome = RankOutcome(
         rank=ctx.rank, timings={**timings, **done.timings}, step_seconds=done.step_seconds,
         peak_memory_text=peak_text, peak_memory_sampling=done.peak_memory, weights=pipeline.weights, comm=runtime.stats,
         nvfp4_paths=done.nvfp4_paths, attention_kernels=done.attention_kernels, used=runtime.used,
         cpu_allocator=cpu_memory.policy() if ctx.device.type == "cpu" else "n/a", profile=done.profile,
     )
-    if ctx.rank == 0:
+    if runtime.rank == 0 and done.latent:  # the lead of each replica (local rank 0 of branch 0)
         outcome.text_encoder = encoder_info
-    if runtime.rank == 0 and done.latent:  # the lead of each replica: local rank 0 of branch 0
         outcome.video, outcome.audio = _unpatchified(run, done.latent)
     return outcome
 

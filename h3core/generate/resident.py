@@ -69,6 +69,10 @@ class EncodedPrompts(BaseModel):
     peak_memory: int
     info: dict
 
+    def for_reports(self) -> dict[str, Any]:
+        """What every rank's outcome reports of the encoding (`denoise_round`'s `encoded`)."""
+        return {"info": self.info, "peak_memory": self.peak_memory}
+
 
 _HELD: dict[LoadKey, RankPipeline] = {}
 
@@ -136,10 +140,7 @@ def denoise_round(ctx: RankContext, runs: list[ResolvedRun | None], texts: list[
         return None
     done = pipeline.denoise(run, _texts_of(runs, received, replica), ctx.report)
     timings = {"text_encode": seconds[replica], "load": load_seconds}
-    outcome = rank_outcome(ctx, run, pipeline.runtime, pipeline, done, encoded.get("info"), timings, encoded.get("peak_memory", 0))
-    if outcome.video is not None or outcome.audio is not None:  # the lead of its replica: its report names the encoder
-        outcome.text_encoder = encoded.get("info")
-    return outcome
+    return rank_outcome(ctx, run, pipeline.runtime, pipeline, done, encoded.get("info"), timings, encoded.get("peak_memory", 0))
 
 
 def _texts_of(runs: list[ResolvedRun | None], received: list[torch.Tensor], replica: int) -> list[torch.Tensor]:

@@ -372,21 +372,24 @@ def _stop_workers(workers: list[_Worker], clean: bool) -> None:
                 worker.conn.send(("stop", None))
             except OSError:
                 pass
-        deadline = time.monotonic() + _STOP_GRACE_S
-        for worker in workers:
-            worker.process.join(max(0.0, deadline - time.monotonic()))
+        _join_within(workers, _STOP_GRACE_S)
     for worker in workers:
         if worker.process.is_alive():
             worker.process.terminate()
             _continue(worker.process.pid)  # a stopped process acts on SIGTERM only once it runs again
-    deadline = time.monotonic() + _TERMINATE_GRACE_S
-    for worker in workers:
-        worker.process.join(max(0.0, deadline - time.monotonic()))
+    _join_within(workers, _TERMINATE_GRACE_S)
     for worker in workers:
         if worker.process.is_alive():
             worker.process.kill()
             worker.process.join()
         worker.conn.close()
+
+
+def _join_within(workers: list[_Worker], seconds: float) -> None:
+    """Wait for the workers to exit, `seconds` for all of them together."""
+    deadline = time.monotonic() + seconds
+    for worker in workers:
+        worker.process.join(max(0.0, deadline - time.monotonic()))
 
 
 def _continue(pid: int | None) -> None:

@@ -16,8 +16,8 @@ from runpod_fake import SERVER_EDITION, TEST_KEY, WORKSTATION_EDITION, problem
 from typer.testing import CliRunner
 
 import h3core.pod.client as client_module
-from commands import h3_process
-from h3cli.main import app, main
+from commands import h3_process, run_main
+from h3cli.main import app
 from h3core.pod import RetryPolicy
 
 PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGh3dGVzdGtleWgzdGVzdGtleWgzdGVzdGtleQ h3@test"
@@ -44,13 +44,7 @@ def h3(runpod_env, capsys, monkeypatch):
     monkeypatch.setattr(client_module, "DEFAULT_RETRY", RetryPolicy(attempts=3, backoff_s=0))
 
     def run(*args: str) -> Run:
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else 1
-        out, err = capsys.readouterr()
+        code, out, err = run_main(capsys, *args)
         assert TEST_KEY not in out and TEST_KEY not in err
         return Run(code, out, err)
 

@@ -21,6 +21,13 @@ PROMPTS = [
 ]
 
 
+def _encoded(ctx, runs):
+    """The batch's one text-encoder load: every run's hidden states on rank 0 (None elsewhere), and
+    what the outcomes report of it."""
+    encoded = encode_prompts_once(ctx, runs)
+    return (encoded.texts, encoded.for_reports()) if encoded else (None, {})
+
+
 def _batch_then_alone(ctx, runs):
     """World task on ranks 0-1: the batch's path for every run, then each run alone; rank 0 returns
     (latents, load seconds) per run for both, the other ranks None."""
@@ -28,9 +35,8 @@ def _batch_then_alone(ctx, runs):
     if sub is None:
         return None
     try:
-        encoded = encode_prompts_once(sub, runs)
-        meta = {"info": encoded.info, "peak_memory": encoded.peak_memory} if encoded else {}
-        batched = [denoise_round(sub, [run], [encoded.texts[i]] if encoded else None, [0.0], meta) for i, run in enumerate(runs)]
+        texts, meta = _encoded(sub, runs)
+        batched = [denoise_round(sub, [run], [texts[i]] if texts else None, [0.0], meta) for i, run in enumerate(runs)]
     finally:
         drop_held()
     alone = [rank_generate(sub, run) for run in runs]
@@ -58,9 +64,7 @@ def _replicas_then_alone(ctx, runs, alone_runs):
     if sub is None:
         return None
     try:
-        encoded = encode_prompts_once(sub, runs)
-        meta = {"info": encoded.info, "peak_memory": encoded.peak_memory} if encoded else {}
-        texts = encoded.texts if encoded else None
+        texts, meta = _encoded(sub, runs)
         rounds = [
             denoise_round(sub, [runs[0], runs[1]], [texts[0], texts[1]] if texts else None, [0.0, 0.0], meta),
             denoise_round(sub, [runs[2], None], [texts[2], []] if texts else None, [0.0, 0.0], meta),

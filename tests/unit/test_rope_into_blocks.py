@@ -44,15 +44,20 @@ def test_apply_rope_matches_the_textbook_form_and_writes_any_layout(dtype):
 def test_written_send_blocks_equal_the_pack_of_finished_qkv(ranks):
     """13 heads are ragged over 2, 3 and 5 ranks: blocks hold [S_loc, 3, H_j, Dh] per peer, in rank order."""
     p = _projected(9, 13, 8, torch.float32, seed=ranks)
-    heads = head_spans(13, ranks)
-    blocks = send_blocks(9, (3,), 8, heads, p.v)
+    blocks, expected = _written_and_packed(p, head_spans(13, ranks), head_dim=8)
+    assert torch.equal(blocks.buffer, expected)
+    assert sum(r.stop - r.start for r, _ in blocks.pieces) == 13 and len(blocks.pieces) <= 2
+
+
+def _written_and_packed(p, heads, head_dim):
+    """The send blocks `p.write` fills (NaN where nothing was written), and the pack of `p.split()`
+    they must equal: per peer, its heads of [S_loc, 3, H, Dh], in rank order."""
+    blocks = send_blocks(p.q.shape[0], (3,), head_dim, heads, p.q)
     blocks.buffer.fill_(float("nan"))
     for head_range, view in blocks.pieces:
         p.write(head_range, view)
     finished = torch.stack(p.split(), dim=1)  # [S_loc, 3, H, Dh]
-    expected = torch.cat([finished[:, :, h.start : h.stop].reshape(-1) for h in heads])
-    assert torch.equal(blocks.buffer, expected)
-    assert sum(r.stop - r.start for r, _ in blocks.pieces) == 13 and len(blocks.pieces) <= 2
+    return blocks, torch.cat([finished[:, :, h.start : h.stop].reshape(-1) for h in heads])
 
 
 def _lazy_projected(tokens, heads, head_dim, seed=0):
@@ -72,13 +77,7 @@ def test_v_gemm_written_into_send_blocks_equals_the_fused_projection(ranks):
     """v's GEMM per peer, into the blocks, is bitwise v of the fused q|k|v GEMM (13 ragged heads)."""
     p, fused = _lazy_projected(9, 13, 16, seed=ranks)
     assert torch.equal(p.split()[2], fused[:, 2])
-    heads = head_spans(13, ranks)
-    blocks = send_blocks(9, (3,), 16, heads, p.q)
-    blocks.buffer.fill_(float("nan"))
-    for head_range, view in blocks.pieces:
-        p.write(head_range, view)
-    finished = torch.stack(p.split(), dim=1)  # [S_loc, 3, H, Dh]
-    expected = torch.cat([finished[:, :, h.start : h.stop].reshape(-1) for h in heads])
+    blocks, expected = _written_and_packed(p, head_spans(13, ranks), head_dim=16)
     assert torch.equal(blocks.buffer, expected)
 
 
