@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from h3core.model.dit import LinearHeads, ProjectedQKV, apply_rope
+from h3core.model import dit
+from h3core.model.dit import LinearHeads, ProjectedQKV, apply_rope, rope_chunk_rows
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.parallel.collectives import send_blocks
 from h3core.parallel.partition import head_spans
@@ -38,6 +39,28 @@ def test_apply_rope_matches_the_textbook_form_and_writes_any_layout(dtype):
     out = torch.full((37, 2, 3, 4, 16), float("nan"), dtype=dtype)[:, 1]
     apply_rope(p.q.unflatten(1, (3, 4)), p.cos, p.sin, out=out)
     assert torch.equal(out.flatten(1, 2), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_in_row_chunks_gives_the_bits_of_one_pass(monkeypatch, dtype):
+    """On the CPU RoPE runs over chunks of rows (cache-sized); every row, the ragged last chunk
+    included, is written, with the bits of the textbook form, into new tensors and strided blocks."""
+    p = _projected(37, 12, 16, dtype)
+    expected = _reference_rope(p.q, p.cos, p.sin)
+    monkeypatch.setattr(dit, "ROPE_CHUNK_BYTES", 5 * 12 * 16 * 4)  # 5 rows of float32 per chunk: 7 + a last of 2
+    assert rope_chunk_rows(p.q) == 5
+    assert torch.equal(apply_rope(p.q, p.cos, p.sin), expected)
+    out = torch.full((37, 2, 3, 4, 16), float("nan"), dtype=dtype)[:, 1]
+    apply_rope(p.q.unflatten(1, (3, 4)), p.cos, p.sin, out=out)
+    assert torch.equal(out.flatten(1, 2), expected)
+
+
+def test_rope_chunks_are_sized_by_bytes_on_the_cpu_and_whole_elsewhere():
+    # H3's 56 x 128 heads: 28 KiB of float32 per row -> 36 rows per 1 MiB chunk; a GPU takes every row at once
+    assert rope_chunk_rows(torch.empty(4096, 56, 128)) == dit.ROPE_CHUNK_BYTES // (56 * 128 * 4) == 36
+    assert rope_chunk_rows(torch.empty(4096, 56, 128, dtype=torch.bfloat16)) == 36  # computed in float32
+    assert rope_chunk_rows(torch.empty(20, 2, 8)) == 20  # fewer rows than a chunk
+    assert rope_chunk_rows(torch.empty(4096, 56, 128, device="meta")) == 4096
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 5])
