@@ -9,6 +9,11 @@ carries one-time warm-up); an arm's figure is the median over its runs.
     python scripts/bench_generate_ab.py allocator --preset narrow --repeat 5    # H3_CPU_ALLOCATOR system vs retain
     python scripts/bench_generate_ab.py profile --preset narrow-1k --repeat 5   # --profile off vs on
     python scripts/bench_generate_ab.py allocator --preset narrow-1k -- ulysses 2  # extra h3 generate arguments
+    python scripts/bench_generate_ab.py trees --before ../h3-old --preset narrow-1k  # another checkout vs this one
+
+`trees` runs the same command from another checkout (`git worktree add ../h3-old <commit>`) and from
+this one, each by PYTHONPATH (the processes start in a temporary folder, so neither tree's folder
+shadows the other), with the same installed dependencies.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -28,17 +34,26 @@ ARMS = {
     # name: [(label, extra args, extra environment), (label, ...)]; the first arm is the reference.
     "allocator": [("system (glibc defaults)", [], {"H3_CPU_ALLOCATOR": "system"}), ("retain", [], {"H3_CPU_ALLOCATOR": "retain"})],
     "profile": [("profile off", [], {}), ("--profile", ["--profile"], {})],
+    "trees": [],  # built from --before in main()
 }
+HERE = Path(__file__).resolve().parent.parent
 
 
 def one_run(args: list[str], env: dict[str, str], out: str) -> float:
     """Median step after the first of one `h3 generate` process."""
     command = [sys.executable, "-m", "h3cli.main", "generate", *args, "--json", "--no-save-latents", "--output", out]
-    proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env})
+    proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, cwd=out)
     if proc.returncode != 0:
         sys.exit(f"h3 generate failed ({' '.join(args)}): {proc.stderr.strip()}")
     steps = json.loads(proc.stdout)["step_seconds"]
     return statistics.median(steps[1:] or steps)
+
+
+def tree_arms(before: Path | None) -> list[tuple[str, list[str], dict[str, str]]]:
+    """`trees`: the checkout `before`, then this one, each imported through PYTHONPATH."""
+    if before is None or not (before / "h3core").is_dir():
+        sys.exit("trees needs --before PATH: a checkout of h3 (e.g. git worktree add ../h3-old HEAD~1)")
+    return [(f"before ({before})", [], {"PYTHONPATH": str(before.resolve())}), ("this tree", [], {"PYTHONPATH": str(HERE)})]
 
 
 def main() -> None:
@@ -48,9 +63,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of a 1-rank run (spawned ranks set their own); 1 keeps a shared machine's noise down.")
+    parser.add_argument("--before", type=Path, help="trees: the other checkout (its h3core and h3cli are imported from it).")
     parser.add_argument("generate_args", nargs="*", help="More h3 generate arguments (after --).")
     args = parser.parse_args()
-    arms = ARMS[args.compare]
+    arms = ARMS[args.compare] or tree_arms(args.before)
     base = ["--preset", args.preset, "--steps", str(args.steps), "--device", "cpu", *args.generate_args]
     runs: dict[str, list[float]] = {label: [] for label, _, _ in arms}
     with tempfile.TemporaryDirectory() as out:

@@ -22,17 +22,21 @@ h3 shards them (`token_spans`, `head_spans`), and times, per iteration and in th
    version of this benchmark used as its baseline: on a CPU its page faults cost more than the copy).
 
 h3's round trip, per iteration = (2) - (1) + (3) + (5): everything Ulysses adds to one rank's
-attention path; the wire = (7). v's GEMM is in both (1) and (2), so only what Ulysses changes about
-it counts (per-peer GEMMs, strided output rows). Its input is `V_INPUT_WIDTH` wide instead of the
-model's hidden width: the GEMM stays cheap next to the transport (at 7168 it would take seconds per
-rank on a CPU, equally in (1) and (2), and bury the difference in noise) while its output, what the
-layout changes, is the model's. Each timed region starts after a barrier (no rank's figure includes
-waiting for a late peer) and ends when the device has finished (`Stopwatch`). Per rank, the median
-over the iterations after warm-up; a figure is the **maximum over ranks** of those medians (the
-slowest rank sets the pace of a collective). Ratio = h3's round trip / the wire; targets (this
-machine's CPUs or GPUs, one run): <= 1.3 up to 4 ranks, <= 1.5 above. Before timing, each rank
-checks that `head_to_seq(seq_to_head(x))` gives `x` back and that the blocks written by RoPE arrive
-bit for bit as `seq_to_head` of the finished q|k|v.
+attention path; the wire = (7). (1) and (2) swap places every other iteration (`_iteration`). v's
+GEMM is in both (1) and (2), so only what Ulysses changes about it counts (per-peer GEMMs, strided
+output rows). Its input is `V_INPUT_WIDTH` wide instead of the model's hidden width: the GEMM stays
+cheap next to the transport (at 7168 it would take seconds per rank on a CPU, equally in (1) and
+(2), and bury the difference in noise) while its output, what the layout changes, is the model's.
+
+Each timed region starts after a barrier (no rank's figure includes waiting for a late peer) and
+ends when the device has finished (`Stopwatch`). A phase takes, in one iteration, as long as its
+**slowest rank** (the collective that follows waits for it); a figure is the median over the
+iterations after warm-up of those per-iteration times (of their signed sums for the round trip).
+Where ranks share CPU cores, one rank's own time depends on whom the scheduler ran first (81-204 ms
+for the same work at 4 ranks on 2 cores); the slowest rank's is the phase's. Ratio = h3's round trip
+/ the wire; targets (this machine's CPUs or GPUs, one run): <= 1.3 up to 4 ranks, <= 1.5 above.
+Before timing, each rank checks that `head_to_seq(seq_to_head(x))` gives `x` back and that the
+blocks written by RoPE arrive bit for bit as `seq_to_head` of the finished q|k|v.
 """
 
 from __future__ import annotations
@@ -158,7 +162,7 @@ class PhaseTiming(BaseModel):
     """One phase: per-rank medians, the figure that counts (slowest rank), bytes and bandwidth."""
 
     median_s_per_rank: list[float] = Field(description="Each rank's median over the timed iterations.")
-    median_s: float = Field(description="Max over ranks of the per-rank medians.")
+    median_s: float = Field(description="Median over the timed iterations of the slowest rank's time in each.")
     bytes_sent_per_rank: list[int] = Field(description="Bytes each rank sends to other ranks per call.")
     gb_per_s: float | None = Field(description="Largest per-rank bytes sent / median_s, in 1e9 B/s (None without traffic).")
 
@@ -178,7 +182,7 @@ class TransportReport(BaseModel):
     v_gemm_input_width: int = Field(V_INPUT_WIDTH, description="Input width of the v GEMM timed in finish_one_rank and finish_into_blocks.")
     attention_kernels: list[dict[str, int]] = Field(default_factory=list, description="Per rank: the attention kernels its timed calls ran (kernel -> calls).")
     phases: dict[str, PhaseTiming]
-    round_trip_s: float = Field(description="h3's round trip (finish_into_blocks - finish_one_rank + seq_to_head + head_to_seq), slowest rank's median.")
+    round_trip_s: float = Field(description="h3's round trip (finish_into_blocks - finish_one_rank + seq_to_head + head_to_seq): median over iterations of the signed sum of each phase's slowest rank.")
     wire_s: float = Field(description="The wire: plain all_to_all_single of the same bytes between buffers allocated once.")
     fresh_s: float = Field(description="The same into a freshly allocated receive buffer.")
     packed_round_trip_s: float = Field(description="seq_to_head of a stacked q|k|v (pack + all-to-all) + head_to_seq.")
@@ -187,8 +191,8 @@ class TransportReport(BaseModel):
     fresh_ratio: float | None = Field(None, description="fresh_s / wire_s: what fresh receive memory costs on this machine.")
     target_ratio: float = Field(description="The ratio h3 must stay within at this rank count.")
     timing: str = Field(
-        default="barrier before each timed region; device-synchronised; per iteration sums of phases; "
-        "per-rank median over timed iterations; max over ranks",
+        default="barrier before each timed region; device-synchronised; a phase's time in an iteration is its "
+        "slowest rank's; per-iteration sums of phases; median over timed iterations",
         description="How the figures were taken.",
     )
     versions: Versions
@@ -249,10 +253,17 @@ def _wire(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs) -> dict[str, 
     }
 
 
-def _iteration(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs, wire: dict, stats: CommStats, timed: Callable) -> None:  # type: ignore[type-arg]
-    """One timed iteration of every phase, in the order of the module docstring."""
-    timed("finish_one_rank", x.projected.split)
-    blocks = timed("finish_into_blocks", lambda: _write_blocks(x.projected, x.heads))
+def _iteration(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs, wire: dict, stats: CommStats, timed: Callable, step: int) -> None:  # type: ignore[type-arg]
+    """One timed iteration of every phase, in the order of the module docstring, except that the two
+    finishes swap places every other iteration: whichever runs second pays for writing back what the
+    first left dirty in the cache (~15 ms at 4 ranks on the 2-core VM, either way round), so a fixed
+    order would charge that to one of them."""
+    if step % 2:
+        blocks = timed("finish_into_blocks", lambda: _write_blocks(x.projected, x.heads))
+        timed("finish_one_rank", x.projected.split)
+    else:
+        timed("finish_one_rank", x.projected.split)
+        blocks = timed("finish_into_blocks", lambda: _write_blocks(x.projected, x.heads))
     by_head = timed("seq_to_head", lambda: exchange_blocks(blocks, x.tokens, x.heads, ctx.group, stats))
     out = timed("attention", lambda: _attend(by_head, cfg.attention)) if cfg.time_attention else x.stand_in_out
     by_head = None  # freed before head->seq, as in the model
@@ -274,7 +285,7 @@ def _bench_rank(ctx: RankContext, cfg: TransportBenchConfig) -> dict[str, Any]:
     for step in range(total):
         maybe_inject_fault("iter", ctx.rank, step)
         keep = step >= cfg.warmup
-        _iteration(ctx, cfg, x, wire, stats, lambda phase, work: _timed(ctx, samples[phase], keep, work))
+        _iteration(ctx, cfg, x, wire, stats, lambda phase, work: _timed(ctx, samples[phase], keep, work), step)
         ctx.report(("iter", step + 1, total))
     if not cfg.time_attention:
         samples["attention"] = []
@@ -380,27 +391,26 @@ def _summarise(cfg: TransportBenchConfig, backend: str, per_rank: list[dict[str,
 
 
 def _phases(cfg: TransportBenchConfig, per_rank: list[dict[str, Any]]) -> dict[str, PhaseTiming]:
-    """Per phase: every rank's median, the slowest of them, the bytes each rank sent and the bandwidth."""
+    """Per phase: every rank's median, the figure (median of the slowest rank per iteration), the bytes
+    each rank sent and the bandwidth."""
     phases: dict[str, PhaseTiming] = {}
     for phase in PHASES:
         if phase == "attention" and not cfg.time_attention:
             continue
         medians = [statistics.median(r["samples"][phase]) for r in per_rank]
         sent = [int(r["bytes"].get(phase, 0)) for r in per_rank]
-        slowest = max(medians)
-        gbps = max(sent) / slowest / 1e9 if max(sent) and slowest > 0 else None
-        phases[phase] = PhaseTiming(median_s_per_rank=medians, median_s=slowest, bytes_sent_per_rank=sent, gb_per_s=gbps)
+        figure = combined(per_rank, {phase: 1})
+        gbps = max(sent) / figure / 1e9 if max(sent) and figure > 0 else None
+        phases[phase] = PhaseTiming(median_s_per_rank=medians, median_s=figure, bytes_sent_per_rank=sent, gb_per_s=gbps)
     return phases
 
 
 def combined(per_rank: list[dict[str, Any]], terms: dict[str, int]) -> float:
-    """A signed sum of phases taken per iteration; each rank's median of it; the slowest rank's figure."""
-    medians = []
-    for rank in per_rank:
-        samples = rank["samples"]
-        iterations = zip(*(samples[phase] for phase in terms))
-        medians.append(statistics.median(sum(sign * t for sign, t in zip(terms.values(), row)) for row in iterations))
-    return max(medians)
+    """A signed sum of phases per iteration, each phase taking its slowest rank's time in that
+    iteration (the collective after it waits for that rank); the median over iterations."""
+    slowest = {phase: [max(times) for times in zip(*(r["samples"][phase] for r in per_rank))] for phase in terms}
+    per_iteration = zip(*(slowest[phase] for phase in terms))
+    return statistics.median(sum(sign * t for sign, t in zip(terms.values(), row)) for row in per_iteration)
 
 
 def report_file(chosen: Path | None, world_size: int, attention: str) -> Path | None:

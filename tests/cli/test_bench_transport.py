@@ -127,7 +127,10 @@ def test_round_trip_and_wire_are_per_iteration_sums_of_the_slowest_rank():
     rank0 = {"samples": {"finish_into_blocks": [3.0, 5.0, 4.0], "finish_one_rank": [2.0, 2.0, 2.0],
                          "seq_to_head": [1.0, 1.0, 1.0], "head_to_seq": [1.0, 1.0, 1.0],
                          "wire_qkv": [1.0, 1.0, 1.0], "wire_out": [0.5, 0.5, 0.5]}}
-    rank1 = {"samples": {**rank0["samples"], "wire_qkv": [2.0, 2.0, 2.0]}}
-    assert combined([rank0, rank1], ROUND_TRIP) == 4.0  # median of (3, 5, 4) - 2 + 1 + 1
+    # rank 1 got the core first in iteration 0 and last in iteration 2: each phase waits for its slowest rank
+    rank1 = {"samples": {**rank0["samples"], "finish_one_rank": [1.0, 2.0, 3.0], "wire_qkv": [2.0, 2.0, 2.0]}}
+    # per iteration: slowest finish_into_blocks (3, 5, 4) - slowest finish_one_rank (2, 2, 3) + 1 + 1 = (3, 5, 3)
+    assert combined([rank0, rank1], ROUND_TRIP) == 3.0  # (each rank's own median, then the max, would say 4)
+    assert combined([rank0, rank1], {"finish_one_rank": 1}) == 2.0  # median of (2, 2, 3)
     assert combined([rank0, rank1], WIRE) == 2.5  # the slower rank
     assert (target_ratio(2), target_ratio(4), target_ratio(8)) == (1.3, 1.3, 1.5)
