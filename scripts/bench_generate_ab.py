@@ -39,10 +39,10 @@ ARMS = {
 HERE = Path(__file__).resolve().parent.parent
 
 
-def one_run(args: list[str], env: dict[str, str], out: str) -> float:
+def one_run(args: list[str], env: dict[str, str], out: str, cwd: str) -> float:
     """Median step after the first of one `h3 generate` process."""
-    command = [sys.executable, "-m", "h3cli.main", "generate", *args, "--json", "--no-save-latents", "--output", out]
-    proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, cwd=out)
+    command = [sys.executable, "-m", "h3cli.main", "generate", *args, "--json", "--no-save-latents", "--output", out, "--overwrite"]
+    proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, cwd=cwd)
     if proc.returncode != 0:
         sys.exit(f"h3 generate failed ({' '.join(args)}): {proc.stderr.strip()}")
     steps = json.loads(proc.stdout)["step_seconds"]
@@ -69,11 +69,11 @@ def main() -> None:
     arms = ARMS[args.compare] or tree_arms(args.before)
     base = ["--preset", args.preset, "--steps", str(args.steps), "--device", "cpu", *args.generate_args]
     runs: dict[str, list[float]] = {label: [] for label, _, _ in arms}
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as cwd:
         for i in range(args.repeat):
             order = arms if i % 2 == 0 else arms[::-1]
             for label, extra, env in order:
-                runs[label].append(one_run(base + extra, {"OMP_NUM_THREADS": str(args.threads), **env}, out))
+                runs[label].append(one_run(base + extra, {"OMP_NUM_THREADS": str(args.threads), **env}, out, cwd))
     medians = {label: statistics.median(times) for label, times in runs.items()}
     reference = arms[0][0]
     title = f"h3 generate {' '.join(base)} · OMP_NUM_THREADS={args.threads} · {args.compare} · median of {args.repeat} runs, alternating"
@@ -82,7 +82,7 @@ def main() -> None:
         table.add_column(column)
     for label, times in runs.items():
         table.add_row(label, f"{medians[label]:.3f}", " ".join(f"{t:.3f}" for t in times), f"{medians[label] / medians[reference]:.3f}x")
-    Console().print(table)
+    Console(width=200).print(table)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,8 @@ def test_rope_chunks_are_sized_by_bytes_on_the_cpu_and_whole_elsewhere():
     # H3's 56 x 128 heads: 28 KiB of float32 per row -> 36 rows per 1 MiB chunk; a GPU takes every row at once
     assert rope_chunk_rows(torch.empty(4096, 56, 128)) == dit.ROPE_CHUNK_BYTES // (56 * 128 * 4) == 36
     assert rope_chunk_rows(torch.empty(4096, 56, 128, dtype=torch.bfloat16)) == 36  # computed in float32
-    assert rope_chunk_rows(torch.empty(20, 2, 8)) == 20  # fewer rows than a chunk
+    assert rope_chunk_rows(torch.empty(146, 56, 128)) == 146  # 4 MiB or less: in cache anyway, one pass
+    assert rope_chunk_rows(torch.empty(147, 56, 128)) == 36
     assert rope_chunk_rows(torch.empty(4096, 56, 128, device="meta")) == 4096
 
 
