@@ -73,12 +73,11 @@ def test_h3_preset_on_meta_counts_parameters_and_nvfp4_bytes():
     assert len(nvfp4_prefixes(model)) == 4 + 4 * 50
 
 
-def test_attention_with_v_computed_apart_is_bitwise_the_fused_qkv(monkeypatch):
-    """On the dequant paths Attention leaves v to its GEMM (`LinearHeads`, which Ulysses points at
-    its send blocks); on one rank that gives bitwise what the fused q|k|v GEMM gives."""
+def _attention_and_inputs(rows: int = 29):
+    """The tiny preset's Attention with random NVFP4 weights and norms, and `rows` input rows with RoPE."""
     import torch.nn as nn
 
-    from h3core.model.dit import Attention, LinearHeads, rope_table
+    from h3core.model.dit import Attention
     from h3core.nvfp4.linear import NVFP4Linear
 
     cfg = preset("tiny")
@@ -88,10 +87,33 @@ def test_attention_with_v_computed_apart_is_bitwise_the_fused_qkv(monkeypatch):
     attn.out = NVFP4Linear.from_float(torch.randn(d, d, generator=g))
     for norm in (attn.norm_q, attn.norm_k):
         norm.weight = nn.Parameter(torch.rand(cfg.head_dim, generator=g) + 0.5, requires_grad=False)
-    h = torch.randn(29, d, generator=g)
-    rope = rope_table(cfg, torch.arange(29)[:, None].expand(29, 3).float())
+    h = torch.randn(rows, d, generator=g)
+    rope = rope_table(cfg, torch.arange(rows)[:, None].expand(rows, 3).float())
+    return attn, h, rope
+
+
+def test_attention_with_v_computed_apart_is_bitwise_the_fused_qkv(monkeypatch):
+    """On the dequant paths Attention leaves v to its GEMM (`LinearHeads`, which Ulysses points at
+    its send blocks); on one rank that gives bitwise what the fused q|k|v GEMM gives."""
+    from h3core.model.dit import LinearHeads
+    from h3core.nvfp4.linear import NVFP4Linear
+
+    attn, h, rope = _attention_and_inputs()
     assert isinstance(attn._project(h)[2], LinearHeads)
     apart = attn(h, rope)
     monkeypatch.setattr(NVFP4Linear, "rows_apart", property(lambda self: False))  # as on the fp4 paths
     assert not isinstance(attn._project(h)[2], LinearHeads)
     assert torch.equal(attn(h, rope), apart)
+
+
+def test_attention_with_rope_in_row_chunks_is_bitwise_one_pass(monkeypatch):
+    """The model's RoPE over cache-sized row chunks (the CPU path for big inputs) changes no bit of
+    attention's output; forced here on the tiny preset with chunks of 4 rows (29 rows: a ragged last)."""
+    from h3core.model import dit
+
+    attn, h, rope = _attention_and_inputs()
+    one_pass = attn(h, rope)
+    q = torch.empty(29, attn.qkv.out_features // 3 // attn.head_dim, attn.head_dim)
+    monkeypatch.setattr(dit, "ROPE_CHUNK_BYTES", 4 * 4 * q[0].numel())
+    assert dit.rope_chunk_rows(q) == 4
+    assert torch.equal(attn(h, rope), one_pass)
