@@ -138,6 +138,13 @@ class ModelConfig(BaseModel):
         return self.segments(width, height, frames, text_tokens)[-1].stop
 
 
+_NARROW = ModelConfig(
+    name="narrow", num_heads=56, head_dim=16, num_blocks=2, mlp_width=1184, text_dim=64,
+    video_channels=4, audio_channels=4, max_text_tokens=64,
+    width=256, height=160, frames=9, steps=4, text_tokens=17,
+)
+_NARROW_1K = _NARROW.model_copy(update={"name": "narrow-1k", "width": 448, "height": 320, "frames": 25})
+
 PRESETS: dict[str, ModelConfig] = {
     # The real model. mlp_width 10752 (= 1.5 x 7168) is inferred from the checkpoint's size;
     # see docs/checkpoint.md for the arithmetic.
@@ -156,27 +163,15 @@ PRESETS: dict[str, ModelConfig] = {
     # The real 56 heads on a narrow width: ragged heads (56 over 6) and ragged NVFP4 blocks
     # (74 over 6) on a CPU. Its default token count, 120 video + 10 audio + 17 text = 147,
     # divides by none of 2, 4, 6, 8.
-    "narrow": ModelConfig(
-        name="narrow", num_heads=56, head_dim=16, num_blocks=2, mlp_width=1184, text_dim=64,
-        video_channels=4, audio_channels=4, max_text_tokens=64,
-        width=256, height=160, frames=9, steps=4, text_tokens=17,
-    ),
+    "narrow": _NARROW,
     # narrow's model on a ~1,000-token sequence (980 video + 27 audio + the prompt): one denoising
     # step takes about 1-2 s on one CPU thread, enough compute per step for rank scaling to show on
     # CPU ranks (narrow's 194 tokens measure overheads only). 56 heads keep partitions ragged.
-    "narrow-1k": ModelConfig(
-        name="narrow-1k", num_heads=56, head_dim=16, num_blocks=2, mlp_width=1184, text_dim=64,
-        video_channels=4, audio_channels=4, max_text_tokens=64,
-        width=448, height=320, frames=25, steps=4, text_tokens=17,
-    ),
+    "narrow-1k": _NARROW_1K,
     # H3's 56 heads at head width 32 (hidden 1792) and a 169-block MLP (2704: ragged over every
     # count) on narrow-1k's ~1,070 tokens: about 2 s per denoising step on one CPU thread, so that
     # 2 ranks x 1 thread vs 1 rank x 1 thread measures scaling, not overheads (scripts/bench_distributed.py).
-    "wide-1k": ModelConfig(
-        name="wide-1k", num_heads=56, head_dim=32, num_blocks=2, mlp_width=2704, text_dim=64,
-        video_channels=4, audio_channels=4, max_text_tokens=64,
-        width=448, height=320, frames=25, steps=4, text_tokens=17,
-    ),
+    "wide-1k": _NARROW_1K.model_copy(update={"name": "wide-1k", "head_dim": 32, "mlp_width": 2704}),
     # Seconds on a CPU; 8 heads so that every count up to 8 is possible.
     "tiny": ModelConfig(
         name="tiny", num_heads=8, head_dim=16, num_blocks=2, mlp_width=352, text_dim=64,
