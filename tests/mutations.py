@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Iterator
+
 import torch
 
 import h3core.parallel.collectives
@@ -21,11 +25,18 @@ def drop_last_rank(reduce_scatter):  # type: ignore[no-untyped-def]
     return broken
 
 
+@contextmanager
+def dropping_last_rank(module: ModuleType) -> Iterator[None]:
+    """`module.reduce_scatter_rows` is `drop_last_rank` of itself while inside (patch where it is looked up)."""
+    real = module.reduce_scatter_rows
+    module.reduce_scatter_rows = drop_last_rank(real)
+    try:
+        yield
+    finally:
+        module.reduce_scatter_rows = real
+
+
 def ragged_with_broken_reduce_scatter(ctx, spec):  # type: ignore[no-untyped-def]
     """Runs on every rank: the ragged check with a reduce-scatter that loses the last rank's partial."""
-    real = h3core.parallel.collectives.reduce_scatter_rows
-    h3core.parallel.collectives.reduce_scatter_rows = drop_last_rank(real)
-    try:
+    with dropping_last_rank(h3core.parallel.collectives):
         return measure_ragged(ctx, spec)
-    finally:
-        h3core.parallel.collectives.reduce_scatter_rows = real

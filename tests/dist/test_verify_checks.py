@@ -24,7 +24,7 @@ from h3core.verify.runner import build_spec
 from h3core.verify.session import Session, at_each_count
 from h3core.verify.spec import VerifyConfig
 
-from mutations import drop_last_rank, ragged_with_broken_reduce_scatter
+from mutations import dropping_last_rank, ragged_with_broken_reduce_scatter
 
 COUNTS = [2, 6]
 
@@ -87,12 +87,8 @@ def test_backends_math_runs_and_cuda_backends_are_skipped_with_the_reason(sessio
 
 
 def _tp_with_broken_reduce_scatter(ctx, spec):
-    real = h3core.parallel.tensor.reduce_scatter_rows
-    h3core.parallel.tensor.reduce_scatter_rows = drop_last_rank(real)
-    try:
+    with dropping_last_rank(h3core.parallel.tensor):
         return measure_tp(ctx, spec)
-    finally:
-        h3core.parallel.tensor.reduce_scatter_rows = real
 
 
 def test_a_reduce_scatter_that_drops_a_rank_fails_ragged_with_the_error(world8, spec):

@@ -56,8 +56,12 @@ def test_retain_keeps_a_freed_64_mib_tensor_mapped_in_the_heap():
     import json
 
     result = json.loads(proc.stdout)
-    if result["policy"] != "retain":
-        pytest.skip(f"no glibc mallopt here: {result['policy']}")
+    # glibc is the C library of every Linux this project runs on (CI, RunPod images): the policy must
+    # be in force there; off glibc it must say so rather than claim a policy it could not set
+    expected = "retain" if cpu_memory._libc() is not None else "system (no glibc)"
+    assert result["policy"] == expected, result
+    if expected != "retain":
+        return
     assert result["again"] == "retain"  # idempotent
     assert not result["default"]["in_heap"] and result["default"]["released"] > 60 << 20  # unmapped on free
     assert result["applied"]["in_heap"] and result["applied"]["released"] < 4 << 20  # kept for reuse
