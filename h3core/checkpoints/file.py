@@ -241,7 +241,7 @@ def open_transformer(path: str | Path) -> TransformerFile:
     if kind == "a folder":
         return _open_folder(path)
     if kind != "a file":
-        raise CheckpointError(f"H3 checkpoint {path} is {kind}; set --model or H3_MODEL_PATH to a .safetensors file or a transformer folder")
+        raise CheckpointError(f"H3 checkpoint {path} is {kind}, not a file or folder; set --model or H3_MODEL_PATH to a .safetensors file or a transformer folder")
     return _classify(path, SafetensorsReader([path]), folder=False)
 
 

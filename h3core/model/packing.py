@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from h3core.model.dit import Clocks, H3Model, PackedSequence, rope_table
+from h3core.model.inputs import Clocks, PackedSequence, rope_table
 from h3core.model.sequence import Segment, SegmentKind
 
 _KINDS = (SegmentKind.TEXT, SegmentKind.VIDEO, SegmentKind.AUDIO)
@@ -32,7 +32,7 @@ def _one(x: torch.Tensor, rank: int, name: str) -> torch.Tensor:
 
 
 def diffusers_sequence(
-    model: H3Model,
+    model,  # H3Model: its config and refine_text
     hidden_states: torch.Tensor,
     audio_hidden_states: torch.Tensor,
     encoder_hidden_states: torch.Tensor,

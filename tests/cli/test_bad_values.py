@@ -104,7 +104,7 @@ def test_the_split_check_counts_the_real_prompt(tmp_path, monkeypatch):
     from h3core.parallel.plan import Mode
 
     monkeypatch.setenv("H3_CACHE_DIR", str(tmp_path))
-    request = dict(preset="tiny", mode=Mode.TENSOR, world_size=4, width=32, height=32, frames=1, steps=1, device="cpu")
+    request = dict(preset="tiny", mode=Mode.TENSOR, world_size=4, width=32, height=32, frames=1, steps=2, device="cpu")
     resolve(GenerateRequest(prompt="abcdef", **request))
     with pytest.raises(PartitionError, match="cannot split 3 tokens of the packed sequence over 4 ranks"):
         resolve(GenerateRequest(prompt="", **request))

@@ -25,7 +25,7 @@ from h3core.parallel.runtime import ParallelRuntime
 from h3core.verify.session import as_world_of_one
 
 COUNTS = [2, 4, 6, 8]
-GUIDED = dict(preset="tiny", steps=1, guidance_scale=3.0, negative_prompt="blurry, low quality, distorted")
+GUIDED = dict(preset="tiny", steps=2, guidance_scale=3.0, negative_prompt="blurry, low quality, distorted")
 
 
 # --- rank side -----------------------------------------------------------------------------------

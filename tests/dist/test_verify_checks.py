@@ -31,7 +31,7 @@ COUNTS = [2, 6]
 
 @pytest.fixture(scope="module")
 def spec():
-    return build_spec(VerifyConfig(device="cpu", steps=1), "cpu")
+    return build_spec(VerifyConfig(device="cpu", steps=2), "cpu")
 
 
 @pytest.fixture(scope="module")
