@@ -126,7 +126,7 @@ def test_a_real_qwen3_text_encoder_is_used_and_named_in_the_report(h3, tmp_path,
 
 
 def test_profile_splits_every_step_of_every_rank(tmp_path, cache):
-    result = runner.invoke(app, ["generate", "ulysses", "2", "--preset", "narrow", "--steps", "2", "--profile", "--no-save-latents",
+    result = runner.invoke(app, ["generate", "ulysses", "2", "--preset", "narrow", "--steps", "3", "--profile", "--no-save-latents",
                                  "--device", "cpu", "--output", str(tmp_path / "run")], env={"H3_CACHE_DIR": cache, "COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     assert "where a step goes" in result.output and "seq to head" in result.output
