@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 
 SMALL = dict(
     num_attention_heads=4, attention_head_dim=16, hidden_size=48, num_layers=2, num_refiner_layers=2, ffn_dim=64,
-    in_channels=24, audio_in_channels=32, text_dim=40, freq_dim=32, time_embed_hidden_dim=48, time_embed_dim=24, rope_freq_dim=2,
+    in_channels=24, audio_in_channels=32, text_dim=64, freq_dim=32, time_embed_hidden_dim=48, time_embed_dim=24, rope_freq_dim=2,
 )
 """A small config of the real structure: hidden (48) != heads x head_dim (64), 12 of 16 head channels rotated."""
 
