@@ -222,7 +222,7 @@ def _inputs(ctx: RankContext, cfg: TransportBenchConfig) -> _Inputs:
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator, device=ctx.device, dtype=dtype)
 
-    angles = torch.rand(local_tokens, cfg.head_dim // 2, generator=generator, device=ctx.device) * 6.3
+    angles = torch.rand(local_tokens, rotary_half(cfg.head_dim), generator=generator, device=ctx.device) * 6.3
     q, k, h = randn(local_tokens, cfg.heads, cfg.head_dim), randn(local_tokens, cfg.heads, cfg.head_dim), randn(local_tokens, V_INPUT_WIDTH)
     projected = ProjectedQKV(q, k, LinearHeads(_v_linear(ctx, cfg), h, 0, cfg.heads, cfg.head_dim), angles.cos(), angles.sin())
     qkv = torch.stack(projected.split(), dim=1)
@@ -304,6 +304,11 @@ def _bytes_per_call(stats: CommStats, calls: int) -> dict[str, int]:
         "seq_to_head": qkv_bytes, "seq_to_head_packed": qkv_bytes, "wire_qkv": qkv_bytes, "fresh_qkv": qkv_bytes,
         "head_to_seq": out_bytes, "wire_out": out_bytes, "fresh_out": out_bytes,
     }
+
+
+def rotary_half(head_dim: int) -> int:
+    """Angles per row of H3's partial RoPE at this head width: 96 of 128 channels rotate (48 pairs)."""
+    return max(1, 3 * head_dim // 8)
 
 
 def _write_blocks(projected: ProjectedQKV, heads: list[Span]) -> SendBlocks:

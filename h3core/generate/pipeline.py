@@ -31,11 +31,11 @@ from h3core.generate.loop import Denoiser, denoise
 from h3core.generate.profile import RankProfile, profiling
 from h3core.generate.report import HeldWeights, RankOutcome, StepDone
 from h3core.generate.request import ResolvedRun
-from h3core.generate.sequences import Latent, build_sequence, noise_tokens
+from h3core.generate.sequences import Latent, build_sequence, noise_rows
 from h3core.model import attention
 from h3core.model.checkpoint import Checkpoint
-from h3core.model.dit import H3Model, tensor_parallel_prefixes, unpatchify_audio, unpatchify_video
-from h3core.model.sampler import FlowMatchEuler
+from h3core.model.dit import H3Model, tensor_parallel_prefixes, unpack_audio, unpatchify_video
+from h3core.model.sampler import FlowMatchH3
 from h3core.model.sequence import SegmentKind
 from h3core.nvfp4 import matmul as nvfp4_matmul
 from h3core.parallel.collectives import broadcast_tensors
@@ -93,25 +93,28 @@ class RankPipeline:
             checkpoint = Checkpoint.open(run.checkpoint, run.config)
             skip = left_out_at_load(run.plan, run.config.num_blocks) if parallel else ()
             model = checkpoint.load(device=device, dtype=dtype, skip=skip)
-            for block in model.blocks:
+            for block in [*model.blocks, *model.token_refiner.blocks]:
                 block.attn.core.backend = run.request.attention
-            loaded = checkpoint.reader.bytes_read
+            loaded = checkpoint.bytes_read
             if parallel:
-                parallelize(model, runtime, checkpoint.weight_source(device))
-        weights = _held_weights(model, checkpoint, shards_read=checkpoint.reader.bytes_read - loaded if skip else None)
+                parallelize(model, runtime, checkpoint.weight_source(device, dtype))
+        weights = _held_weights(model, checkpoint, shards_read=checkpoint.bytes_read - loaded if skip else None)
+        checkpoint.file.reader.close()
         return cls(model, runtime, device, dtype, weights, {"load": watch.seconds})
 
     def denoise(self, run: ResolvedRun, texts: list[torch.Tensor], report: Any = None) -> Denoised:
         """Denoise one request of `run` (its sequences' text hidden states `texts`) on this rank."""
-        sequences = [build_sequence(run.config, plan, text, run.shape.video_grid, self.device) for plan, text in zip(run.plan.sequences, texts)]
-        sampler = FlowMatchEuler(run.shape.shift)
-        denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, sampler, self.runtime.cfg)
-        latent = denoiser.own_rows(noise_tokens(run.config, run.shape, run.request.seed), self.device)  # float32
-        sigmas = sampler.set_timesteps(run.shape.steps)
+        with torch.inference_mode():
+            sequences = [build_sequence(self.model, plan, text, run.shape, self.device) for plan, text in zip(run.plan.sequences, texts)]
+        schedules = {SegmentKind.VIDEO: FlowMatchH3(run.shape.video_shift), SegmentKind.AUDIO: FlowMatchH3(run.shape.audio_shift)}
+        for schedule in schedules.values():
+            schedule.set_timesteps(run.shape.steps)
+        denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, schedules, self.runtime.cfg)
+        latent = denoiser.own_rows(noise_rows(run.shape, run.request.seed), self.device)  # float32
         _reset_records(self.device)
         on_step = (lambda step, steps, seconds: report(StepDone(step=step, steps=steps, seconds=seconds))) if report else (lambda *a: None)
         with torch.inference_mode(), profiling(self.model, self.device, self.runtime.rank, run.request.profile) as profiler:
-            latent, step_seconds = denoise(denoiser, latent, sigmas, self.device, profiler, on_step)
+            latent, step_seconds = denoise(denoiser, latent, self.device, profiler, on_step)
             peak = dev.peak_memory_bytes(self.device)
             with dev.Stopwatch(self.device) as watch:  # branch 1 holds the same values: branch 0 gathers
                 whole = denoiser.gather(latent) if denoiser.own == 0 else {}
@@ -135,7 +138,7 @@ def _held_weights(model: H3Model, checkpoint: Checkpoint, shards_read: int | Non
     full = checkpoint.bytes_under(tensor_parallel_prefixes(checkpoint.config.num_blocks))
     return HeldWeights(
         resident=dev.resident_bytes(model),
-        read=checkpoint.reader.bytes_read,
+        read=checkpoint.bytes_read,
         block_linears_resident=sum(dev.resident_bytes(m) for m in block_linears(model)),
         block_linears_read=full if shards_read is None else shards_read,
         block_linears_full=full,
@@ -219,10 +222,10 @@ def rank_outcome(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, p
 
 
 def _unpatchified(run: ResolvedRun, latent: Latent) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The whole latent tokens as `[C, T, H, W]` video and `[C, L]` audio (None for a kind the run has none of)."""
-    shape, cfg = run.shape, run.config
+    """The whole latent as `[24, T, H/16, W/16]` video and `[2, 32, T_a]` audio (None for a kind the run has none of)."""
+    shape = run.shape
     video, audio = latent.get(SegmentKind.VIDEO), latent.get(SegmentKind.AUDIO)
     return (
-        unpatchify_video(video.cpu(), shape.video_latent, cfg.video_patch) if video is not None else None,
-        unpatchify_audio(audio.cpu(), shape.audio_latent, cfg.audio_patch) if audio is not None else None,
+        unpatchify_video(video.cpu(), shape.video_latent, shape.patch) if video is not None else None,
+        unpack_audio(audio.cpu()) if audio is not None else None,
     )

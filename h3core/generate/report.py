@@ -13,6 +13,7 @@ from h3core.generate.profile import RankProfile, RunProfile
 from h3core.generate.request import ResolvedRun, RunShape
 from h3core.model.checkpoint import SYNTHETIC
 from h3core.model.config import ModelConfig
+from h3core.model.sequence import KINDS, kind_length
 from h3core.parallel.collectives import CommStats
 from h3core.parallel.plan import Mode, ParallelPlan
 from h3core.parallel.runtime import RankUsage
@@ -60,8 +61,8 @@ class RankOutcome(BaseModel):
     cpu_allocator: str = "n/a"  # h3core.runtime.cpu_memory policy of this rank (CPU runs)
     profile: RankProfile | None = None  # with request.profile
     text_encoder: dict | None = None  # rank 0
-    video: torch.Tensor | None = None  # rank 0: [C, T, H, W] float32
-    audio: torch.Tensor | None = None  # rank 0: [C, L] float32
+    video: torch.Tensor | None = None  # rank 0: [24, T, H/16, W/16] float32
+    audio: torch.Tensor | None = None  # rank 0: [2, 32, T_a] float32
 
     @property
     def latents(self) -> dict[str, torch.Tensor | None]:
@@ -78,6 +79,24 @@ class RankStats(BaseModel):
     nvfp4_paths: dict[str, int] = Field(default_factory=dict, description="NVFP4 matmul path -> forward calls this rank ran in the denoising loop.")
     attention_kernels: dict[str, int] = Field(default_factory=dict, description="Attention kernel -> calls this rank ran in the denoising loop.")
     used: RankUsage | None = Field(None, description="The heads, rows of each sequence and tensor-mode shards this rank ran with (the run's `partition` planned them).")
+
+
+class Schedules(BaseModel):
+    """The two sigma schedules a run sampled with (`h3core.model.sampler`): the model is fed 1 - sigma."""
+
+    points: int = Field(description="Sigma points of each schedule, terminal 0 included (points - 1 forwards).")
+    video_shift: float
+    audio_shift: float
+    video_sigmas: list[float]
+    audio_sigmas: list[float]
+
+    @classmethod
+    def of(cls, shape: RunShape) -> "Schedules":
+        from h3core.model.sampler import shifted_sigmas
+
+        return cls(points=shape.steps, video_shift=shape.video_shift, audio_shift=shape.audio_shift,
+                   video_sigmas=shifted_sigmas(shape.steps, shape.video_shift).tolist(),
+                   audio_sigmas=shifted_sigmas(shape.steps, shape.audio_shift).tolist())
 
 
 class RunFiles(BaseModel):
@@ -112,7 +131,9 @@ class RunReport(BaseModel):
     guidance_scale: float
     seed: int
     shape: RunShape
+    schedules: Schedules
     num_tokens: int
+    rows: dict[str, int] = Field(description="Rows of the prompt's packed sequence per modality: text, audio, video.")
     partition: ParallelPlan
     timings: dict[str, float]  # per phase, the slowest rank
     step_seconds: list[float]  # per step, the slowest rank
@@ -170,7 +191,8 @@ def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
         weights=SYNTHETIC if run.synthetic else f"{run.checkpoint} ({run.checkpoint.stat().st_size:,} bytes)",
         checkpoint=str(run.checkpoint), config=run.config, text_encoder=first.text_encoder or {},
         prompt=req.prompt, negative_prompt=req.negative_prompt, guidance_scale=req.guidance_scale, seed=req.seed,
-        shape=run.shape, num_tokens=run.plan.num_tokens, partition=run.plan,
+        shape=run.shape, schedules=Schedules.of(run.shape), num_tokens=run.plan.num_tokens,
+        rows={kind.value: kind_length(run.plan.segments, kind) for kind in KINDS}, partition=run.plan,
         timings=_slowest_phases(outcomes), step_seconds=_slowest_steps(outcomes),
         ranks=[_rank_stats(o) for o in outcomes], comm_total=CommStats.total(o.comm for o in outcomes),
         video=TensorChecksum.of(first.video) if first.video is not None else None,

@@ -30,13 +30,16 @@ all-to-all's send blocks this way). On the fp4 paths (`cuda-fp4-scaled-mm`, `cpu
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from h3core.errors import NVFP4FormatError
+
+if TYPE_CHECKING:
+    from h3core.span import Span
 from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import NVFP4Weight, global_scale_from_amax, quantize
 from h3core.nvfp4.matmul import (
@@ -327,3 +330,12 @@ class DenseLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, self.weight.to(x.dtype), bias)
+
+    def rows(self, spans: "Sequence[Span]") -> "DenseLinear":
+        """A column-parallel shard: output rows `spans` (bias rows with them), compact copies."""
+        take = lambda t: torch.cat([t[s.start : s.stop] for s in spans])  # noqa: E731
+        return DenseLinear(take(self.weight), None if self.bias is None else take(self.bias))
+
+    def columns(self, span: "Span") -> "DenseLinear":
+        """A row-parallel shard: input columns `span`, no bias (added once after the reduction)."""
+        return DenseLinear(self.weight[:, span.start : span.stop].contiguous())

@@ -42,15 +42,14 @@ def parallelize(model: H3Model, runtime: ParallelRuntime, weights: WeightSource)
         apply_tensor(model, runtime, weights)
     else:
         apply_ulysses(model, runtime)
-    runtime.agree_activation_scales(model, [model.text_embed, *_input_split_linears(model, mode)])
+    runtime.agree_activation_scales(_input_split_linears(model, mode))
     runtime.guard_rows(model)
     return model
 
 
 def _input_split_linears(model: H3Model, mode: Mode) -> list[nn.Module]:
     """The block linears whose input the ranks split. Ulysses: all four (each sees its rows only).
-    Tensor mode: the row-parallel ones (their columns of the full rows); QKV and FC1 see gathered
-    full rows. The conditioning's linears see the whole (replicated) input in both modes; the
-    text embedding sees its token rows in both."""
+    Tensor mode: the row-parallel ones (their columns of the full rows); qkv_proj and fc1 see gathered
+    full rows. The rest (input projections, token refiner, AdaLN) see whole, replicated inputs."""
     names = [name for name, split in TENSOR_PARALLEL.items() if mode is Mode.ULYSSES or split is Split.ROW]
     return [block.get_submodule(name) for block in model.blocks for name in names]

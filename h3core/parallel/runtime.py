@@ -13,21 +13,17 @@ per step uses.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel, Field
 
-from h3core.model.sequence import SegmentKind
 from h3core.parallel.collectives import CommStats, gather_rows
 from h3core.parallel.layout import CfgHalf
 from h3core.parallel.plan import ParallelPlan, SequencePlan, TensorShards
 from h3core.span import Span
 
-if TYPE_CHECKING:
-    from h3core.model.dit import H3Model
-    from h3core.nvfp4.linear import NVFP4Linear
 
 ALL_REDUCE_MAX = "all_reduce_max"
 
@@ -87,6 +83,8 @@ class ParallelRuntime:
         (and record them per sequence)."""
 
         def hook(module: torch.nn.Module, args: tuple) -> None:
+            if not args or not hasattr(args[0], "rope"):
+                raise RuntimeError("a parallelized model runs PackedSequence forwards only (not diffusers' argument names)")
             held = args[0].rope.rows  # args[0]: the PackedSequence
             if held != self.rows:
                 raise RuntimeError(f"rank {self.rank} holds rows {held} but its token span is {self.rows}")
@@ -110,20 +108,14 @@ class ParallelRuntime:
             self.stats.record(ALL_REDUCE_MAX, moved, moved)
         return out
 
-    def agree_activation_scales(self, model: "H3Model", linears: Sequence["NVFP4Linear"]) -> None:
+    def agree_activation_scales(self, linears: Sequence[torch.nn.Module]) -> None:
         """Make the NVFP4 `linears`, whose input the ranks split (rows or columns), quantize their
         activations with one global scale: the amax of the whole input, all-reduced (used on the fp4
-        paths when the checkpoint has no `input_scale`). A rank without text rows never calls
-        `model.text_embed`, so a model pre-hook has it join that agreement with an amax of 0."""
+        paths when the checkpoint has no `input_scale`). Dense linears have no activation scale."""
+        from h3core.nvfp4.linear import NVFP4Linear
+
         if self.world_size == 1:
             return
         for linear in linears:
-            linear.agree_amax = self.max_over_ranks
-        if any(linear is model.text_embed for linear in linears):
-            model.register_forward_pre_hook(_join_text_agreement)
-
-
-def _join_text_agreement(model: torch.nn.Module, args: tuple) -> None:
-    sequence = args[0]  # the PackedSequence of this rank's rows
-    if not any(segment.kind is SegmentKind.TEXT for segment in sequence.segments):
-        model.text_embed.join_amax_agreement()
+            if isinstance(linear, NVFP4Linear):
+                linear.agree_amax = self.max_over_ranks

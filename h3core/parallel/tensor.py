@@ -27,7 +27,7 @@ import torch.nn as nn
 from h3core.model.dit import TENSOR_PARALLEL, H3Model, Split
 from h3core.nvfp4.io import WeightSource
 from h3core.nvfp4.layout import ColumnSlice
-from h3core.nvfp4.linear import NVFP4Linear
+from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
 from h3core.nvfp4.shard import column_parallel, row_parallel
 from h3core.parallel.collectives import gather_rows, reduce_scatter_rows
 from h3core.parallel.plan import TensorShards
@@ -55,6 +55,8 @@ class ModelWeights:
 
     def linear(self, prefix: str, *, rows: Sequence[Span] | None = None, columns: ColumnSlice | None = None) -> nn.Module:
         full = self.model.get_submodule(prefix)
+        if isinstance(full, DenseLinear):
+            return full.rows(rows) if rows is not None else full.columns(columns.elements) if columns is not None else full
         if rows is not None:
             return column_parallel(full, rows)
         return row_parallel(full, columns)[0] if columns is not None else full
@@ -90,7 +92,7 @@ class _ReduceScatterBias:
         return out if bias is None else out + bias
 
 
-def read_shard(weights: WeightSource, prefix: str, split: Split, part: list[Span] | ColumnSlice, dtype: torch.dtype) -> tuple[NVFP4Linear, torch.Tensor | None]:
+def read_shard(weights: WeightSource, prefix: str, split: Split, part: list[Span] | ColumnSlice, dtype: torch.dtype) -> tuple[nn.Module, torch.Tensor | None]:
     """This rank's shard of linear `prefix`, and the bias to add after the reduction (row-parallel only)."""
     if split is Split.COLUMN:
         return weights.linear(prefix, rows=part), None
@@ -98,7 +100,7 @@ def read_shard(weights: WeightSource, prefix: str, split: Split, part: list[Span
     return weights.linear(prefix, columns=part), weights.tensor(bias, dtype) if weights.has(bias) else None
 
 
-def _check_shard(prefix: str, shard: NVFP4Linear, split: Split, part: list[Span] | ColumnSlice) -> None:
+def _check_shard(prefix: str, shard: nn.Module, split: Split, part: list[Span] | ColumnSlice) -> None:
     """A shard must hold exactly the rows or columns the plan gave it (what `RankUsage.shards` records)."""
     held, want = (shard.out_features, sum(len(s) for s in part)) if split is Split.COLUMN else (shard.in_features, len(part.elements))
     if held != want:
@@ -118,7 +120,7 @@ def apply_tensor(model: H3Model, runtime: ParallelRuntime, weights: WeightSource
             shard, biases[name] = read_shard(weights, f"blocks.{i}.{name}", split, part, dtype)
             _check_shard(f"blocks.{i}.{name}", shard, split, part)
             setattr(block.get_submodule(parent), leaf, shard)
-        _hook_block(block, runtime, biases["attn.out"], biases["mlp.fc2"])
+        _hook_block(block, runtime, biases["attn.out_proj"], biases["mlp.fc2"])
     q_rows = shards.qkv_rows[0]  # the q third: this rank's heads x head_dim
     runtime.used.shards = shards
     runtime.used.heads = Span(q_rows.start // runtime.plan.head_dim, q_rows.stop // runtime.plan.head_dim)

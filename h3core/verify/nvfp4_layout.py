@@ -43,13 +43,13 @@ def measure_nvfp4(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
     assert shards is not None
     ckpt = Checkpoint.open(spec.checkpoint, spec.config)
     try:
-        model, disk = ckpt.load(device=ctx.device), ckpt.weight_source(ctx.device)
+        model, disk = ckpt.load(device=ctx.device), ckpt.weight_source(ctx.device, torch.float32)
         column = _timed(ctx, NVFP4_VARIANTS[0], _column_parallel_cases, disk, model, spec.config.num_blocks,
-                        {"attn.qkv": shards.qkv_rows, "mlp.fc1": shards.fc1_rows})
+                        {"attn.qkv_proj": shards.qkv_rows, "mlp.fc1": shards.fc1_rows})
         row = _timed(ctx, NVFP4_VARIANTS[1], _row_parallel_cases, disk, model, spec.config.num_blocks,
-                     {"attn.out": shards.attn_out_columns, "mlp.fc2": shards.fc2_columns})
+                     {"attn.out_proj": shards.attn_out_columns, "mlp.fc2": shards.fc2_columns})
     finally:
-        ckpt.reader.close()
+        ckpt.file.reader.close()
     return [column, row]
 
 

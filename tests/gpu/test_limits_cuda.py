@@ -25,7 +25,7 @@ def test_capacity_is_each_gpus_memory_less_a_context():
 
 def test_a_run_no_gpu_can_hold_is_refused_before_any_rank_starts():
     with pytest.raises(ResourceLimit, match="of GPU memory per rank"):
-        resolve(GenerateRequest(preset="tiny", width=400_000, height=400_000, steps=1, device="cuda"))
+        resolve(GenerateRequest(preset="tiny", width=400_000, height=400_000, steps=2, device="cuda"))
 
 
 def test_the_estimate_is_a_lower_bound_of_the_allocator_peak():

@@ -50,7 +50,7 @@ def test_the_model_runs_sdpa_fused_end_to_end():
     from h3core.generate.request import GenerateRequest, resolve
     from h3core.generate.run import one_rank_latents
 
-    run = resolve(GenerateRequest(preset="tiny", steps=1))
+    run = resolve(GenerateRequest(preset="tiny", steps=2))
     reset_kernel_record()
     with sdpa_kernel(FUSED_CPU):
         latents = one_rank_latents(run)

@@ -133,7 +133,7 @@ def test_matrix_counts_ignore_h3_world_size(monkeypatch, tmp_path):
 
 
 def _request(counts, modes=(Mode.ULYSSES,), device="cpu", tmp=Path("unused")) -> MatrixRequest:
-    template = GenerateRequest(device=device, preset="tiny", steps=1)
+    template = GenerateRequest(device=device, preset="tiny", steps=2)
     return MatrixRequest(counts=counts, modes=list(modes), template=template, save_latents=False, output=tmp)
 
 
@@ -160,7 +160,7 @@ def test_counts_the_partition_rejects_are_skipped_with_its_message():
 
 
 def test_cfg_cells_follow_each_mode_and_counts_that_cannot_split_are_skipped_with_the_reason():
-    template = GenerateRequest(device="cpu", preset="tiny", steps=1, guidance_scale=3.0)
+    template = GenerateRequest(device="cpu", preset="tiny", steps=2, guidance_scale=3.0)
     request = MatrixRequest(counts=[2, 3, 18], modes=[Mode.TENSOR], template=template, save_latents=False, output=Path("unused"), cfg_parallel=True)
     planned = plan_cells(request, visible_gpus=0)
     assert [(p.count, p.cfg_parallel, p.run is not None) for p in planned] == [
