@@ -142,3 +142,31 @@ def test_emulated_path_is_the_quantized_product(out, inp):
     # Global scales multiply after the GEMM here, before it in `want`: fp32 rounding only.
     assert ((got - want).abs().max() / want.abs().max()).item() < 2e-6
     assert linear.prepared and (linear.fp4_weight is not None) == bool(out % 16 or inp % 32)
+
+
+def test_alpha_is_applied_in_fp32_before_the_one_rounding_to_bf16():
+    """The fp4 GEMM's result in bf16 is within one bf16 rounding of the exact product times alpha
+    (plus fp32 accumulation): alpha = act_global * weight_global meets the fp32 accumulator, not a
+    rounded result. The old order (GEMM rounded to bf16, then multiplied by alpha and rounded
+    again) fails the same bound."""
+    gen = torch.Generator().manual_seed(11)
+    out, inp, m = 64, 256, 96
+    weight = quantize(torch.randn(out, inp, generator=gen))
+    packed, swizzled = prepare_fp4_weight(weight)
+    x = torch.randn(m, inp, generator=gen)
+    act_global = torch.tensor(1.0 + 3 * 2.0**-9) * global_scale_for(x)  # any scale: alpha is not a power of two
+    alpha = act_global * weight.global_scale  # fp32, as the GEMM computes it
+    got = fp4_linear(x, weight, weight.packed, swizzled, None, act_global, out_dtype=torch.bfloat16, gemm=emulated_scaled_mm_fp4)
+    assert got.dtype == torch.bfloat16
+
+    act = quantize(x, act_global)
+    one = torch.tensor(1.0)
+    a = dequantize(NVFP4Weight(act.packed, act.scale, one)).double()  # exact decoded values, no global scale
+    b = dequantize(NVFP4Weight(weight.packed, weight.scale, one)).double()
+    ref, magnitude = (a @ b.T) * alpha.double(), (a.abs() @ b.abs().T) * alpha.double()
+    bound = 2.0**-8 * ref.abs() + (inp + 1) * 2.0**-24 * (1 + 2.0**-8) * magnitude
+    assert ((got.double() - ref).abs() <= bound).all()
+
+    acc = emulated_scaled_mm_fp4(act.packed, swizzle_block_scales(act.scale), weight.packed, swizzled, torch.bfloat16)
+    old = acc * alpha  # the old order: the GEMM's bf16 result times alpha (in fp32), rounded again
+    assert ((old.double() - ref).abs() > bound).float().mean() > 0.03  # measured: 5.9% of the outputs
