@@ -60,11 +60,11 @@ from h3core.nvfp4.matmul import (
     emulated_scaled_mm_fp4,
     fp4_gemm,
     fp4_gemm_shape,
-    fp4_kernel_problem,
     prepare_fp4_weight,
     record_path,
     scaled_mm_fp4,
 )
+from h3core.nvfp4.selftest import fp4_kernel_problem
 from h3core.nvfp4.swizzle import unswizzle_block_scales
 
 

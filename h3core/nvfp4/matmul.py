@@ -96,7 +96,8 @@ def choose_path(
     fp4_kernel_problem: Callable[[], str | None],
 ) -> PathChoice:
     """Pick the path of a linear on a device. Shape plays no part: the fp4 GEMM's operands are padded.
-    `fp4_kernel_problem` is asked last, lazily."""
+    `fp4_kernel_problem` (`h3core.nvfp4.selftest.fp4_kernel_problem`: the fp4 GEMM self-test's
+    verdict) is asked last, lazily."""
     if device_type != "cuda":
         if emulate_fp4:
             return PathChoice(PATH_CPU_FP4_EMULATED, f"device type {device_type!r}, fp4 emulation on: the fp4 path with an emulated GEMM")
@@ -352,22 +353,6 @@ def emulated_scaled_mm_fp4(
     acc = dequant_linear(a, NVFP4Weight(b_packed, b_scale, one), None)  # [M, N] float32
     alpha = _global_or_one(a_global, acc.device) * _global_or_one(b_global, acc.device)
     return _epilogue(acc, alpha, bias, out_dtype)
-
-
-_kernel_problems: dict[torch.device, str | None] = {}
-
-
-def fp4_kernel_problem(device: torch.device) -> str | None:
-    """None if the fp4 GEMM may run on `device`, else why not (one line). The verdict is the fp4 GEMM
-    self-test's (`h3core.nvfp4.selftest.problem_for`: a record installed before the world started,
-    or the self-test run now in a child process), asked once per device and cached."""
-    if not hasattr(torch, "float4_e2m1fn_x2") or not hasattr(torch, "_scaled_mm"):
-        return f"torch {torch.__version__} has no float4_e2m1fn_x2 / _scaled_mm"
-    if device not in _kernel_problems:
-        from h3core.nvfp4 import selftest  # it runs this module's GEMM; imported here to avoid a cycle
-
-        _kernel_problems[device] = selftest.problem_for(device)
-    return _kernel_problems[device]
 
 
 def _ceil_to(n: int, multiple: int) -> int:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import math
 import subprocess
 import sys
@@ -295,6 +294,20 @@ def problem_for(device: torch.device | str) -> str | None:
         _installed[key] = run_fp4_selftest(DEFAULT_SHAPES, key)
     result = _installed[key]
     return None if result.accepted else result.reason
+
+
+_kernel_problems: dict[torch.device, str | None] = {}
+
+
+def fp4_kernel_problem(device: torch.device) -> str | None:
+    """None if the fp4 GEMM may run on `device`, else why not (one line): torch's fp4 support, then
+    this module's verdict (`problem_for`), asked once per device and cached. What `NVFP4Linear`
+    asks before it takes `cuda-fp4-scaled-mm`."""
+    if not hasattr(torch, "float4_e2m1fn_x2") or not hasattr(torch, "_scaled_mm"):
+        return f"torch {torch.__version__} has no float4_e2m1fn_x2 / _scaled_mm"
+    if device not in _kernel_problems:
+        _kernel_problems[device] = problem_for(device)
+    return _kernel_problems[device]
 
 
 def _device_key(device: torch.device | str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from h3core.nvfp4 import matmul, selftest
+from h3core.nvfp4 import selftest
 from h3core.nvfp4.matmul import PATH_CUDA_BF16, PATH_CUDA_FP4, choose_path, emulated_scaled_mm_fp4
 from h3core.nvfp4.selftest import FP4SelfTest, model_gemm_shapes, relative_bound, run_fp4_selftest, self_test
 
@@ -111,10 +111,10 @@ def test_a_child_that_dies_refuses_the_path_and_the_parent_lives(tmp_path, monke
 
 def test_choose_path_follows_the_installed_verdict(monkeypatch):
     refused = self_test(SHAPES, broken_at(77, lambda out: out * 0), "cpu", device_name="GPU 3").model_copy(update={"device": "cuda:3"})
-    monkeypatch.setattr(matmul, "_kernel_problems", {})
+    monkeypatch.setattr(selftest, "_kernel_problems", {})
     monkeypatch.setattr(selftest, "_installed", {})
     selftest.install(refused)
-    choice = choose_path("cuda", (12, 0), fp4_enabled=True, emulate_fp4=False, fp4_kernel_problem=lambda: matmul.fp4_kernel_problem(torch.device("cuda", 3)))
+    choice = choose_path("cuda", (12, 0), fp4_enabled=True, emulate_fp4=False, fp4_kernel_problem=lambda: selftest.fp4_kernel_problem(torch.device("cuda", 3)))
     assert choice.path == PATH_CUDA_BF16 and "failed at (M, N, K) = (77, 48, 96)" in choice.reason
 
 
@@ -134,3 +134,16 @@ def test_without_an_installed_verdict_the_child_runs_once(monkeypatch):
 def test_a_shape_the_gemm_cannot_take_is_a_caller_error():
     with pytest.raises(ValueError, match="N a multiple of 16, K of 32"):
         self_test([(4, 40, 64)], emulated, "cpu")
+
+
+def test_the_command_without_a_gpu_says_so_and_exits_zero():
+    """What `scripts/gpu_check.sh` gets on a machine with no fp4 GPU: a record, not a failure."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "h3core.nvfp4.selftest", "--device", "cuda:0", "--shapes", "1,32,64"], capture_output=True, text=True)
+    result = FP4SelfTest.model_validate_json(done.stdout)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert done.returncode == 0 and not result.applicable and not result.accepted
+    assert result.reason == "fp4 GEMM not available on cuda:0: no CUDA device; NVFP4 linears take cuda-dequant-bf16"
