@@ -40,7 +40,7 @@ def test_the_child_process_gives_a_verdict_on_this_gpu():
 
 
 def triton_for_this_gpu() -> bool:
-    if not activation.triton_available():
+    if not torch.cuda.is_available() or not activation.triton_available():  # no GPU: leave triton unimported
         return False
     import triton.language as tl
 
