@@ -77,7 +77,7 @@ class _Expected:
             return torch.cat([t[s.start : s.stop] for s in rows])
 
         bias = None if full.bias is None else cut(full.bias)
-        return cls(cut(full.weight), cut(full.weight_scale), full.weight_scale_2, bias, cut(dequantize(full.nvfp4)))
+        return cls(cut(full.weight), cut(full.block_scales), full.weight_scale_2, bias, cut(dequantize(full.nvfp4)))
 
     @classmethod
     def columns_of(cls, full: NVFP4Linear, columns: ColumnSlice) -> "_Expected":
@@ -85,7 +85,7 @@ class _Expected:
             return t[:, span.start : span.stop]
 
         return cls(
-            cut(full.weight, columns.packed_bytes), cut(full.weight_scale, columns.scale_columns), full.weight_scale_2,
+            cut(full.weight, columns.packed_bytes), cut(full.block_scales, columns.scale_columns), full.weight_scale_2,
             None, cut(dequantize(full.nvfp4), columns.elements),
         )
 
@@ -135,7 +135,7 @@ def _compare(variant: str, case: _Case) -> Measure:
     differing = _differing_bytes(shard.weight, expected.packed)
     if differing:
         problems.append(f"{name}: {differing} packed weight bytes differ from the slice")
-    differing = _differing_bytes(shard.weight_scale, expected.scale)
+    differing = _differing_bytes(shard.block_scales, expected.scale)
     if differing:
         problems.append(f"{name}: {differing} block-scale bytes differ from the slice")
     if not torch.equal(shard.weight_scale_2, expected.global_scale):
