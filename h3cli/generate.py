@@ -19,7 +19,7 @@ from h3cli import options
 from h3cli.batch import run_batch_command
 from h3cli.output import Output, progress_bar
 from h3core.errors import ConfigError
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.units import format_bytes
 
 

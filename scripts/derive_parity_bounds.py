@@ -39,7 +39,7 @@ from h3core.model.synthetic import synthetic_checkpoint
 from h3core.nvfp4.codec import dequantize
 from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
 from h3core.parallel.partition import nvfp4_column_slices, token_spans
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.schema import error_between
 
 NEGATIVE_PROMPT = "blurry, low quality, distorted"
@@ -178,8 +178,8 @@ def main() -> None:
     print(f"\nmeasured: A <= {a_max:.2f} (assumed {parity.AMPLIFICATION:g}), e_q <= {e_q:.3f} (assumed {parity.FP4_QUANTIZATION_NOISE:g})")
     print("bounds (SAFETY x A x delta; fp4 with half-precision GEMM output: SAFETY x 2 x e_q):")
     ok = a_max <= parity.AMPLIFICATION and e_q <= parity.FP4_QUANTIZATION_NOISE
-    for (mode, dtype), ulps in parity.ROUNDING_ULPS.items():
-        name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    for mode, (name, dtype) in ((m, d) for m in Mode for d in DTYPES.items()):
+        ulps = parity.rounding_ulps(mode, dtype)
         measured = delta[mode.value].get(name, math.nan)
         ok &= measured <= ulps
         print(f"  {mode.value:<8} {name}: delta measured {measured:5.2f} eps, assumed {ulps:g} -> bound {parity.tolerance(mode, dtype):.3g}")

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 from h3core import settings
 from h3core.model.attention import scores_bytes
 from h3core.model.config import ModelConfig
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import mode_of
+from h3core.parallel.plan import ParallelPlan
 from h3core.runtime.limits import PROCESS_BYTES, MemoryNeed, capacity, check_cpu_ranks, check_memory
 
 if TYPE_CHECKING:
@@ -78,17 +79,5 @@ def held_weight_bytes(plan: ParallelPlan, dtype_bytes: int) -> int:
 
 def activation_elements(config: ModelConfig, plan: ParallelPlan, s: int) -> int:
     """Elements of the larger of one block's attention and MLP working sets on the largest rank
-    (`s`: tokens of the longest sequence)."""
-    s_loc = max(len(t) for seq in plan.sequences for t in seq.tokens)
-    h_loc, n = max(plan.heads), plan.world_size
-    d, a, dh, f = config.hidden, config.attention_width, config.head_dim, config.ffn_dim
-    x = 2 * s_loc * d  # the residual stream rows and their modulated copy, alive through the block
-    if plan.mode is Mode.TENSOR:
-        gathered = s * d if n > 1 else 0  # the all-gathered sequence (one rank: the identity, no copy)
-        attn = x + gathered + s * 3 * h_loc * dh + s * h_loc * dh + s * d  # + q|k|v of its heads, their output, the partial
-        mlp = x + gathered + s * 3 * -(-f // n) + s * d  # + its fc1 rows' output [S, 2F/N] and activation [S, F/N], the partial
-    else:
-        received = s * 3 * h_loc * dh if n > 1 else 0  # q|k|v of its heads over the whole sequence (one rank: the identity)
-        attn = x + s_loc * 3 * a + received + s * h_loc * dh  # + its q|k|v rows, the attention output
-        mlp = x + s_loc * 3 * f  # + fc1 output [S_loc, 2F] and activation [S_loc, F]
-    return max(attn, mlp)
+    (`s`: tokens of the longest sequence): the plan's mode says (`ParallelMode.activation_elements`)."""
+    return mode_of(plan.mode).activation_elements(config, plan, s)

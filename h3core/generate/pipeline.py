@@ -42,7 +42,7 @@ from h3core.parallel.collectives import broadcast_tensors
 from h3core.parallel.layout import RankGroups
 from h3core.parallel.parallelize import left_out_at_load, parallelize
 from h3core.parallel.runtime import ParallelRuntime
-from h3core.parallel.tensor import block_linears
+from h3core.parallel.modes.tensor import block_linears
 from h3core.runtime import cpu_memory, device as dev
 from h3core.runtime.context import RankContext
 

@@ -15,7 +15,8 @@ from h3core.model.checkpoint import SYNTHETIC
 from h3core.model.config import ModelConfig
 from h3core.model.sequence import KINDS, kind_length
 from h3core.parallel.collectives import CommStats
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 from h3core.parallel.runtime import RankUsage
 from h3core.reports.schema import TensorChecksum, Versions, timestamp
 from h3core.runtime import device as dev

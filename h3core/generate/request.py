@@ -21,7 +21,8 @@ from h3core.generate.memory import check_limits
 from h3core.model.checkpoint import SYNTHETIC, Checkpoint
 from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
 from h3core.parallel.layout import RankLayout
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 from h3core.runtime.device import compute_dtype
 from h3core.settings import UserRequest
 

@@ -10,7 +10,7 @@ the others from the headers.
 `WeightSource` is how a model is assembled from named weights, whoever holds them:
 `CheckpointWeights` (a safetensors checkpoint: the H3 denoiser's tensor-mode shards, the text
 encoder's layers), the synthetic text encoder's generator, an in-memory model's shards
-(`h3core.parallel.tensor.ModelWeights`).
+(`h3core.parallel.modes.tensor.ModelWeights`).
 """
 
 from __future__ import annotations

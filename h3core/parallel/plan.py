@@ -23,7 +23,6 @@ rank's runtime is given its own group's process group.
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import TYPE_CHECKING, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -31,33 +30,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from h3core import settings
 from h3core.errors import PartitionError
 from h3core.model.config import ModelConfig, preset
+from h3core.model.sequence import Segment
+from h3core.parallel import partition
+from h3core.parallel.layout import SEQUENCE_NAMES, RankLayout
+from h3core.parallel.modes import Mode, mode_of
+from h3core.parallel.modes.tensor import TensorShards
+from h3core.span import Span
 
 if TYPE_CHECKING:
     from h3core.model.checkpoint import TensorSpec
-from h3core.model.sequence import Segment
-from h3core.nvfp4.layout import ColumnSlice
-from h3core.parallel import partition
-from h3core.parallel.layout import SEQUENCE_NAMES, RankLayout
-from h3core.span import Span
-
-
-class Mode(str, Enum):
-    ULYSSES = "ulysses"
-    TENSOR = "tensor"
-
-
-class TensorShards(BaseModel):
-    """What one rank holds of each block's linears in tensor mode (`h3core.model.dit.TENSOR_PARALLEL`)."""
-
-    model_config = ConfigDict(frozen=True)
-    qkv_rows: list[Span] = Field(description="Rows of the stacked [q | k | v] weight, one span per third (this rank's heads).")
-    attn_out_columns: ColumnSlice = Field(description="Input columns of out_proj (this rank's heads x head_dim).")
-    fc1_rows: list[Span] = Field(description="Rows of the fused [gate | up] fc1 weight: the gate span, then the up span.")
-    fc2_columns: ColumnSlice = Field(description="Input columns of fc2: the same feature range as fc1's rows, in whole NVFP4 blocks.")
-
-    def of(self, linear: str) -> list[Span] | ColumnSlice:
-        """The range of block linear `linear` ('attn.qkv_proj', 'attn.out_proj', 'mlp.fc1', 'mlp.fc2')."""
-        return {"attn.qkv_proj": self.qkv_rows, "attn.out_proj": self.attn_out_columns, "mlp.fc1": self.fc1_rows, "mlp.fc2": self.fc2_columns}[linear]
 
 
 class RankPlan(BaseModel):
@@ -139,7 +120,7 @@ class ParallelPlan(BaseModel):
         the checkpoint's tensors (default: the synthetic layout of `config`, which is the seed's file's)."""
         heads = partition.head_spans(config.num_heads, world_size)
         splits = [_sequence_plan(name, segments, world_size) for name, segments in zip(SEQUENCE_NAMES, sequences)]
-        shards = _tensor_shards(config, heads) if mode is Mode.TENSOR else [None] * world_size
+        shards = mode_of(mode).shards(config, heads)
         prompt = splits[0]
         ranks = [
             RankPlan(rank=r, heads=heads[r], tokens=prompt.tokens[r], segments=partition.clip_segments(prompt.segments, prompt.tokens[r]), tensor=shards[r])
@@ -177,31 +158,12 @@ def _sequence_plan(name: str, segments: list[Segment], world_size: int) -> Seque
     return SequencePlan(name=name, segments=segments, num_tokens=num_tokens, tokens=partition.token_spans(num_tokens, world_size))
 
 
-def _tensor_shards(config: ModelConfig, heads: list[Span]) -> list[TensorShards | None]:
-    """Every rank's ranges of the block linears: heads decide QKV rows and Out columns; FC2 columns
-    are whole NVFP4 blocks of the MLP width, and FC1's rows follow them in both halves."""
-    world = len(heads)
-    out_columns = partition.head_column_slices(config.num_heads, config.head_dim, world)
-    fc2_columns = partition.nvfp4_column_slices(config.ffn_dim, world)
-    return [
-        TensorShards(
-            qkv_rows=partition.fused_qkv_rows(h, config.num_heads, config.head_dim),
-            attn_out_columns=out,
-            fc1_rows=partition.gate_up_rows(fc2, config.ffn_dim),
-            fc2_columns=fc2,
-        )
-        for h, out, fc2 in zip(heads, out_columns, fc2_columns)
-    ]
-
-
 # --- what each rank holds of the checkpoint -----------------------------------------------------------
 
 
 def weight_bytes(config: ModelConfig, mode: Mode, ranks: Sequence[RankPlan], specs: Sequence["TensorSpec"] | None = None) -> WeightBytes:
     """The checkpoint's stored bytes (`specs`, default the synthetic = seed layout of `config`) and what
-    each rank holds of them: everything in Ulysses mode; the replicated tensors plus, per block, its
-    shards of the `TENSOR_PARALLEL` linears in tensor mode (a shard's share of each tensor: its rows
-    or columns over the whole; global scales and markers whole)."""
+    each rank holds of them (the mode's `weights_per_rank`)."""
     from h3core.model.dit import tensor_parallel_prefixes
 
     if specs is None:
@@ -210,40 +172,12 @@ def weight_bytes(config: ModelConfig, mode: Mode, ranks: Sequence[RankPlan], spe
         specs = synthetic_specs(config)
     split = tensor_parallel_prefixes(config.num_blocks)
     nvfp4 = {s.prefix for s in specs if s.name.endswith(".weight_scale")}
-    total = sum(s.nbytes for s in specs)
-    dense16 = sum(s.nbytes for s in specs if s.dtype in ("BF16", "F16"))
-    block = [s for s in specs if s.name.startswith(split)]
-    if mode is Mode.TENSOR:
-        held = [[_shard_bytes(s, r.tensor, config) for s in block] for r in ranks]
-        per_rank = [total - sum(x.nbytes for x in block) + sum(h) for h in held]
-        dense_rank = [dense16 - sum(x.nbytes for x in block if x.dtype in ("BF16", "F16"))
-                      + sum(b for b, x in zip(h, block) if x.dtype in ("BF16", "F16")) for h in held]
-    else:
-        per_rank, dense_rank = [total] * len(ranks), [dense16] * len(ranks)
+    held = mode_of(mode).weights_per_rank(specs, ranks, config)
     return WeightBytes(
         parameters=sum(s.parameters for s in specs),
-        checkpoint_bytes=total,
+        checkpoint_bytes=sum(s.nbytes for s in specs),
         nvfp4_bytes=sum(s.nbytes for s in specs if s.prefix in nvfp4),
-        block_linears_bytes=sum(s.nbytes for s in block),
-        per_rank=per_rank,
-        dense16_per_rank=dense_rank,
+        block_linears_bytes=sum(s.nbytes for s in specs if s.name.startswith(split)),
+        per_rank=[h for h, _ in held],
+        dense16_per_rank=[d for _, d in held],
     )
-
-
-def _shard_bytes(spec: "TensorSpec", shards: TensorShards | None, config: ModelConfig) -> int:
-    """Bytes of one block-linear tensor a rank holds: its rows (column-parallel) or columns (row-parallel)
-    as a share of the whole; 0-dim scales and markers whole."""
-    from h3core.model.dit import TENSOR_PARALLEL, Split
-
-    assert shards is not None, "tensor mode plans shards for every rank"
-    linear = spec.prefix.split(".", 2)[2]  # blocks.<i>.<linear>
-    if len(spec.shape) == 0 or spec.name.endswith(".comfy_quant"):
-        return spec.nbytes
-    part = shards.of(linear)
-    if TENSOR_PARALLEL[linear] is Split.COLUMN:
-        rows = {"attn.qkv_proj": 3 * config.attention_width, "mlp.fc1": 2 * config.ffn_dim}[linear]
-        return spec.nbytes * sum(len(s) for s in part) // rows  # type: ignore[union-attr]
-    if spec.name.endswith(".bias"):
-        return spec.nbytes
-    width = {"attn.out_proj": config.attention_width, "mlp.fc2": config.ffn_dim}[linear]
-    return spec.nbytes * len(part.elements) // width  # type: ignore[union-attr]

@@ -22,10 +22,10 @@ from h3core.model.positions import position_ids
 from h3core.parallel import collectives
 from h3core.parallel.parallelize import left_out_at_load, parallelize
 from h3core.parallel.partition import clip_segments, kind_spans
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.parallel.runtime import ParallelRuntime
-from h3core.parallel.tensor import ModelWeights
-from h3core.parallel.ulysses import UlyssesAttention
+from h3core.parallel.modes.tensor import ModelWeights
+from h3core.parallel.modes.ulysses import UlyssesAttention
 from h3core.runtime.context import RankContext
 from h3core.runtime.device import Stopwatch
 from h3core.verify.compare import load_model, measure, measure_all, seeded, spec_dtype

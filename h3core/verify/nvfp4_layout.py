@@ -26,7 +26,7 @@ from h3core.nvfp4.io import WeightSource
 from h3core.nvfp4.layout import ColumnSlice
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.shard import column_parallel, row_parallel
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.runtime.context import RankContext
 from h3core.runtime.device import Stopwatch
 from h3core.span import Span

@@ -15,7 +15,8 @@ from h3core import settings
 from h3core.errors import ConfigError
 from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
 from h3core.model.sequence import Segment
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 from h3core.settings import UserRequest
 
 CHECK_NAMES = ("transport", "sdpa", "ragged", "projection", "tp", "nvfp4", "parity", "backends")

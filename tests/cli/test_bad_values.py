@@ -100,7 +100,7 @@ def test_the_split_check_counts_the_real_prompt(tmp_path, monkeypatch):
     """The plan is built from the prompt's real token count (the encoder's tokenizer), and guidance's
     negative prompt is a sequence of its own, with its own length."""
     from h3core.generate.request import GenerateRequest, resolve
-    from h3core.parallel.plan import Mode
+    from h3core.parallel.modes import Mode
     from h3core.text import check_text_encoder
 
     monkeypatch.setenv("H3_CACHE_DIR", str(tmp_path))

@@ -13,7 +13,7 @@ import torch
 
 from h3core.generate.parity import tolerance
 from h3core.matrix.report import CellStatus, MatrixReport
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 
 from commands import REPO, no_survivors, one_line
 

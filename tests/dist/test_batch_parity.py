@@ -12,7 +12,7 @@ import torch
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.generate.resident import denoise_round, drop_held, encode_prompts_once
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 
 PROMPTS = [
     dict(prompt="a red fox running through fresh snow", seed=1),

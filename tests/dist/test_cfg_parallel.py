@@ -22,7 +22,7 @@ from h3core.generate.parity import LatentParity, latent_parity, run_tolerance
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.parallel.layout import RankGroups
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.verify.end_to_end import generate_as_one_rank
 from h3core.verify.session import jobs_on_own_ranks
 

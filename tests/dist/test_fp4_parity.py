@@ -20,7 +20,7 @@ from h3core.generate.pipeline import rank_generate
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.matmul import PATH_CPU_FP4_EMULATED
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.parallel.runtime import ParallelRuntime
 from h3core.verify.session import as_world_of_one
 

@@ -14,7 +14,7 @@ import h3_reference as ref
 from h3core.generate.parity import latent_parity, tolerance
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.request import GenerateRequest, resolve
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.verify.session import as_world_of_one
 
 
@@ -55,6 +55,6 @@ def test_both_modes_on_other_layouts_match_one_rank(world8, layouts, layout, mod
         results = world8.run(_generate, count, _run(layouts[layout], mode, count))[:count]
         parity = latent_parity(results[0]["latents"], reference, tolerance(mode, torch.float32), "1 rank")
         print(f"{layout}, {mode.value} x{count}: relative {parity.relative:.3g} (bound {parity.tolerance:.3g})")
-        assert parity.passed and (parity.bitwise or mode is Mode.TENSOR), parity
-        if mode is Mode.TENSOR:  # each rank read its share of the block linears, not the whole
+        assert parity.passed and (parity.bitwise or mode == Mode.TENSOR), parity
+        if mode == Mode.TENSOR:  # each rank read its share of the block linears, not the whole
             assert all(r["read"] <= one["read"] / count * 1.05 for r in results), [r["read"] for r in results]

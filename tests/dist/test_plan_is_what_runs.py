@@ -19,7 +19,8 @@ from h3core.generate.report import RunReport, build_report
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.generate.run import reference_parity
 from h3core.model.sequence import SegmentKind
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 
 from commands import run_main
 

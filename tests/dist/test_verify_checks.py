@@ -12,10 +12,10 @@ import torch
 
 import h3core.model.dit
 import h3core.parallel.partition
-import h3core.parallel.tensor
+import h3core.parallel.modes.tensor
 from h3core.generate.parity import layer_tolerance, tolerance
 from h3core.nvfp4.layout import ColumnSlice
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.runtime.world import World
 from h3core.span import Span
 from h3core.verify.checks import CHECKS
@@ -87,7 +87,7 @@ def test_backends_math_runs_and_cuda_backends_are_skipped_with_the_reason(sessio
 
 
 def _tp_with_broken_reduce_scatter(ctx, spec):
-    with dropping_last_rank(h3core.parallel.tensor):
+    with dropping_last_rank(h3core.parallel.modes.tensor):
         return measure_tp(ctx, spec)
 
 

@@ -12,7 +12,8 @@ from h3core.errors import ResourceLimit
 from h3core.generate.memory import generate_need
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.request import GenerateRequest, resolve
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 from h3core.runtime.limits import CUDA_CONTEXT_BYTES, capacity
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -10,7 +10,7 @@ from h3core.generate.pipeline import rank_generate
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.generate.run import execute
 from h3core.model.attention import attend, is_math_kernel, kernels_run, reset_kernel_record
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.runtime.world import World
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

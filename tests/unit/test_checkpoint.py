@@ -14,7 +14,8 @@ from h3core.model.config import preset
 from h3core.model.dit import Clocks
 from h3core.model.synthetic import is_intact_synthetic, synthetic_checkpoint, synthetic_specs, synthetic_tensors
 from h3core.nvfp4.codec import dequantize
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 
 CFG = preset("tiny")
 

@@ -14,7 +14,8 @@ from h3core.errors import ResourceLimit
 from h3core.generate.memory import STEP_BYTES, generate_need
 from h3core.model.attention import scores_bytes
 from h3core.model.config import preset
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 from h3core.runtime.limits import Capacity, MemoryNeed, check_cpu_ranks, check_memory
 
 TINY = preset("tiny")

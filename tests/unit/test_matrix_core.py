@@ -19,7 +19,7 @@ from h3core.matrix.run import _Bar
 from h3core.matrix.summary import scaling, steady_step_seconds, summarise
 from h3core.errors import LayoutError
 from h3core.parallel.layout import RankLayout
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.schema import Versions
 from h3core.reports.units import format_bytes
 
@@ -146,9 +146,9 @@ def test_skip_reason_only_on_cuda():
 def test_cuda_counts_above_the_visible_gpus_are_skipped():
     planned = plan_cells(_request([2, 4, 8], modes=(Mode.ULYSSES, Mode.TENSOR), device="cuda"), visible_gpus=2)
     assert [(p.mode, p.count) for p in planned] == [(m, c) for m in (Mode.ULYSSES, Mode.TENSOR) for c in (1, 2, 4, 8)]
-    by_count = {p.count: p for p in planned if p.mode is Mode.TENSOR}
+    by_count = {p.count: p for p in planned if p.mode == Mode.TENSOR}
     assert by_count[1].run is not None and by_count[1].requested is False  # the baseline, added
-    assert by_count[2].run is not None and by_count[2].run.request.world_size == 2 and by_count[2].run.request.mode is Mode.TENSOR
+    assert by_count[2].run is not None and by_count[2].run.request.world_size == 2 and by_count[2].run.request.mode == Mode.TENSOR
     assert by_count[4].run is None and by_count[4].skip == "4 GPUs needed, 2 visible"
     assert by_count[8].skip == "8 GPUs needed, 2 visible"
 

@@ -13,7 +13,7 @@ from h3core.generate.request import GenerateRequest, resolve
 from h3core.generate.run import execute
 from h3core.model.checkpoint import Checkpoint
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.runtime import device as dev
 
 

@@ -20,7 +20,8 @@ from h3core.model.checkpoint import Checkpoint
 from h3core.model.config import preset
 from h3core.model.sampler import FlowMatchH3, initial_noise
 from h3core.model.sequence import SegmentKind
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 from h3core.parallel.runtime import ParallelRuntime
 
 TEXT, POINTS, SEED = 9, 5, 11

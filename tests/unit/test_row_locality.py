@@ -28,7 +28,7 @@ from h3core.model.positions import position_ids
 from h3core.model.sequence import SegmentKind
 from h3core.model.synthetic import synthetic_checkpoint
 from h3core.parallel import partition
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.schema import error_between
 from h3core.span import Span
 
