@@ -126,8 +126,7 @@ class _Batch:
         return self.world
 
     def _close_world(self) -> None:
-        drop_held()  # world size 1 and torchrun: the pipeline is held in this process
-        if self.world is not None:
+        if self.world is not None:  # what every rank held (its pipeline) ends with the World
             self.world.close()
             self.world = None
 
@@ -167,8 +166,8 @@ class _Batch:
                     self._failed(prompt, err, started)
             if settings.under_torchrun():
                 raise  # torchrun stops every rank: the batch ends here
-            if world.world_size == 1:
-                drop_held()  # a fault in this process: load afresh rather than reuse what it left
+            if world.world_size == 1 and not world.closed:
+                world.run(drop_held)  # a fault in this process: load afresh rather than reuse what it left
         finally:
             self.current = ""
             self._write()

@@ -32,12 +32,10 @@ from h3core.generate.profile import RankProfile, profiling
 from h3core.generate.report import HeldWeights, RankOutcome, StepDone
 from h3core.generate.request import ResolvedRun
 from h3core.generate.sequences import Latent, build_sequence, noise_rows
-from h3core.model import attention
 from h3core.model.checkpoint import Checkpoint
 from h3core.model.dit import H3Model, tensor_parallel_prefixes, unpack_audio, unpatchify_video
 from h3core.model.sampler import FlowMatchH3
 from h3core.model.sequence import SegmentKind
-from h3core.nvfp4 import matmul as nvfp4_matmul
 from h3core.parallel.collectives import broadcast_tensors
 from h3core.parallel.layout import RankGroups
 from h3core.parallel.parallelize import left_out_at_load, parallelize
@@ -98,6 +96,7 @@ class RankPipeline:
             loaded = checkpoint.bytes_read
             if parallel:
                 parallelize(model, runtime, checkpoint.weight_source(device, dtype))
+            runtime.record.attach(model)
         weights = _held_weights(model, checkpoint, shards_read=checkpoint.bytes_read - loaded if skip else None)
         checkpoint.file.reader.close()
         return cls(model, runtime, device, dtype, weights, {"load": watch.seconds})
@@ -111,25 +110,19 @@ class RankPipeline:
             schedule.set_timesteps(run.shape.steps)
         denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, schedules, self.runtime.cfg)
         latent = denoiser.own_rows(noise_rows(run.shape, run.request.seed), self.device)  # float32
-        _reset_records(self.device)
+        dev.reset_peak_memory(self.device)  # the sampling phase's peak-memory window
+        self.runtime.record.clear()
         on_step = (lambda step, steps, seconds: report(StepDone(step=step, steps=steps, seconds=seconds))) if report else (lambda *a: None)
-        with torch.inference_mode(), profiling(self.model, self.device, self.runtime.rank, run.request.profile) as profiler:
+        with torch.inference_mode(), profiling(self.model, self.device, self.runtime.rank, run.request.profile, self.runtime.stats) as profiler:
             latent, step_seconds = denoise(denoiser, latent, self.device, profiler, on_step)
             peak = dev.peak_memory_bytes(self.device)
             with dev.Stopwatch(self.device) as watch:  # branch 1 holds the same values: branch 0 gathers
                 whole = denoiser.gather(latent) if denoiser.own == 0 else {}
         return Denoised(
             latent=whole, step_seconds=step_seconds, timings={"sampling": sum(step_seconds), "gather": watch.seconds},
-            peak_memory=peak, nvfp4_paths=nvfp4_matmul.paths_run(), attention_kernels=attention.kernels_run(),
+            peak_memory=peak, nvfp4_paths=self.runtime.record.paths(), attention_kernels=self.runtime.record.kernels(),
             profile=profiler.result() if profiler is not None else None,
         )
-
-
-def _reset_records(device: torch.device) -> None:
-    """Start the sampling phase's peak-memory window and the records of what ran."""
-    dev.reset_peak_memory(device)
-    attention.reset_kernel_record()
-    nvfp4_matmul.reset_path_record()
 
 
 def _held_weights(model: H3Model, checkpoint: Checkpoint, shards_read: int | None) -> HeldWeights:

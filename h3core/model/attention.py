@@ -16,8 +16,8 @@ padding, so there is nothing to mask). Backends:
 version, or cannot run this device, head width or dtype: one `BackendUnavailable` line that says
 what to install or use instead, never a silent fallback.
 
-What ran: every `attend` call adds one to its kernel's count in a per-process record
-(`kernels_run`, cleared by `reset_kernel_record`). For `sdpa` the kernel is PyTorch's own
+What ran: every `attend` call adds one to its kernel's count in the record it is given (each rank's
+`RankRecord`, on its runtime: `h3core.parallel.runtime`). For `sdpa` the kernel is PyTorch's own
 dispatch decision (`torch._fused_sdp_choice`) on the very tensors of the call, decided once per
 call signature (shapes, strides, dtype, device and the enabled-backend flags) and cached; a
 report built from the record names the kernels the run used, not those of a probe.
@@ -72,41 +72,41 @@ def _sdpa_views(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torc
     return tuple(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, record: Counter[str] | None) -> torch.Tensor:
     q4, k4, v4 = _sdpa_views(q, k, v)
     choice = _backend_choice(q4)
     if choice is None:  # the CPU: flash is its only fused kernel and PyTorch's order already takes it
-        _record(sdpa_kernel_of(q4, k4, v4))
+        _count(record, sdpa_kernel_of(q4, k4, v4))
         return F.scaled_dot_product_attention(q4, k4, v4)[0].transpose(0, 1)  # [S, H, Dh]
     with sdpa_kernel(choice.sdp_backends, set_priority=True):  # the record and the call see the same rule
-        _record(sdpa_kernel_of(q4, k4, v4))
+        _count(record, sdpa_kernel_of(q4, k4, v4))
         return F.scaled_dot_product_attention(q4, k4, v4)[0].transpose(0, 1)  # [S, H, Dh]
 
 
-def _math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, record: Counter[str] | None) -> torch.Tensor:
     qf, kf, vf = (t.float().transpose(0, 1) for t in (q, k, v))  # [H, S, Dh]
     scores = qf @ kf.transpose(-1, -2) / math.sqrt(q.shape[-1])  # [H, S, S]
-    _record(KERNEL_NAMES["math"])
+    _count(record, KERNEL_NAMES["math"])
     return (scores.softmax(dim=-1) @ vf).transpose(0, 1).to(q.dtype)
 
 
-def _sage2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _sage2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, record: Counter[str] | None) -> torch.Tensor:
     from sageattention import sageattn
 
-    _record(KERNEL_NAMES["sage2"])
+    _count(record, KERNEL_NAMES["sage2"])
     # "NHD" = [batch, seq, heads, dim]
     return sageattn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), tensor_layout="NHD", is_causal=False)[0]
 
 
-def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, record: Counter[str] | None) -> torch.Tensor:
     from flash_attn import flash_attn_func
 
-    _record(KERNEL_NAMES["flash"])
+    _count(record, KERNEL_NAMES["flash"])
     # [batch, seq, heads, dim]
     return flash_attn_func(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), causal=False)[0]
 
 
-_IMPLS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+_IMPLS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Counter[str] | None], torch.Tensor]] = {
     "sdpa": _sdpa,
     "math": _math,
     "sage2": _sage2,
@@ -117,29 +117,21 @@ KERNEL_NAMES = {"math": "h3 math (fp32 softmax)", "sage2": "SageAttention2", "fl
 """The kernel each non-sdpa backend runs (one each)."""
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
-    """Full attention. q, k, v: [S, H, Dh] (same S for all three) -> [S, H, Dh]."""
-    return _IMPLS[backend](q, k, v)
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa", record: Counter[str] | None = None) -> torch.Tensor:
+    """Full attention. q, k, v: [S, H, Dh] (same S for all three) -> [S, H, Dh]. `record`: the
+    rank's kernel record (`h3core.parallel.runtime.RankRecord.attention`), one count per call."""
+    return _IMPLS[backend](q, k, v, record)
 
 
 # --- what ran --------------------------------------------------------------------------------------
 
-_calls: Counter[str] = Counter()
 _sdpa_choices: dict[tuple, str] = {}
+"""The dispatcher's decision per call signature (a cache of a pure function, not a record)."""
 
 
-def kernels_run() -> dict[str, int]:
-    """Attention kernels run by this process since the last `reset_kernel_record`: {name: calls}."""
-    return dict(sorted(_calls.items()))
-
-
-def reset_kernel_record() -> None:
-    """Start a new record (e.g. at the start of a run's denoising loop)."""
-    _calls.clear()
-
-
-def _record(kernel: str) -> None:
-    _calls[kernel] += 1
+def _count(record: Counter[str] | None, kernel: str) -> None:
+    if record is not None:
+        record[kernel] += 1
 
 
 def sdpa_kernel_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:

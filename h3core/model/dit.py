@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 
@@ -250,14 +251,16 @@ class ProjectedQKV:
 
 
 class AttentionCore(nn.Module):
-    """Attention of q, k, v: [S, H, Dh] -> [S, H, Dh] with a named backend (a parallel plan wraps it)."""
+    """Attention of q, k, v: [S, H, Dh] -> [S, H, Dh] with a named backend (a parallel plan wraps it).
+    `record`: the rank's kernel record, attached by its runtime (None: not counted)."""
 
     def __init__(self, backend: str = "sdpa"):
         super().__init__()
         self.backend = backend
+        self.record: Counter[str] | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return attend(q, k, v, self.backend)
+        return attend(q, k, v, self.backend, self.record)
 
     def attend_projected(self, qkv: ProjectedQKV) -> torch.Tensor:
         """Attention of a projection still to be finished (a wrapper may finish it where it needs it)."""

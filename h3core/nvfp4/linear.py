@@ -21,8 +21,8 @@ when the path changes (a move to another device). On H3's 200 block linears that
 bytes less per Ulysses rank on an fp4 GPU (`docs/nvfp4.md`).
 
 `forward` takes one of the paths of `h3core.nvfp4.matmul`; `path` says which and `path_reason`
-why, and every forward (and every `forward_rows`) adds one to that path's count in the per-process
-record (`matmul.paths_run`). `forward_rows` computes some output features only, into a strided
+why, and every forward (and every `forward_rows`) adds one to that path's count in the record the
+rank attached (`record`, its runtime's `RankRecord.nvfp4`; None: not counted). `forward_rows` computes some output features only, into a strided
 destination if asked (the dequant paths decode just those rows; Ulysses' v GEMM writes into the
 all-to-all's send blocks this way). On the fp4 paths (`cuda-fp4-scaled-mm`, `cpu-fp4-emulated`):
 
@@ -39,6 +39,7 @@ all-to-all's send blocks this way). On the fp4 paths (`cuda-fp4-scaled-mm`, `cpu
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -64,7 +65,6 @@ from h3core.nvfp4.matmul import (
     fp4_gemm,
     fp4_gemm_shape,
     prepare_fp4_weight,
-    record_path,
     scaled_mm_fp4,
 )
 from h3core.nvfp4.selftest import fp4_kernel_problem
@@ -102,6 +102,8 @@ class NVFP4Linear(nn.Module):
         self.register_buffer("input_scale", _checked_scalar(input_scale, "input_scale"))
         self.register_buffer("fp4_weight", None, persistent=False)  # [N, K/2] zero-padded; None: `weight` fits
         self.register_buffer("swizzled_weight_scale", None, persistent=False)
+        self.record: Counter[str] | None = None
+        """The rank's NVFP4 path record (`h3core.parallel.runtime.RankRecord`): +1 per GEMM call."""
         self.agree_amax: Callable[[torch.Tensor], torch.Tensor] | None = None
         """Set by a parallel plan whose ranks each hold part of this linear's input: the max of a
         0-dim amax over those ranks. Every rank must then call `forward` (or, holding no rows,
@@ -258,7 +260,8 @@ class NVFP4Linear(nn.Module):
         if self.pre_quant_scale is not None:
             x2 = x2 * self.pre_quant_scale.to(x2.dtype)
         path = self.path
-        record_path(path)
+        if self.record is not None:
+            self.record[path] += 1
         if path not in FP4_PATHS and self.weight_scale is None:
             self.prepare()  # prepared for an fp4 path on another device: hold the row-major scales again
         if rows is not None and path not in FP4_PATHS:
@@ -326,7 +329,8 @@ class NVFP4Linear(nn.Module):
         path = self.path
         if path not in FP4_PATHS:
             raise ValueError(f"forward_gathered is for the fp4 paths; this linear takes {path}")
-        record_path(path)
+        if self.record is not None:
+            self.record[path] += 1
         act_packed, act_scale = gathered_gemm_operands(parts)
         if act_packed.shape[0] == 0:
             return torch.empty(0, self.out_features, dtype=dtype, device=act_packed.device)

@@ -37,7 +37,6 @@ project's CPU every chunking then gives bitwise the output of one whole GEMM (te
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -115,25 +114,6 @@ def choose_path(
 def emulate_fp4_from_env() -> bool:
     """`H3_EMULATE_FP4` as a bool (unset: False); a malformed value is a ConfigError naming it."""
     return settings.emulate_fp4()
-
-
-# --- what ran ----------------------------------------------------------------------------------------
-
-_paths_run: Counter[str] = Counter()
-
-
-def record_path(path: str) -> None:
-    _paths_run[path] += 1
-
-
-def paths_run() -> dict[str, int]:
-    """NVFP4 matmul paths this process ran since the last `reset_path_record`: {path: GEMM calls
-    (`forward` and `forward_rows`)}."""
-    return dict(sorted(_paths_run.items()))
-
-
-def reset_path_record() -> None:
-    _paths_run.clear()
 
 
 # --- the dequant paths -------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """What one rank's parallel wrappers share, made from the run's `ParallelPlan`: the process group, the
 head spans, the token spans of the sequence being processed, the byte counters of every collective
-they call, the NVFP4 activation-scale agreement of the linears whose input the ranks split, and a
-record of the spans and shards this rank really used (`RankUsage`, in the run's report).
+they call, the NVFP4 activation-scale agreement of the linears whose input the ranks split, a
+record of the spans and shards this rank really used (`RankUsage`, in the run's report), and of the
+attention kernels and NVFP4 paths it ran (`RankRecord`).
 
 The group is the process group of the plan's ranks: the run's whole world when its layout is one
 group, else this rank's sequence group (`h3core.parallel.layout.RankGroups`); every collective
@@ -12,6 +13,7 @@ per step uses.
 
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
@@ -36,6 +38,36 @@ class RankUsage(BaseModel):
     shards: TensorShards | None = Field(None, description="Tensor mode: the ranges of each block linear read as this rank's shards.")
 
 
+class RankRecord:
+    """What one rank ran, counted where it ran and kept on its runtime (no process-wide state): the
+    attention kernel of every `attend` call and the NVFP4 path of every GEMM call. `attach` points a
+    model's attention cores and NVFP4 linears at it; `clear` starts a request's record."""
+
+    def __init__(self) -> None:
+        self.attention: Counter[str] = Counter()
+        self.nvfp4: Counter[str] = Counter()
+
+    def attach(self, model: torch.nn.Module) -> None:
+        from h3core.model.dit import AttentionCore
+        from h3core.nvfp4.linear import NVFP4Linear
+
+        for module in model.modules():
+            if isinstance(module, AttentionCore):
+                module.record = self.attention
+            elif isinstance(module, NVFP4Linear):
+                module.record = self.nvfp4
+
+    def clear(self) -> None:
+        self.attention.clear()
+        self.nvfp4.clear()
+
+    def kernels(self) -> dict[str, int]:
+        return dict(sorted(self.attention.items()))
+
+    def paths(self) -> dict[str, int]:
+        return dict(sorted(self.nvfp4.items()))
+
+
 class ParallelRuntime:
     """One rank's view of a `ParallelPlan`: see the module docstring."""
 
@@ -48,13 +80,15 @@ class ParallelRuntime:
         self.heads: list[Span] = plan.head_spans
         self.stats = CommStats()
         self.used = RankUsage()
+        self.record = RankRecord()
         self._sequence: SequencePlan | None = None
 
     def new_records(self) -> None:
-        """Start the records of one request: fresh collective counters and rows used (the heads and
-        shards stay: they are the loaded model's, the same for every request)."""
+        """Start the records of one request: fresh collective counters, kernels and paths run and rows
+        used (the heads and shards stay: they are the loaded model's, the same for every request)."""
         self.stats = CommStats()
         self.used = self.used.model_copy(update={"tokens": {}})
+        self.record.clear()
 
     @property
     def tokens(self) -> list[Span]:

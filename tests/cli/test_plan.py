@@ -24,7 +24,7 @@ def test_plan_json_heads_for_six_ranks():
 def test_plan_tensor_table_lists_shards():
     result = runner.invoke(app, ["plan", "6", "--mode", "tensor"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "QKV rows" in result.stdout and "FC2 columns" in result.stdout
+    assert "qkv_proj rows" in result.stdout and "fc2 columns" in result.stdout
     assert "6016:7168 | 13184:14336 | 20352:21504" in result.stdout
 
 

@@ -58,12 +58,14 @@ def test_attention_scores_are_counted_where_the_kernel_materialises_them(monkeyp
 
 
 def test_the_planned_kernel_is_what_a_real_sdpa_call_records():
-    from h3core.model.attention import attend, kernels_run, planned_sdpa_kernel, reset_kernel_record
+    from collections import Counter
+
+    from h3core.model.attention import attend, planned_sdpa_kernel
 
     qkv = torch.randn(40, 3, 8, 16)  # [S, 3, H, Dh], q, k, v strided as the model's
-    reset_kernel_record()
-    attend(qkv[:, 0], qkv[:, 1], qkv[:, 2], "sdpa")
-    assert list(kernels_run()) == [planned_sdpa_kernel(torch.device("cpu"), torch.float32, 8, 16)]
+    record: Counter[str] = Counter()
+    attend(qkv[:, 0], qkv[:, 1], qkv[:, 2], "sdpa", record)
+    assert list(record) == [planned_sdpa_kernel(torch.device("cpu"), torch.float32, 8, 16)]
 
 
 def test_a_need_that_does_not_fit_is_one_line_with_the_largest_part_and_advice():

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import types
 
+from collections import Counter
+
 import pytest
 import torch
 
 from h3core.errors import BackendUnavailable
 from h3core.model import attention
-from h3core.model.attention import SdpaChoice, attend, check_backend, choose_sdpa_backends, kernels_run, reset_kernel_record
+from h3core.model.attention import SdpaChoice, attend, check_backend, choose_sdpa_backends
 from h3core.verify import gpu_reports
 
 H100, B200, B300, RTX_PRO_6000, A100, L40S = (9, 0), (10, 0), (10, 3), (12, 0), (8, 0), (8, 9)
@@ -93,12 +95,12 @@ def test_the_cuda_call_runs_under_the_choice(monkeypatch):
     CUDA call gets its choice, must reach both the record and the call (the default takes flash)."""
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(40, 4, 16, generator=gen) for _ in range(3))
-    reset_kernel_record()
-    fused = attend(q, k, v, "sdpa")
+    record: Counter[str] = Counter()
+    fused = attend(q, k, v, "sdpa", record)
     forced = SdpaChoice(("math",), "injected", False)
     monkeypatch.setattr(attention, "_backend_choice", lambda q4: forced)
-    restricted = attend(q, k, v, "sdpa")
-    assert kernels_run() == {"sdpa:flash_attention": 1, "sdpa:math": 1}
+    restricted = attend(q, k, v, "sdpa", record)
+    assert record == {"sdpa:flash_attention": 1, "sdpa:math": 1}
     assert torch.allclose(fused, restricted, atol=1e-5)
     assert torch.backends.cuda.flash_sdp_enabled()  # the restriction ends with the call
 
