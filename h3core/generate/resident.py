@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from h3core.generate.pipeline import RankPipeline, encode_request, open_text_encoder, rank_outcome, rank_runtime
-from h3core.generate.report import RankOutcome
+from h3core.generate.pipeline import RankPipeline, encode_request, finish_record, new_record, open_text_encoder, rank_runtime
+from h3core.generate.report import RankReport
 from h3core.generate.request import ResolvedRun
 from h3core.parallel.collectives import broadcast_tensors
 from h3core.parallel.layout import RankGroups
@@ -119,7 +119,7 @@ def encode_prompts_once(ctx: RankContext, runs: list[ResolvedRun]) -> EncodedPro
 
 
 def denoise_round(ctx: RankContext, runs: list[ResolvedRun | None], texts: list[list[torch.Tensor]] | None,
-                  seconds: list[float], encoded: dict[str, Any]) -> RankOutcome | None:
+                  seconds: list[float], encoded: dict[str, Any]) -> RankReport | None:
     """One request per replica group, all at once (module docstring): `runs[r]` is replica r's request
     (None: that group idles this round); `texts[r]` its hidden states (rank 0 has them all; the
     other ranks get them by one broadcast over the world); `seconds[r]` its encode time; `encoded`:
@@ -139,9 +139,11 @@ def denoise_round(ctx: RankContext, runs: list[ResolvedRun | None], texts: list[
     received = broadcast_tensors(flat, src=0, group=ctx.group, device=ctx.device, stats=stats)
     if run is None or pipeline is None:
         return None
-    done = pipeline.denoise(run, _texts_of(runs, received, replica), ctx.report)
-    timings = {"text_encode": seconds[replica], "load": load_seconds}
-    return rank_outcome(ctx, run, pipeline.runtime, pipeline, done, encoded.get("info"), timings, encoded.get("peak_memory", 0))
+    record = new_record(ctx)
+    record.timings.update(text_encode=seconds[replica], load=load_seconds)
+    record.peak_memory_text_bytes, record.text_encoder = encoded.get("peak_memory", 0), encoded.get("info") if ctx.rank == 0 else None
+    whole = pipeline.denoise(run, _texts_of(runs, received, replica), record, ctx.report)
+    return finish_record(record, run, pipeline, whole)
 
 
 def _texts_of(runs: list[ResolvedRun | None], received: list[torch.Tensor], replica: int) -> list[torch.Tensor]:

@@ -40,4 +40,4 @@ def test_the_estimate_is_a_lower_bound_of_the_allocator_peak():
     with World(1, "cuda") as world:
         (outcome,) = world.run(rank_generate, run)
     # the allocator's peak while sampling counts everything allocated then: weights, RoPE table, activations
-    assert sum(need.on_device.values()) <= outcome.peak_memory_sampling, need.describe()
+    assert sum(need.on_device.values()) <= outcome.peak_memory_sampling_bytes, need.describe()

@@ -27,7 +27,7 @@ def _run(mode: Mode, world_size: int):
 def test_one_gpu_both_modes_are_bit_identical_in_bf16():
     (u,), (t,) = _run(Mode.ULYSSES, 1), _run(Mode.TENSOR, 1)
     assert torch.equal(u.video, t.video) and torch.equal(u.audio, t.audio)
-    assert u.peak_memory_sampling > 0
+    assert u.peak_memory_sampling_bytes > 0
     assert u.nvfp4_paths and all(path.startswith("cuda-") for path in u.nvfp4_paths)
     assert u.attention_kernels and all(k.startswith("sdpa:") and not is_math_kernel(k) for k in u.attention_kernels)
 
@@ -66,6 +66,6 @@ def test_an_in_process_run_leaves_nothing_on_the_gpu():
     torch.cuda.synchronize()
     allocated, reserved = torch.cuda.memory_allocated(0), torch.cuda.memory_reserved(0)
     (outcome,) = execute(run)
-    assert outcome.peak_memory_sampling > 0
+    assert outcome.peak_memory_sampling_bytes > 0
     assert torch.cuda.memory_allocated(0) == allocated
     assert torch.cuda.memory_reserved(0) <= reserved
