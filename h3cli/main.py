@@ -14,12 +14,11 @@ import sys
 from typing import Annotated, Any, Callable, Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from h3core import __version__, settings
 from h3core.errors import H3Error, Interrupted
 from h3core.files.paths import os_error_reason
+from h3cli.output import LiteralConsole, line, literal, styled
 
 app = typer.Typer(
     name="h3",
@@ -85,30 +84,35 @@ _register()
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; an `H3Error` becomes one red line on stderr and its exit code."""
     debug = settings.debug()
-    err_console = Console(stderr=True, highlight=False)
+    err_console = LiteralConsole(stderr=True)
     try:
         app(args=argv, prog_name="h3")
     except Interrupted as err:
         if debug:
             raise
-        err_console.print(f"[bold red]{escape(str(err))}[/]", soft_wrap=True)
+        err_console.print(styled(_one_line(str(err)), "bold red"), soft_wrap=True)
         sys.exit(err.exit_code)
     except H3Error as err:
         if debug:
             raise
-        err_console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
+        err_console.print(line(styled("error:", "bold red"), " ", _one_line(str(err))), soft_wrap=True)
         sys.exit(err.exit_code)
     except OSError as err:  # the file system or the OS refused something no check foresaw: still one line
         if debug:
             raise
         where = f" ({err.filename})" if getattr(err, "filename", None) else ""
-        err_console.print(f"[bold red]error:[/] {escape(os_error_reason(err) + where)}; rerun with H3_DEBUG=1 for details", soft_wrap=True)
+        err_console.print(line(styled("error:", "bold red"), " ", _one_line(os_error_reason(err) + where), "; rerun with H3_DEBUG=1 for details"), soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:
         if debug:
             raise
-        err_console.print("[bold red]interrupted (Ctrl-C)[/]")
+        err_console.print(styled("interrupted (Ctrl-C)", "bold red"))
         sys.exit(130)
+
+
+def _one_line(message: str) -> str:
+    """An error is one line, whatever a path or a server's text in it holds (line breaks shown as `\\n`)."""
+    return literal(message, one_line=True)
 
 
 if __name__ == "__main__":
