@@ -34,6 +34,7 @@ from h3core.pod import (
     preview_terminate,
     terminate,
 )
+from h3core.pod.access import get_pod_line
 from h3core.pod.create import DEFAULT_DISK_GB, DEFAULT_MOUNT_PATH
 from h3core.pod.models import Pod
 
@@ -110,7 +111,7 @@ def _render_create(result: CreateResult, key_file: Optional[pathlib.Path], conso
     key = f"PUBLIC_KEY from {key_file}" if key_file else "the account's registered SSH keys"
     _line(console, "ssh", f"{', '.join(body.ports)}, startSsh, {key}")
     if result.pod:
-        console.print(f"next: h3 pod get {result.pod.id}   (poll until RUNNING; it prints the ssh and rsync lines)")
+        console.print(f"next: {get_pod_line(result.pod.id)}   (poll until RUNNING; it prints the ssh and rsync lines)")
 
 
 @app.command("create")
@@ -174,8 +175,7 @@ def _render_get(report: PodReport, console: Console) -> None:
         _line(console, "ssh", f"{access.proxy_ssh}   # proxy: interactive shell only")
     if access.note:
         _line(console, "note", access.note)
-    exports = " ".join(f"{k}={v}" for k, v in access.remote_env.items())
-    _line(console, "on pod", f"cd {access.remote_checkout} && export {exports}")
+    _line(console, "on pod", access.on_pod)
 
 
 @app.command("get")
