@@ -155,7 +155,7 @@ def test_create_with_no_stock_stops_before_posting(h3, runpod):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--ssh-public-key", "/nonexistent/id.pub"], "cannot read --ssh-public-key /nonexistent/id.pub: No such file or directory"),
+        (["--ssh-public-key", "/nonexistent/id.pub"], "cannot read --ssh-public-key /nonexistent/id.pub: a part of the path does not exist"),
         (["--network-volume", "vol1234567", "--volume-gb", "50"], "--network-volume exclude each other"),
         (["--volume-gb", "5"], "--volume-gb 5: must be at least 10"),
         (["--min-cuda", "13"], "--min-cuda '13' is not a CUDA version like 13.0"),
