@@ -48,13 +48,13 @@ from typing import Any, Callable, ClassVar
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from h3core import settings
 from h3core.errors import ConfigError
 from h3core.model import attention
 from h3core.model.attention import attend, check_backend, scores_bytes
-from h3core.model.config import preset
+from h3core.model.config import ModelConfig, preset
 from h3core.model.dit import LinearHeads, ProjectedQKV
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.parallel.collectives import CommStats, SendBlocks, exchange_blocks, head_to_seq, send_blocks, seq_to_head
@@ -86,6 +86,21 @@ V_INPUT_WIDTH = 64
 def target_ratio(world_size: int) -> float:
     """h3 / wire the transport must stay within: 1.3 up to 4 ranks, 1.5 above (more, smaller blocks)."""
     return 1.3 if world_size <= 4 else 1.5
+
+
+def _check_heads(h3: ModelConfig, heads: int, head_dim: int) -> None:
+    """The heads a model can have, by the model's own rule (`ModelConfig`: NVFP4 blocks follow
+    heads, 3-axis RoPE): what `h3 generate` could never run is refused here too, not inside a rank."""
+    flags = {"num_heads": "--heads", "head_dim": "--head-dim"}
+    try:
+        ModelConfig.model_validate({**h3.model_dump(), "num_heads": heads, "head_dim": head_dim})
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        flag = flags.get(field, "--head-dim")
+        value = heads if flag == "--heads" else head_dim
+        reason = str(first.get("ctx", {}).get("error") or first["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"{flag} {value}: {reason}; H3's heads are 56 x 128") from None
 
 
 class TransportBenchConfig(UserRequest):
@@ -132,9 +147,12 @@ class TransportBenchConfig(UserRequest):
         world_size = settings.world_size(world_size, visible_gpu_count)
         if tokens is not None and (width or height or frames):
             raise ConfigError("give either --tokens or --width/--height/--frames, not both")
+        size = settings.SizeFlags(width=width, height=height, frames=frames)  # as h3 generate checks them
+        h3 = preset("h3")
         if tokens is None:
-            h3 = preset("h3")
-            tokens = h3.num_tokens(width or h3.width, height or h3.height, frames or h3.frames, h3.text_tokens)
+            tokens = h3.num_tokens(*size.or_defaults(h3.width, h3.height, h3.frames), h3.text_tokens)
+        if heads >= 1 and head_dim >= 1:  # (below 1: the fields' own line)
+            _check_heads(h3, heads, head_dim)
         if iters < 1 or warmup < 0:
             raise ConfigError(f"--iters must be at least 1 and --warmup at least 0 (got {iters}, {warmup})")
         check_world_size_fits(world_size, device_type)
