@@ -31,7 +31,7 @@ from h3core import settings
 from h3core.batch.plan import BatchJob, PlannedPrompt, check_flags, mark_complete, plan_prompts, to_run
 from h3core.batch.prompts import read_prompts
 from h3core.batch.report import REPORT_NAME, BatchProgress, BatchReport, ProgressCallback, PromptStatus
-from h3core.errors import H3Error, Interrupted, OutputError
+from h3core.errors import H3Error, Interrupted, OutputError, stop_name
 from h3core.files.paths import os_error_reason
 from h3core.generate.files import output_bytes, write_outputs
 from h3core.generate.report import RankOutcome, StepDone, build_report
@@ -99,13 +99,13 @@ class _Batch:
             for first in range(0, len(todo), groups):
                 self._run_round(todo[first : first + groups], texts, first)
             self.report.complete = True
-        except KeyboardInterrupt:
-            self._stop("interrupted (Ctrl-C)")
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (`Terminated`)
+            self._stop(f"interrupted ({stop_name(stop)})")
             done = sum(p.status is not PromptStatus.PENDING for p in self.report.prompts)
-            raise Interrupted(
-                f"interrupted (Ctrl-C) after {done} of {len(self.planned)} prompts; the finished ones are in "
+            raise Interrupted.by(stop, (
+                f" after {done} of {len(self.planned)} prompts; the finished ones are in "
                 f"{self.report.directory} ({REPORT_NAME} says complete: false): run the same command again to resume"
-            ) from None
+            )) from None
         except H3Error as err:
             self._stop(f"the batch stopped: {err}")
             raise

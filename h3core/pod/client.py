@@ -388,13 +388,13 @@ class RunPodClient:
             raise _transport_failure(err, deadline, self.base_url) from None
 
     def _send_once(self, method: str, path: str, body: Optional[dict[str, Any]], what: str, check: str) -> requests.Response:
-        """One write request. A transport failure, or Ctrl-C while it is in flight, may have applied it."""
+        """One write request. A transport failure, or Ctrl-C / SIGTERM while it is in flight, may have applied it."""
         try:
             return self._exchange(method, self.base_url + path, self.write_timeout_s, json=body, allow_redirects=False)
         except _TransportFailure as err:
             raise self._ambiguous(what, err.reason, check) from None
-        except KeyboardInterrupt:
-            raise Interrupted(self._redact(f"interrupted (Ctrl-C) while RunPod {what} was in flight; it may or may not have been applied: {check}")) from None
+        except KeyboardInterrupt as stop:
+            raise Interrupted.by(stop, self._redact(f" while RunPod {what} was in flight; it may or may not have been applied: {check}")) from None
 
     @contextmanager
     def _answer_to_a_write(self, what: str, check: str) -> Iterator[None]:
@@ -404,8 +404,8 @@ class RunPodClient:
             yield
         except (RemoteAPIError, Interrupted):
             raise
-        except KeyboardInterrupt:
-            raise Interrupted(self._redact(f"interrupted (Ctrl-C) while reading RunPod's answer to {what}; it may or may not have been applied: {check}")) from None
+        except KeyboardInterrupt as stop:
+            raise Interrupted.by(stop, self._redact(f" while reading RunPod's answer to {what}; it may or may not have been applied: {check}")) from None
         except Exception as err:
             raise self._ambiguous(what, f"an answer h3 failed to interpret ({type(err).__name__})", check) from None
 

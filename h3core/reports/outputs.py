@@ -16,7 +16,7 @@ Every command that writes results (`generate`, `matrix`, `verify`, `bench-transp
 4. `publish()` renames the staging folder onto the target (atomic; `rename` replaces an empty
    folder), then moves single files into place. If a later step fails the earlier are rolled back.
    Until then nothing exists under the target's name; after it, every file does.
-5. Leaving the `with` block without publishing (an error, a failed rank, Ctrl-C) removes the
+5. Leaving the `with` block without publishing (an error, a failed rank, Ctrl-C or SIGTERM) removes the
    staging folder and the lock: nothing was written.
 
 Default folder names (`outputs/<UTC time to the microsecond>-<what>-<4 hex>`) cannot collide
@@ -426,13 +426,14 @@ class Outputs:
             self.discard()
 
 
-def publish_on_interrupt(outputs: Outputs, message: str) -> None:
-    """Publish what was staged (a matrix's finished cells) and raise `Interrupted(message)`."""
+def publish_on_interrupt(outputs: Outputs, stop: BaseException, what: str) -> None:
+    """Publish what was staged (a matrix's finished cells) and raise `Interrupted.by(stop, what)`
+    (`stop`: the KeyboardInterrupt of a Ctrl-C, or the `Terminated` of a SIGTERM)."""
     try:
         outputs.publish()
     except H3Error as err:
-        raise Interrupted(f"interrupted (Ctrl-C), and the partial results could not be written: {err}") from None
-    raise Interrupted(message)
+        raise Interrupted.by(stop, f", and the partial results could not be written: {err}") from None
+    raise Interrupted.by(stop, what)
 
 
 def _check_not_here(path: Path, flag: str) -> None:
