@@ -50,6 +50,9 @@ def render_batch(report: Any, console: Console) -> None:
     counts = ", ".join(f"{report.count(s)} {s.value}" for s in type(report.prompts[0].status) if report.count(s)) if report.prompts else "none"
     text = f"text encoder {report.text_encoder_seconds:.2f}s once · " if report.text_encoder_seconds is not None else ""
     console.print(f"{counts} · {text}denoiser loaded {report.loads}x · {report.directory}/batch.json")
+    if report.other_folders:
+        shown = ", ".join(report.other_folders[:5]) + (", ..." if len(report.other_folders) > 5 else "")
+        console.print(f"left as they were: {len(report.other_folders)} folder(s) no prompt of this file claims ({shown})", soft_wrap=True)
 
 
 @contextmanager

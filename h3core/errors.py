@@ -60,6 +60,11 @@ class OutputError(H3Error):
     finished; nothing partial is left behind. (Found before the run, the same problem is a ConfigError.)"""
 
 
+class NoRoom(OutputError):
+    """Results could not be written because the disk is full or the quota is reached: what comes
+    next cannot be written either (a batch stops instead of computing prompts it must discard)."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (what `timeout`, docker, SLURM and systemd send to stop a command), raised by the
     CLI's handler where Ctrl-C raises `KeyboardInterrupt`: being one, every cleanup a Ctrl-C runs

@@ -260,6 +260,13 @@ def emulate_fp4() -> bool:
     return parse_bool(os.environ.get(EMULATE_FP4, "").strip() or "0", EMULATE_FP4)
 
 
+def result_settings() -> dict[str, object]:
+    """Every variable that changes a run's numbers (not only its speed), with its value: a run's
+    fingerprint holds them, so that a result computed under other settings is never taken for
+    this one (`H3_CPU_ALLOCATOR`, timeouts, checks and faults change no number)."""
+    return {EMULATE_FP4: emulate_fp4()}
+
+
 def cpu_allocator() -> str:
     """`H3_CPU_ALLOCATOR`: `retain` (default) or `system` (see `h3core.runtime.cpu_memory`)."""
     value = (env_str(CPU_ALLOCATOR) or CPU_ALLOCATOR_CHOICES[0]).lower()

@@ -377,6 +377,7 @@ def run_transport_benchmark(cfg: TransportBenchConfig, on_progress: Callable[[An
     with Outputs(enabled=settings.is_rank_zero()) as outputs:
         target = outputs.file(cfg.report_file, flag="--output") if cfg.report_file is not None and outputs.enabled else None
         with World(cfg.world_size, cfg.device, on_progress=on_progress) as world:
+            world.agree(cfg.model_dump_json(exclude={"report_file"}), "benchmark (COUNT, --tokens, --heads, --head-dim, ...)")
             per_rank = world.run(_bench_rank, cfg)
             backend, is_main = world.backend, world.is_main
         if not is_main:
