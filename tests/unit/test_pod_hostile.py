@@ -285,3 +285,32 @@ def test_any_failure_reading_the_answer_to_a_create_says_the_pod_may_exist(runpo
     text = _line(err)
     assert "an answer h3 failed to interpret (ValueError)" in text and MAY_EXIST in text
     runpod.contract_violations.clear()
+
+
+def test_a_redirect_with_an_endless_body_stops_at_the_cap(runpod):
+    head = b"HTTP/1.0 302 Found\r\nLocation: /v2/pods\r\n\r\n"
+    runpod.script("GET", "/v2/pods", raw=_zeros_forever(head), times=5)
+    with pytest.raises(RemoteAPIError) as err:
+        _client(runpod, retry=ONCE, timeout=20).list_pods()
+    assert "larger than" in _line(err)
+
+
+def test_sigterm_during_a_create_says_the_pod_may_exist_and_exits_143(runpod):
+    import os
+    import signal
+
+    from h3core.errors import Terminated
+
+    def terminated(*_):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminated)  # what `h3`'s main installs
+    try:
+        runpod.script("POST", "/v2/pods", 201, {"id": "pod0000009"}, trickle_s=0.1)
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        with pytest.raises(Interrupted) as err:
+            _client(runpod, timeout=30).create_pod(_request())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert "interrupted (SIGTERM) while RunPod create pod was in flight" in str(err.value) and MAY_EXIST in str(err.value)
+    assert err.value.exit_code == 143
