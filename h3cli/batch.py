@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
-from h3cli.output import Output
+from h3cli.output import Output, styled, text_column
 from h3core.errors import ConfigError
 
 _STATUS_STYLE = {"ok": "green", "skipped": "cyan", "failed": "red", "pending": "yellow"}
@@ -44,19 +43,22 @@ def render_batch(report: Any, console: Console) -> None:
         status = p.status.value
         where = p.error if p.error else p.folder
         table.add_row(
-            str(p.index), escape(p.prompt[:48]), f"[{_STATUS_STYLE[status]}]{status}[/]",
-            f"{p.seconds:.2f}" if p.seconds is not None else "", f"{p.load_seconds:.2f}" if p.load_seconds is not None else "", escape(where),
+            str(p.index), p.prompt[:48], styled(status, _STATUS_STYLE[status]),
+            f"{p.seconds:.2f}" if p.seconds is not None else "", f"{p.load_seconds:.2f}" if p.load_seconds is not None else "", where,
         )
     console.print(table)
     counts = ", ".join(f"{report.count(s)} {s.value}" for s in type(report.prompts[0].status) if report.count(s)) if report.prompts else "none"
     text = f"text encoder {report.text_encoder_seconds:.2f}s once · " if report.text_encoder_seconds is not None else ""
     console.print(f"{counts} · {text}denoiser loaded {report.loads}x · {report.directory}/batch.json")
+    if report.other_folders:
+        shown = ", ".join(report.other_folders[:5]) + (", ..." if len(report.other_folders) > 5 else "")
+        console.print(f"left as they were: {len(report.other_folders)} folder(s) no prompt of this file claims ({shown})", soft_wrap=True)
 
 
 @contextmanager
 def batch_bars(console: Console) -> Iterator[Callable[[Any], None]]:
     """Two transient bars that appear with the first update (off when `console` is not a terminal)."""
-    bars = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
+    bars = Progress(text_column("{task.description}", "bold"), BarColumn(), MofNCompleteColumn(), text_column("{task.fields[note]}"),
                     TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal)
     prompts = bars.add_task("prompts", total=None, note="")
     steps = bars.add_task("steps", total=None, note="")

@@ -8,11 +8,11 @@ from typing import Annotated, Any, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn
 from rich.table import Table
 
 from h3cli import options
-from h3cli.output import Output, progress_bar
+from h3cli.output import LiteralConsole, Output, line, progress_bar, styled, text_column
 from h3core.reports.units import format_bytes
 
 
@@ -36,19 +36,19 @@ def _render(report: Any, console: Console) -> None:
         gbps = f"{phase.gb_per_s:.2f}" if phase.gb_per_s is not None else "-"
         table.add_row(label, f"{phase.median_s * 1e3:.3f}", format_bytes(max(phase.bytes_sent_per_rank)), gbps)
     console.print(table)
-    exact = "exact" if report.identity_exact and report.blocks_exact else "[red]NOT EXACT[/]"
-    console.print(f"seq->head->seq identity and RoPE-into-blocks vs seq->head of finished q|k|v: {exact}")
+    exact = styled("exact") if report.identity_exact and report.blocks_exact else styled("NOT EXACT", "red")
+    console.print(line("seq->head->seq identity and RoPE-into-blocks vs seq->head of finished q|k|v: ", exact))
     if report.config.time_attention:
         console.print(f"attention kernel that ran: {per_rank_summary(report.attention_kernels)}")
     if report.ratio is None:
         console.print("ratio: n/a at one rank (nothing moves)")
     else:
-        verdict = "[green]within[/]" if report.ratio <= report.target_ratio else "[yellow]above[/]"
+        verdict = styled("within", "green") if report.ratio <= report.target_ratio else styled("above", "yellow")
         wire = report.wire_s * 1e3
-        console.print(
+        console.print(line(
             f"h3 round trip {report.round_trip_s * 1e3:.1f} ms = {report.ratio:.2f} x the wire ({wire:.1f} ms: "
-            f"plain all_to_all_single of the same bytes, buffers allocated once), {verdict} target {report.target_ratio}"
-        )
+            "plain all_to_all_single of the same bytes, buffers allocated once), ", verdict, f" target {report.target_ratio}",
+        ))
         console.print(
             f"  round trip = RoPE and v GEMM into the send blocks - the same on one rank + seq->head + head->seq; "
             f"seq->head of a stacked q|k|v (pack + all-to-all) + head->seq: {report.packed_ratio:.2f} x; "
@@ -64,7 +64,7 @@ def _render(report: Any, console: Console) -> None:
 @contextmanager
 def _progress(total_label: str) -> Iterator[Callable[[Any], None]]:
     """A transient bar on stderr fed by rank 0's ('iter', done, total) messages."""
-    with progress_bar(Console(stderr=True), TextColumn(total_label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+    with progress_bar(LiteralConsole(stderr=True), text_column(total_label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
 
         def update(message: Any) -> None:
             if isinstance(message, tuple) and message[0] == "iter":

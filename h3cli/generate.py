@@ -12,12 +12,12 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from h3cli import options
 from h3cli.batch import run_batch_command
-from h3cli.output import Output, progress_bar
+from h3cli.output import Output, line, progress_bar, styled, text_column
 from h3core.errors import ConfigError
 from h3core.parallel.modes import Mode
 from h3core.reports.units import format_bytes
@@ -54,8 +54,8 @@ def render_run(report, console: Console) -> None:
             table.add_row(name, f"{c.shape} sha256 {c.sha256[:16]}… sum {c.sum:.6g}")
     if report.parity:
         p = report.parity
-        verdict = "[green]bitwise identical[/]" if p.bitwise else ("[green]ok[/]" if p.passed else "[red]FAILED[/]")
-        table.add_row("parity", f"vs {p.reference}: max abs {p.max_abs:.3g}, relative {p.relative:.3g} (tolerance {p.tolerance:g}) {verdict}")
+        verdict = styled("bitwise identical", "green") if p.bitwise else (styled("ok", "green") if p.passed else styled("FAILED", "red"))
+        table.add_row("parity", line(f"vs {p.reference}: max abs {p.max_abs:.3g}, relative {p.relative:.3g} (tolerance {p.tolerance:g}) ", verdict))
     if report.files:
         f = report.files
         table.add_row("files", "\n".join(x for x in (f.report, f.latents or "(latents not saved)", f.preview) if x))
@@ -167,7 +167,7 @@ def _check_batch_flags(prompt: str | None, parity: bool) -> None:
         raise ConfigError("--parity runs with one prompt: run `h3 generate --prompt ... --parity` (a batch's prompts are each what `h3 generate` gives)")
 
 
-_BAR = (TextColumn("[bold]denoising"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())
+_BAR = (text_column("denoising", "bold"), BarColumn(), MofNCompleteColumn(), text_column("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn())
 
 
 def register(app: typer.Typer) -> None:

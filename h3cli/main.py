@@ -1,7 +1,9 @@
 """The `h3` entry point: registers the commands and maps errors to one line and an exit code.
 
-Ctrl-C: every command runs inside `_interruptible`, which turns KeyboardInterrupt into
-`Interrupted` (exit 130) saying that nothing was written (the output mechanism, `h3core.reports.outputs`,
+Ctrl-C and SIGTERM: `main` handles SIGTERM (what `timeout`, docker, SLURM and systemd send) by
+raising `Terminated`, a KeyboardInterrupt, where Ctrl-C raises KeyboardInterrupt itself, so that
+both run the same cleanup everywhere. Every command runs inside `_interruptible`, which turns
+either into `Interrupted` (exit 130; SIGTERM: 143) saying that nothing was written (the output mechanism, `h3core.reports.outputs`,
 makes that true: staged results are removed). A command that did leave something behind raises
 its own `Interrupted` saying what (a matrix publishes its finished cells; a RunPod write that was
 in flight may have been applied). (Typer would otherwise exit 130 without a word.)
@@ -10,16 +12,17 @@ in flight may have been applied). (Typer would otherwise exit 130 without a word
 from __future__ import annotations
 
 import functools
+import signal
 import sys
+import threading
 from typing import Annotated, Any, Callable, Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from h3core import __version__, settings
-from h3core.errors import H3Error, Interrupted
+from h3core.errors import H3Error, Interrupted, Terminated
 from h3core.files.paths import os_error_reason
+from h3cli.output import LiteralConsole, line, literal, styled
 
 app = typer.Typer(
     name="h3",
@@ -63,8 +66,8 @@ def _interruptible(callback: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return callback(*args, **kwargs)
-        except KeyboardInterrupt:
-            raise Interrupted("interrupted (Ctrl-C); nothing was written") from None
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (`Terminated`, raised by `_on_sigterm`)
+            raise Interrupted.by(stop, "; nothing was written") from None
 
     return run
 
@@ -82,33 +85,54 @@ def _wrap_commands(typer_app: typer.Typer) -> None:
 _register()
 
 
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; an `H3Error` becomes one red line on stderr and its exit code."""
+    """Run the CLI; an `H3Error` becomes one red line on stderr and its exit code. SIGTERM is
+    handled as Ctrl-C is (module docstring), with exit 143."""
+    if threading.current_thread() is not threading.main_thread():  # (a handler can only be set there)
+        return _main(argv)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> None:
     debug = settings.debug()
-    err_console = Console(stderr=True, highlight=False)
+    err_console = LiteralConsole(stderr=True)
     try:
         app(args=argv, prog_name="h3")
     except Interrupted as err:
         if debug:
             raise
-        err_console.print(f"[bold red]{escape(str(err))}[/]", soft_wrap=True)
+        err_console.print(styled(_one_line(str(err)), "bold red"), soft_wrap=True)
         sys.exit(err.exit_code)
     except H3Error as err:
         if debug:
             raise
-        err_console.print(f"[bold red]error:[/] {escape(str(err))}", soft_wrap=True)
+        err_console.print(line(styled("error:", "bold red"), " ", _one_line(str(err))), soft_wrap=True)
         sys.exit(err.exit_code)
     except OSError as err:  # the file system or the OS refused something no check foresaw: still one line
         if debug:
             raise
         where = f" ({err.filename})" if getattr(err, "filename", None) else ""
-        err_console.print(f"[bold red]error:[/] {escape(os_error_reason(err) + where)}; rerun with H3_DEBUG=1 for details", soft_wrap=True)
+        err_console.print(line(styled("error:", "bold red"), " ", _one_line(os_error_reason(err) + where), "; rerun with H3_DEBUG=1 for details"), soft_wrap=True)
         sys.exit(1)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:  # outside a command (while Typer parses, say)
         if debug:
             raise
-        err_console.print("[bold red]interrupted (Ctrl-C)[/]")
-        sys.exit(130)
+        err = Interrupted.by(stop, "")
+        err_console.print(styled(str(err), "bold red"))
+        sys.exit(err.exit_code)
+
+
+def _one_line(message: str) -> str:
+    """An error is one line, whatever a path or a server's text in it holds (line breaks shown as `\\n`)."""
+    return literal(message, one_line=True)
 
 
 if __name__ == "__main__":

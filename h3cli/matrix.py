@@ -8,12 +8,11 @@ from typing import Annotated, Optional
 import typer
 from rich import box
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from h3cli import options
-from h3cli.output import Output, progress_bar
+from h3cli.output import Output, progress_bar, text_column
 
 
 def _render(report, console: Console) -> None:
@@ -32,18 +31,18 @@ def _render(report, console: Console) -> None:
         parts = [timing, memory, parity]
     groups = [[0, 1, *part] for part in parts]
     for number, group in enumerate(groups):
-        table = Table(title=escape(lines[0]) if number == 0 else None, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
+        table = Table(title=lines[0] if number == 0 else None, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
         for i in group:
             table.add_column(COLUMNS[i], justify="left" if COLUMNS[i] in ("mode", "status", "parity") else "right", overflow="fold")
         for row in rows:
             style = "red" if row[2] == "failed" or row[-1] == "FAIL" else ("dim" if row[2] == "skipped" else None)
-            table.add_row(*(escape(row[i]) for i in group), style=style)
+            table.add_row(*(row[i] for i in group), style=style)
         console.print(table)
     _render_split(report, console)
     for line in lines[1:]:
-        console.print(escape(line), soft_wrap=True)
+        console.print(line, soft_wrap=True)
     for line in notes(report):
-        console.print(f"  {escape(line)}", soft_wrap=True)
+        console.print(f"  {line}", soft_wrap=True)
     if report.files:
         f = report.files
         console.print(f"files: {f.report}  {f.markdown}  {f.chart or ''}  (one folder per cell beside them)", soft_wrap=True)
@@ -60,7 +59,7 @@ def _render_split(report, console: Console) -> None:
     for name in SPLIT_COLUMNS:
         table.add_column(name, justify="left" if name == "mode" else "right", overflow="fold")
     for row in rows:
-        table.add_row(*(escape(v) for v in row))
+        table.add_row(*row)
     console.print(table)
 
 
@@ -101,9 +100,9 @@ def matrix(
     )
     request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark, overwrite=overwrite, cfg_parallel=cfg_parallel)
     out = Output(json)
-    columns = (TextColumn("[bold]matrix[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (text_column("matrix", "bold"), text_column("{task.description}"), BarColumn(), MofNCompleteColumn(), text_column("steps"), TimeElapsedColumn(), TimeRemainingColumn())
     with progress_bar(out.err if json else out.console, *columns) as update:
-        report = run_matrix(request, lambda m: update(completed=m.completed, total=m.total, description=escape(m.label)))
+        report = run_matrix(request, lambda m: update(completed=m.completed, total=m.total, description=m.label))
     out.result(report, lambda console: _render(report, console))
     out.exit_for(report)
 

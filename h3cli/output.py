@@ -1,4 +1,13 @@
-"""One output object per command: rich tables for people, JSON for programs.
+"""How h3 talks to the terminal: one output object per command (rich tables for people, JSON for
+programs), and the one console every line goes through, which prints text literally.
+
+Text that reaches the terminal comes from users (paths, prompts, names) and from servers (pod
+names, error details): `[/b]` or `[red]` is not markup, `:fire:` is not an emoji, an escape
+sequence does not reach the terminal. `LiteralConsole` makes that true for everything printed
+through it — strings, table cells and titles, progress and status text — with no escaping at the
+call sites: markup, emoji codes and highlighting are off, and every control character (C0, DEL,
+C1, the bidirectional overrides) is shown as its escape (`\\x1b`). h3's own styling is given as
+`styled(text, style)` pieces, never as markup in a string.
 
 Only the process that runs the CLI prints; distributed workers report back to it. Under
 torchrun every rank runs the CLI, and only rank 0 talks (the others' consoles are quiet).
@@ -7,17 +16,67 @@ torchrun every rank runs the CLI, and only rank 0 talks (the others' consoles ar
 from __future__ import annotations
 
 import json
+import re
 import sys
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from pydantic import BaseModel
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import Progress, ProgressColumn
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.progress import Progress, ProgressColumn, Task, TextColumn
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
 
 from h3core.reports.schema import Verdict
 from h3core.settings import is_rank_zero
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROL_OR_NEWLINE = re.compile(_CONTROL.pattern[:-1] + "\n\t]")
+
+
+def literal(text: str, *, one_line: bool = False) -> str:
+    """`text` with every control character as its escape (`\\x1b`, `\\u202e`); `one_line`: line breaks and tabs too."""
+    pattern = _CONTROL_OR_NEWLINE if one_line else _CONTROL
+    return pattern.sub(_escape, str(text))
+
+
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def styled(text: str, style: str | Style = "") -> Text:
+    """A piece of h3's own styling: `text`, printed literally, in `style`."""
+    return Text(literal(text), style=style)
+
+
+def line(*parts: str | Text) -> Text:
+    """One line from literal strings and `styled` pieces."""
+    return Text.assemble(*(part if isinstance(part, Text) else literal(part) for part in parts))
+
+
+class LiteralConsole(Console):
+    """A rich `Console` that prints every string literally (module docstring)."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(markup=False, emoji=False, highlight=False, **kwargs)
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        """Every string a renderable holds (a table cell, a title) becomes literal text."""
+        return super().render_str(literal(text), **{**kwargs, "markup": False, "emoji": False, "highlight": False})
+
+    def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterable[Segment]:
+        """The last line of defence: no control character leaves except rich's own control segments."""
+        for segment in super().render(renderable, options):
+            if segment.control is None and _CONTROL.search(segment.text):
+                yield Segment(literal(segment.text), segment.style)
+            else:
+                yield segment
 
 
 class Output:
@@ -25,11 +84,11 @@ class Output:
         self.json_mode = json_mode
         quiet = not is_rank_zero()
         self.quiet = quiet
-        self.console = Console(highlight=False, quiet=quiet)
-        self.err = Console(stderr=True, highlight=False, quiet=quiet)
+        self.console = LiteralConsole(quiet=quiet)
+        self.err = LiteralConsole(stderr=True, quiet=quiet)
 
     def result(self, value: BaseModel | dict | list | None, render: Callable[[Console], Any] | None = None) -> None:
-        """Print `value` as JSON in --json mode, else call `render` with the console."""
+        """Print `value` as JSON in --json mode (control characters as JSON escapes), else call `render` with the console."""
         if self.quiet or value is None:
             return
         if self.json_mode:
@@ -45,12 +104,22 @@ class Output:
         if failure is not None:
             raise failure
 
-    def info(self, message: str) -> None:
+    def info(self, message: str | Text) -> None:
         """A progress or status line: stderr in --json mode so that stdout stays parseable."""
         (self.err if self.json_mode else self.console).print(message)
 
     def warn(self, message: str) -> None:
-        self.err.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
+        self.err.print(line(styled("warning:", "yellow"), " ", message), soft_wrap=True)
+
+
+class _LiteralTextColumn(TextColumn):
+    def render(self, task: Task) -> Text:
+        return Text(literal(self.text_format.format(task=task)), style=self.style, justify=self.justify)
+
+
+def text_column(template: str, style: str = "") -> TextColumn:
+    """A progress column whose `{task...}` fields are printed literally (rich's default parses them as markup)."""
+    return _LiteralTextColumn(template, style=style, markup=False)
 
 
 @contextmanager

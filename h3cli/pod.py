@@ -34,6 +34,7 @@ from h3core.pod import (
     preview_terminate,
     terminate,
 )
+from h3core.pod.access import get_pod_line
 from h3core.pod.create import DEFAULT_DISK_GB, DEFAULT_MOUNT_PATH
 from h3core.pod.models import Pod
 
@@ -56,7 +57,7 @@ PodId = Annotated[str, typer.Argument(help="Pod id, as `h3 pod list` shows it.",
 
 
 def _line(console: Console, label: str, value: object) -> None:
-    console.print(f"  {label:<9} {value}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"  {label:<9} {value}", soft_wrap=True)
 
 
 # --- catalog ---------------------------------------------------------------------------------------
@@ -66,10 +67,10 @@ def _render_catalog(cat: Catalog, console: Console) -> None:
     console.print(
         f"{cat.describe()} · {cat.memory_gb} GB each · list ${cat.price_per_gpu_hour:.2f}/GPU/h = "
         f"${cat.price_per_hour:.2f}/h · overall {cat.availability.value}",
-        markup=False, soft_wrap=True,
+        soft_wrap=True,
     )
     if not cat.in_stock():
-        console.print(f"no data center has {cat.count} x this GPU in stock right now (largest machine: {cat.max_count} GPUs)", markup=False)
+        console.print(f"no data center has {cat.count} x this GPU in stock right now (largest machine: {cat.max_count} GPUs)")
         return
     table = Table(title_justify="left")
     for col in ("data center", "name", "stock"):
@@ -99,7 +100,7 @@ def _render_create(result: CreateResult, key_file: Optional[pathlib.Path], conso
     plan, body = result.plan, result.plan.request
     cat = plan.catalog
     head = f"created pod {result.pod.id}" if result.pod else "would create (nothing sent):"
-    console.print(head, markup=False)
+    console.print(head)
     _line(console, "name", body.name)
     _line(console, "gpus", f"{cat.describe()}, {cat.memory_gb} GB each")
     _line(console, "where", plan.datacenter.reason)
@@ -110,7 +111,7 @@ def _render_create(result: CreateResult, key_file: Optional[pathlib.Path], conso
     key = f"PUBLIC_KEY from {key_file}" if key_file else "the account's registered SSH keys"
     _line(console, "ssh", f"{', '.join(body.ports)}, startSsh, {key}")
     if result.pod:
-        console.print(f"next: h3 pod get {result.pod.id}   (poll until RUNNING; it prints the ssh and rsync lines)", markup=False)
+        console.print(f"next: {get_pod_line(result.pod.id)}   (poll until RUNNING; it prints the ssh and rsync lines)")
 
 
 @app.command("create")
@@ -160,7 +161,7 @@ def _gpu_text(pod: Pod) -> str:
 
 def _render_get(report: PodReport, console: Console) -> None:
     pod, access = report.pod, report.access
-    console.print(f"pod {pod.id}  {pod.name}  {pod.status}", markup=False)
+    console.print(f"pod {pod.id}  {pod.name}  {pod.status}")
     _line(console, "gpus", _gpu_text(pod))
     _line(console, "where", f"{pod.data_center_id or '-'} · {pod.cloud.value if pod.cloud else '-'} · host CUDA {pod.cuda_version or '-'}")
     _line(console, "cost", f"${pod.cost:.2f}/h" if pod.cost is not None else "-")
@@ -174,8 +175,7 @@ def _render_get(report: PodReport, console: Console) -> None:
         _line(console, "ssh", f"{access.proxy_ssh}   # proxy: interactive shell only")
     if access.note:
         _line(console, "note", access.note)
-    exports = " ".join(f"{k}={v}" for k, v in access.remote_env.items())
-    _line(console, "on pod", f"cd {access.remote_checkout} && export {exports}")
+    _line(console, "on pod", access.on_pod)
 
 
 @app.command("get")
@@ -210,10 +210,10 @@ def list_(json: options.Json = False) -> None:
 
 def _render_terminate(result: TerminateResult, console: Console) -> None:
     if result.terminated:
-        console.print(f"terminated pod {result.pod_id}", markup=False)
+        console.print(f"terminated pod {result.pod_id}")
         return
     pod = result.pod
-    console.print(f"would terminate pod {pod.id}  {pod.name}  {pod.status}  {pod.gpu_text()}", markup=False, soft_wrap=True)
+    console.print(f"would terminate pod {pod.id}  {pod.name}  {pod.status}  {pod.gpu_text()}", soft_wrap=True)
     _line(console, "destroys", result.loses)
 
 

@@ -8,14 +8,13 @@ from typing import Annotated, Optional
 import typer
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from h3cli import options
-from h3cli.output import Output
+from h3cli.output import Output, line, styled
 from h3core.verify import CHECK_NAMES, CheckRow, VerifyConfig, VerifyReport
 
-_VERDICT_STYLE = {"pass": "[green]pass[/]", "fail": "[bold red]FAIL[/]", "skip": "[dim]skip[/]"}
+_VERDICT_STYLE = {"pass": ("pass", "green"), "fail": ("FAIL", "bold red"), "skip": ("skip", "dim")}
 
 
 def _number(value: float | None) -> str:
@@ -51,20 +50,20 @@ def _render(report: VerifyReport, console: Console) -> None:
         note = f" [{notes.setdefault(row.reason, len(notes) + 1)}]" if row.reason else ""
         table.add_row(
             row.check, row.mode, str(row.count), _number(row.max_abs), _number(row.relative),
-            _tolerance(row), _VERDICT_STYLE[row.verdict] + escape(note), f"{row.seconds:.2f}" if row.ran else "-",
+            _tolerance(row), line(styled(*_VERDICT_STYLE[row.verdict]), note), f"{row.seconds:.2f}" if row.ran else "-",
         )
     console.print(table)
     for reason, number in notes.items():
-        console.print(f"[{number}] {escape(reason)}", soft_wrap=True)
+        console.print(f"[{number}] {reason}", soft_wrap=True)
     counts = {verdict: sum(r.verdict == verdict for r in report.rows) for verdict in ("pass", "fail", "skip")}
     summary = f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped"
-    console.print(
-        f"[{'red' if counts['fail'] else 'green'}]{summary}[/] in {report.seconds:.1f}s "
-        f"(ranks started in {report.spawn_seconds:.1f}s). rel = max abs / max |reference|; "
-        f"tol = the largest rel that passes in {report.dtype} for that check; tol 0 = bitwise equal."
-    )
+    console.print(line(
+        styled(summary, "red" if counts["fail"] else "green"),
+        f" in {report.seconds:.1f}s (ranks started in {report.spawn_seconds:.1f}s). rel = max abs / max |reference|; "
+        f"tol = the largest rel that passes in {report.dtype} for that check; tol 0 = bitwise equal.",
+    ))
     if report.report_path:
-        console.print(f"report: {escape(report.report_path)}", soft_wrap=True)
+        console.print(f"report: {report.report_path}", soft_wrap=True)
 
 
 def verify(
@@ -89,8 +88,8 @@ def verify(
 
     config = VerifyConfig.from_flags(checks=checks or [], counts=counts, device=device, preset=preset, steps=steps, output=output, overwrite=overwrite)
     out = Output(json)
-    with out.err.status("h3 verify: preparing") as status:
-        report = run_verify(config, on_event=lambda message: status.update(f"h3 verify: {message}"))
+    with out.err.status(styled("h3 verify: preparing")) as status:
+        report = run_verify(config, on_event=lambda message: status.update(styled(f"h3 verify: {message}")))
     out.result(report, lambda console: _render(report, console))
     out.exit_for(report)
 

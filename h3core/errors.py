@@ -60,10 +60,41 @@ class OutputError(H3Error):
     finished; nothing partial is left behind. (Found before the run, the same problem is a ConfigError.)"""
 
 
+class NoRoom(OutputError):
+    """Results could not be written because the disk is full or the quota is reached: what comes
+    next cannot be written either (a batch stops instead of computing prompts it must discard)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what `timeout`, docker, SLURM and systemd send to stop a command), raised by the
+    CLI's handler where Ctrl-C raises `KeyboardInterrupt`: being one, every cleanup a Ctrl-C runs
+    (staging removed, lock released, ranks stopped, finished cells and prompts kept) runs for a
+    SIGTERM too, and only the words and the exit code differ (`Interrupted.by`)."""
+
+
 class Interrupted(H3Error):
-    """The user stopped the command (Ctrl-C); the message says what was and was not written."""
+    """The user stopped the command (Ctrl-C: exit 130; SIGTERM: exit 143); the message says what
+    was and was not written."""
 
     exit_code = 130
+
+    def __init__(self, message: str, exit_code: int = 130):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def __reduce__(self):  # picklable with its exit code
+        return (type(self), (str(self), self.exit_code))
+
+    @classmethod
+    def by(cls, stop: BaseException, what: str) -> "Interrupted":
+        """'interrupted (Ctrl-C)<what>' (exit 130), or 'interrupted (SIGTERM)<what>' (exit 143) when
+        `stop` is a `Terminated`."""
+        return cls(f"interrupted ({stop_name(stop)}){what}", 143 if isinstance(stop, Terminated) else 130)
+
+
+def stop_name(stop: BaseException) -> str:
+    """How the user stopped the command, in words: 'Ctrl-C' or 'SIGTERM'."""
+    return "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
 
 
 class NonFiniteResult(H3Error):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from h3core.errors import ConfigError
 
@@ -205,6 +205,8 @@ def world_size(count: int | None, visible_gpus: Callable[[], int]) -> int:
     """The rank count of a run: the explicit count, else torchrun's WORLD_SIZE when launched by it,
     else `H3_WORLD_SIZE`, else every visible GPU (`visible_gpus()`), else 1."""
     if count is not None:
+        if count < 1:
+            raise ConfigError(f"world size must be at least 1, got {count}: give a rank count of 1 or more")
         return count
     launched = torchrun_env()
     if launched is not None:
@@ -256,6 +258,13 @@ def emulate_fp4() -> bool:
     """`H3_EMULATE_FP4`: CPU NVFP4 linears take the emulated fp4 path (unset: False). Read per
     forward (spawned ranks inherit it), so the parse is cached per text."""
     return parse_bool(os.environ.get(EMULATE_FP4, "").strip() or "0", EMULATE_FP4)
+
+
+def result_settings() -> dict[str, object]:
+    """Every variable that changes a run's numbers (not only its speed), with its value: a run's
+    fingerprint holds them, so that a result computed under other settings is never taken for
+    this one (`H3_CPU_ALLOCATOR`, timeouts, checks and faults change no number)."""
+    return {EMULATE_FP4: emulate_fp4()}
 
 
 def cpu_allocator() -> str:
@@ -361,6 +370,21 @@ class UserRequest(BaseModel):
             super().__init__(**data)
         except ValidationError as err:
             raise ConfigError(describe(err, type(self).FLAGS)) from None
+
+
+class SizeFlags(UserRequest):
+    """`--width/--height/--frames` of a command that plans a video without running it (`h3 plan`,
+    `h3 bench-transport`), checked as `h3 generate` checks them: None is the preset's size, a
+    given value is at least 1 (0 is refused, never taken for "not given")."""
+
+    width: int | None = Field(None, ge=1, description="Pixels (None: the preset's).")
+    height: int | None = Field(None, ge=1, description="Pixels (None: the preset's).")
+    frames: int | None = Field(None, ge=1, description="Video frames, 4k+1 (None: the preset's).")
+
+    def or_defaults(self, width: int, height: int, frames: int) -> tuple[int, int, int]:
+        """(width, height, frames): each given value, else the default passed for it."""
+        return (width if self.width is None else self.width, height if self.height is None else self.height,
+                frames if self.frames is None else self.frames)
 
 
 def describe(err: ValidationError, flags: dict[str, str]) -> str:

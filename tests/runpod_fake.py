@@ -11,8 +11,10 @@ center, pods, network volumes, SSH keys) and:
   shapes the real API never returns,
 - records each request (`requests`) so tests can assert what was, and was not, sent,
 - can be scripted to fail or stall the next matching requests (`script`), or to misbehave below
-  HTTP's surface: answer with raw bytes (a broken chunked body, gzip garbage, a redirect loop) or
-  trickle a valid answer one byte at a time (`raw`, `trickle_s`).
+  HTTP's surface: answer with raw bytes (a broken chunked body, gzip garbage, a redirect loop),
+  with a stream of them that may never end (an endless body, a gzip bomb: `raw` a callable), or
+  trickle an answer one byte at a time from any point on (`trickle_s`, `trickle_from`: e.g. an
+  HTTP/1.0 answer whose headers come at once and whose body trickles).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import threading
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
@@ -152,8 +154,9 @@ class Script:
     headers: dict[str, str] = field(default_factory=dict)
     times: int = 1
     stall: bool = False
-    raw: Optional[bytes] = None  # written to the socket as the whole answer, verbatim
+    raw: Optional[bytes | Callable[[], Iterable[bytes]]] = None  # the whole answer, verbatim (a callable: its chunks, maybe endless)
     trickle_s: float = 0.0  # > 0: the answer is sent one byte at a time, this long apart
+    trickle_from: int = 0  # bytes sent at once before the trickle starts (e.g. the whole head)
 
 
 def _gpu_type(gpu_id: str, name: str, secure: float, community: float) -> dict:
@@ -236,10 +239,11 @@ class FakeRunPod:
     # --- test helpers -----------------------------------------------------------------------------
 
     def script(self, method: str, path: str, status: int = 500, body: Any = None, *, headers: Optional[dict] = None,
-               times: int = 1, stall: bool = False, raw: Optional[bytes] = None, trickle_s: float = 0.0) -> None:
+               times: int = 1, stall: bool = False, raw: Optional[bytes | Callable[[], Iterable[bytes]]] = None,
+               trickle_s: float = 0.0, trickle_from: int = 0) -> None:
         if body is None and not stall and raw is None and status >= 400:
             body = problem(status, "Internal Server Error" if status >= 500 else "Error", f"scripted {status}")
-        self.scripts.append(Script(method, path, status, body, headers or {}, times, stall, raw, trickle_s))
+        self.scripts.append(Script(method, path, status, body, headers or {}, times, stall, raw, trickle_s, trickle_from))
 
     def sent(self, method: str, path: Optional[str] = None) -> list[Recorded]:
         return [r for r in self.requests if r.method == method and (path is None or r.path == path)]
@@ -453,8 +457,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _misbehave(self, script: Script, status: int, headers: dict, body: Any) -> None:
-        """The raw bytes of `script`, or a valid answer trickled byte by byte."""
+        """The raw bytes of `script` (or its stream of them), or a valid answer, trickled byte by byte from `trickle_from` on."""
         self.close_connection = True
+        if callable(script.raw):
+            self._send_stream(script.raw())
+            return
         if script.raw is not None:
             data = script.raw
         else:
@@ -466,11 +473,23 @@ class _Handler(BaseHTTPRequestHandler):
             if not script.trickle_s:
                 self.wfile.write(data)
                 return
-            for i in range(len(data)):
+            self.wfile.write(data[: script.trickle_from])
+            self.wfile.flush()
+            for i in range(script.trickle_from, len(data)):
                 if self.runpod.release.wait(script.trickle_s):
                     return
                 self.wfile.write(data[i : i + 1])
                 self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _send_stream(self, chunks: Iterable[bytes]) -> None:
+        """Chunks until they end, the client goes away or the server stops."""
+        try:
+            for chunk in chunks:
+                if self.runpod.release.is_set():
+                    return
+                self.wfile.write(chunk)
         except (BrokenPipeError, ConnectionResetError):
             pass
 

@@ -1,14 +1,23 @@
 """Which prompts a batch runs: each prompt resolved on its own (an error is that prompt's, recorded,
-not the batch's), and those whose results an earlier run of the same command completed skipped.
+not the batch's), and those whose results an earlier run of the same batch completed skipped.
 
-A result is complete when its folder holds a report.json whose `request_fingerprint` is that of the
-prompt's resolved request now (a changed prompt, seed, size, mode or rank count is redone), and
-its latents when they are saved. With `overwrite` every prompt runs again.
+A batch is "the same batch" when its prompt file (by its resolved path) and its flags are
+(`batch_fingerprint`, kept in batch.json): the folder of another batch is refused unless
+`--overwrite`, which replaces it whole. Within the same batch, a result is complete when a folder
+of the batch holds a report.json whose `request_fingerprint` is that of the prompt's resolved
+request now, and its latents when they are saved. The fingerprint names the weights by what they
+hold and includes every setting that changes numbers, so replaced weights or another
+H3_EMULATE_FP4 redo every prompt. Results are matched by that fingerprint, not by position
+(`match_existing`): a line inserted above the others runs alone, a moved prompt keeps the folder
+its result is in, and the folders no prompt of the file claims are listed (`other_folders` in
+batch.json), not silently left beside the new ones.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from h3core.batch.prompts import PromptEntry, folder_names
 from h3core.batch.report import PromptResult, PromptStatus
 from h3core.errors import ConfigError, H3Error
+from h3core.files.paths import read_bounded
 from h3core.generate.report import request_fingerprint
 from h3core.generate.request import GenerateRequest, ResolvedRun, resolve
+
+REPORT_LIMIT = 64 << 20
+"""The largest report.json a resume reads (one with --profile over many steps is a few MiB)."""
 
 
 class BatchJob(BaseModel):
@@ -29,7 +42,7 @@ class BatchJob(BaseModel):
     prompts_file: Path
     output: Path | None = Field(None, description="The batch folder (None: outputs/<time>-batch-<mode>-<N>-<4 hex>).")
     save_latents: bool = True
-    overwrite: bool = Field(False, description="Run every prompt again, also those an earlier run completed.")
+    overwrite: bool = Field(False, description="Replace a folder of h3 results at `output` whole: every prompt runs again.")
 
 
 @dataclass
@@ -58,20 +71,96 @@ def _plan_one(template: GenerateRequest, entry: PromptEntry, index: int, name: s
     return PlannedPrompt(result.model_copy(update=update), run)
 
 
-def mark_complete(planned: list[PlannedPrompt], folder: Path, save_latents: bool) -> None:
-    """Mark skipped the prompts whose folder under `folder` already holds their complete result."""
+def batch_fingerprint(job: BatchJob) -> str:
+    """What makes two commands the same batch: the prompt file (its resolved path) and the flags
+    every prompt starts from, as given (a changed line of the file is still the same batch)."""
+    fields = {"prompts_file": str(Path(job.prompts_file).resolve()), "template": job.template.model_dump(mode="json"),
+              "save_latents": job.save_latents}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def agreement_digest(planned: list[PlannedPrompt]) -> str:
+    """What every torchrun rank must have resolved alike: each prompt's request (its portable
+    fingerprint: the weights by content, not by path or time) or its error, in file order."""
+    parts = [request_fingerprint(p.run, portable=True) if p.run is not None else f"failed: {p.result.error}" for p in planned]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def match_existing(planned: list[PlannedPrompt], folder: Path, save_latents: bool) -> list[str]:
+    """Match the results already in `folder` to the prompts by fingerprint (module docstring).
+
+    A prompt whose complete result is in its own folder, or in another one no other prompt
+    claims, is marked skipped and keeps that folder. Every prompt that runs gets its numbered
+    name, or that name with a suffix where a kept result holds it. Returns the folders no prompt
+    claims (left as they are: a result whose line or weights changed, or that another version of
+    the file asked for), except those a prompt now writes into (a changed line, redone in place)."""
+    results = _results_in(folder, save_latents)  # folder name -> fingerprint of the complete result in it
+    by_fingerprint: dict[str, list[str]] = defaultdict(list)
+    for name, fingerprint in sorted(results.items()):
+        by_fingerprint[fingerprint].append(name)
+    claimed: set[str] = set()
+    waiting = [p for p in planned if p.run is not None]
+    for p in list(waiting):  # first: a result already under the prompt's own name
+        if results.get(p.result.folder) == p.result.fingerprint:
+            _skip(p, folder, p.result.folder, claimed)
+            waiting.remove(p)
+    for p in waiting:  # then: its result under another name (the prompt moved in the file)
+        free = [name for name in by_fingerprint.get(p.result.fingerprint or "", []) if name not in claimed]
+        if free:
+            _skip(p, folder, free[0], claimed)
+    taken = set(claimed)
     for p in planned:
-        if p.run is not None and is_complete(folder / p.result.folder, p.result.fingerprint, save_latents):
-            p.result.status, p.result.report = PromptStatus.SKIPPED, str(folder / p.result.folder / "report.json")
+        if p.result.status is not PromptStatus.SKIPPED:
+            p.result.folder = _free_name(p.result.folder, taken)
+            taken.add(p.result.folder)
+    return [name for name in _subfolders(folder) if name not in taken]
+
+
+def _skip(p: PlannedPrompt, folder: Path, name: str, claimed: set[str]) -> None:
+    p.result.status, p.result.folder, p.result.report = PromptStatus.SKIPPED, name, str(folder / name / "report.json")
+    claimed.add(name)
+
+
+def _free_name(name: str, taken: set[str]) -> str:
+    candidate, n = name, 2
+    while candidate in taken:
+        candidate, n = f"{name}-{n}", n + 1
+    return candidate
+
+
+def _subfolders(folder: Path) -> list[str]:
+    """The entries of a batch folder that may hold a prompt's result (not batch.json, staging or locks)."""
+    try:
+        return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
+
+
+def _results_in(folder: Path, save_latents: bool) -> dict[str, str]:
+    """Subfolder name -> the fingerprint of the complete result it holds."""
+    found = {}
+    for name in _subfolders(folder):
+        fingerprint = written_fingerprint(folder / name)
+        if fingerprint is not None and is_complete(folder / name, fingerprint, save_latents):
+            found[name] = fingerprint
+    return found
+
+
+def written_fingerprint(folder: Path) -> str | None:
+    """The `request_fingerprint` of the report.json in `folder` (None: none, or none h3 can read)."""
+    try:
+        data = json.loads(read_bounded(folder / "report.json", "report", REPORT_LIMIT, "it is redone"))
+    except (ConfigError, ValueError):
+        return None
+    written = data.get("request_fingerprint") if isinstance(data, dict) else None
+    return written if isinstance(written, str) else None
 
 
 def is_complete(folder: Path, fingerprint: str | None, save_latents: bool) -> bool:
     """`folder` holds the report of the request with `fingerprint` (and its latents, when saved)."""
-    try:
-        written = json.loads((folder / "report.json").read_text()).get("request_fingerprint")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return written == fingerprint and (not save_latents or (folder / "latents.safetensors").is_file())
+    latents = folder / "latents.safetensors"
+    has_latents = latents.is_file() and not latents.is_symlink()
+    return fingerprint is not None and written_fingerprint(folder) == fingerprint and (not save_latents or has_latents)
 
 
 def to_run(planned: list[PlannedPrompt]) -> list[int]:

@@ -21,9 +21,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from h3core.errors import ConfigError
-from h3core.files.paths import os_error_reason
+from h3core.files.paths import read_bounded
 
 MAX_SEED = 2**64 - 1
+MAX_FILE_BYTES = 64 << 20
+"""The largest prompt file read (a regular file only): some 100,000 prompts of ordinary length."""
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -63,12 +65,11 @@ def read_prompts(path: Path) -> list[PromptEntry]:
 
 
 def _read_lines(path: Path) -> list[str]:
+    data = read_bounded(path, "--prompts", MAX_FILE_BYTES, "give a prompt file (one prompt per line, or JSONL)")
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        return data.decode("utf-8").splitlines()
     except UnicodeDecodeError as err:
         raise ConfigError(f"--prompts {path}: not UTF-8 text (byte {err.start}); save it as UTF-8") from None
-    except OSError as err:
-        raise ConfigError(f"--prompts {path}: {os_error_reason(err)}; give a prompt file (one prompt per line, or JSONL)") from None
 
 
 def _json_entry(path: Path, line: int, text: str) -> PromptEntry:

@@ -18,7 +18,7 @@ REPORT_NAME = "batch.json"
 class PromptStatus(str, Enum):
     OK = "ok"
     FAILED = "failed"
-    SKIPPED = "skipped"  # complete from an earlier run of the same command (same request fingerprint)
+    SKIPPED = "skipped"  # complete from an earlier run of the same batch (a folder with the same request fingerprint)
     PENDING = "pending"  # not run (yet): in a summary written while the batch runs, or after it stopped
 
 
@@ -48,13 +48,15 @@ class BatchReport(BaseModel):
     created: str
     updated: str
     complete: bool = Field(False, description="True once every prompt has run (or was skipped); False while running or after it stopped.")
-    stopped: str | None = Field(None, description="Why the batch ended before its last prompt (Ctrl-C, the ranks could not start).")
+    stopped: str | None = Field(None, description="Why the batch ended before its last prompt (Ctrl-C, SIGTERM, a full disk, the ranks could not start).")
     prompts_file: str
     mode: Mode
     world_size: int
     device: str
     directory: str
     resumed: bool = Field(False, description="The folder held an earlier run of this batch: prompts it completed were skipped.")
+    batch_fingerprint: str | None = Field(None, description="sha256 of the prompt file's path and the flags (`h3core.batch.plan.batch_fingerprint`): a folder is resumed only by the same batch.")
+    other_folders: list[str] = Field(default_factory=list, description="Folders in the batch folder that hold no result of this file's prompts (an earlier result of a line, weights or setting since changed); left as they are.")
     text_encoder_seconds: float | None = Field(None, description="Loading and releasing the text encoder, once for the batch (rank 0).")
     loads: int = Field(0, description="Times the denoiser was loaded: 1, plus one after every prompt that failed on the ranks.")
     prompts: list[PromptResult]

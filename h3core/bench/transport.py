@@ -49,13 +49,13 @@ from typing import Any, Callable, ClassVar
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from h3core import settings
 from h3core.errors import ConfigError
 from h3core.model import attention
 from h3core.model.attention import attend, check_backend, scores_bytes
-from h3core.model.config import preset
+from h3core.model.config import ModelConfig, preset
 from h3core.model.dit import LinearHeads, ProjectedQKV
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.parallel.collectives import CommStats, SendBlocks, exchange_blocks, head_to_seq, send_blocks, seq_to_head
@@ -87,6 +87,22 @@ V_INPUT_WIDTH = 64
 def target_ratio(world_size: int) -> float:
     """h3 / wire the transport must stay within: 1.3 up to 4 ranks, 1.5 above (more, smaller blocks)."""
     return 1.3 if world_size <= 4 else 1.5
+
+
+def _check_heads(h3: ModelConfig, heads: int, head_dim: int) -> None:
+    """The heads a model can have, by the model's own rule (`ModelConfig`: NVFP4 blocks follow
+    heads, 3-axis RoPE): what `h3 generate` could never run is refused here too, not inside a rank."""
+    flags = {"num_heads": "--heads", "head_dim": "--head-dim"}
+    try:
+        ModelConfig.model_validate({**h3.model_dump(), "num_heads": heads, "head_dim": head_dim,
+                                    "rope_freq_dim": max(1, rotary_half(head_dim) // 3)})  # the benchmark's RoPE at that width
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        flag = flags.get(field, "--head-dim")
+        value = heads if flag == "--heads" else head_dim
+        reason = str(first.get("ctx", {}).get("error") or first["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"{flag} {value}: {reason}; H3's heads are 56 x 128") from None
 
 
 class TransportBenchConfig(UserRequest):
@@ -133,9 +149,12 @@ class TransportBenchConfig(UserRequest):
         world_size = settings.world_size(world_size, visible_gpu_count)
         if tokens is not None and (width or height or frames):
             raise ConfigError("give either --tokens or --width/--height/--frames, not both")
+        size = settings.SizeFlags(width=width, height=height, frames=frames)  # as h3 generate checks them
+        h3 = preset("h3")
         if tokens is None:
-            h3 = preset("h3")
-            tokens = h3.num_tokens(width or h3.width, height or h3.height, frames or h3.frames, h3.text_tokens)
+            tokens = h3.num_tokens(*size.or_defaults(h3.width, h3.height, h3.frames), h3.text_tokens)
+        if heads >= 1 and head_dim >= 1:  # (below 1: the fields' own line)
+            _check_heads(h3, heads, head_dim)
         if iters < 1 or warmup < 0:
             raise ConfigError(f"--iters must be at least 1 and --warmup at least 0 (got {iters}, {warmup})")
         check_world_size_fits(world_size, device_type)
@@ -309,8 +328,9 @@ def _bytes_per_call(stats: CommStats, calls: int) -> dict[str, int]:
 
 
 def rotary_half(head_dim: int) -> int:
-    """Angles per row of H3's partial RoPE at this head width: 96 of 128 channels rotate (48 pairs)."""
-    return max(1, 3 * head_dim // 8)
+    """Angles per row of H3's partial RoPE at this head width: 96 of 128 channels rotate (48 pairs),
+    a multiple of 3 (one per (t, h, w) frequency)."""
+    return max(3, 3 * head_dim // 8 // 3 * 3)
 
 
 def _write_blocks(projected: ProjectedQKV, heads: list[Span]) -> SendBlocks:
@@ -366,6 +386,7 @@ def run_transport_benchmark(cfg: TransportBenchConfig, on_progress: Callable[[An
     with Outputs(enabled=settings.is_rank_zero()) as outputs:
         target = outputs.file(cfg.report_file, flag="--output") if cfg.report_file is not None and outputs.enabled else None
         with World(cfg.world_size, cfg.device, on_progress=on_progress) as world:
+            world.agree(cfg.model_dump_json(exclude={"report_file"}), "benchmark (COUNT, --tokens, --heads, --head-dim, ...)")
             per_rank = world.run(_bench_rank, cfg)
             backend, is_main = world.backend, world.is_main
         if not is_main:

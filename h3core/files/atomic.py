@@ -32,7 +32,7 @@ def atomic_file(path: Path | str) -> Iterator[Path]:
 def write_atomic(path: Path | str, data: bytes) -> Path:
     """Write `data` to `path` all or nothing; returns `path`."""
     with atomic_file(path) as tmp:
-        with open(tmp, "wb") as f:
+        with open(tmp, "xb") as f:  # a new file: never through a link planted under the temp name
             f.write(data)
     return Path(path)
 

@@ -1,4 +1,5 @@
-"""File-system facts in words: what kind of thing a path names, and why an OSError happened.
+"""File-system facts in words: what kind of thing a path names, and why an OSError happened; and
+`read_bounded`, the one way h3 reads a small file a user names.
 
 One place for the phrasing every "cannot read/write X" line uses (outputs, checkpoints, caches).
 """
@@ -9,6 +10,8 @@ import errno
 import os
 import stat
 from pathlib import Path
+
+from h3core.errors import ConfigError
 
 _REASONS = {
     errno.ENOSPC: "no space left on the device",
@@ -59,3 +62,47 @@ def free_bytes(folder: Path) -> int:
     """Bytes an unprivileged writer may still use on the file system holding `folder`."""
     stats = os.statvfs(folder)
     return stats.f_bavail * stats.f_frsize
+
+
+def read_bounded(path: Path | str, what: str, limit: int, hint: str) -> bytes:
+    """The whole content of the regular file `path`, at most `limit` bytes.
+
+    Anything else is one `ConfigError` line, 'cannot read WHAT PATH: <why>; HINT', before a byte
+    is read: a FIFO (which would block), a device (`/dev/zero` never ends), a socket or a folder
+    is refused by what it is, without being opened (opening a device can have effects of its
+    own), and checked again on the opened file (it may have been swapped in between); a file
+    larger than `limit` is refused by its size, and one that grows past it while being read, at
+    `limit` bytes.
+    """
+    path = Path(path)
+
+    def refuse(reason: str) -> ConfigError:
+        return ConfigError(f"cannot read {what} {path}: {reason}; {hint}")
+
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise refuse(f"it is {path_kind(path, follow=True)}, not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as err:
+        raise refuse(os_error_reason(err)) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise refuse("it is not a regular file")
+        if info.st_size > limit:
+            raise refuse(f"it is larger than {_size(limit)}")
+        chunks, total = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise refuse(f"it is larger than {_size(limit)}")
+        return b"".join(chunks)
+    except OSError as err:
+        raise refuse(os_error_reason(err)) from None
+    finally:
+        os.close(fd)
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, computed_field
 
+from h3core import settings
 from h3core.errors import CheckFailed
+from h3core.files.fingerprint import file_identity
 from h3core.generate.parity import LatentParity
 from h3core.generate.profile import RankProfile, RunProfile
 from h3core.generate.request import ResolvedRun, RunShape
@@ -171,10 +174,21 @@ class RunReport(BaseModel):
         return CheckFailed(f"latent parity failed: relative error {p.relative:.3g} > tolerance {p.tolerance:g} vs {p.reference}{where}")
 
 
-def request_fingerprint(run: ResolvedRun) -> str:
-    """sha256 of everything the resolved request decides (prompt, sizes, seed, guidance, mode, ranks,
-    dtype, attention, config, checkpoint path, plan): a changed prompt, seed or size changes it."""
-    return hashlib.sha256(run.model_dump_json().encode()).hexdigest()
+def request_fingerprint(run: ResolvedRun, portable: bool = False) -> str:
+    """sha256 of everything that decides the run's result: the resolved request (prompt, sizes, seed,
+    guidance, mode, ranks, dtype, attention, config, plan) with the weights named by what they
+    hold, not where (`file_identity` of the checkpoint and the text encoder: their content, and
+    their modification time unless `portable`), and every setting that changes numbers
+    (`settings.result_settings`). A changed prompt, seed, size, weight file or H3_EMULATE_FP4
+    changes it; `portable` is the same on machines holding their own copies (torchrun's ranks)."""
+    request = run.request
+    fields = run.model_dump(mode="json", exclude={"checkpoint": True, "request": {"model_path", "text_encoder_path", "profile"}})
+    fields["weights"] = {
+        "checkpoint": file_identity(run.checkpoint, portable),
+        "text_encoder": file_identity(request.text_encoder_path, portable) if request.text_encoder_path else "synthetic",
+    }
+    fields["settings"] = settings.result_settings()
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def ranks_on(world_size: int, device: str) -> str:

@@ -19,7 +19,7 @@ from h3core.errors import ConfigError
 from h3core.generate.files import output_bytes, write_outputs
 from h3core.generate.parity import LatentParity, latent_parity, run_tolerance
 from h3core.generate.pipeline import rank_generate
-from h3core.generate.report import RankReport, RunReport, StepDone, build_report
+from h3core.generate.report import RankReport, RunReport, StepDone, build_report, request_fingerprint
 from h3core.generate.request import GenerateJob, GenerateRequest, ResolvedRun, build_plan, check_torchrun_parity, resolve
 from h3core.parallel.modes import Mode
 from h3core.reports.outputs import Outputs
@@ -35,6 +35,7 @@ def execute(run: ResolvedRun, on_step: StepCallback | None = None) -> list[RankR
     Under torchrun every process calls this; only rank 0 gets the outcomes, the others None.
     """
     with World(run.request.world_size, run.request.device, on_progress=on_step) as world:
+        world.agree(request_fingerprint(run, portable=True), "request")  # torchrun: the run rank 0 resolved, or none
         try:
             outcomes = world.run(rank_generate, run)
         finally:

@@ -199,12 +199,12 @@ def run_matrix(request: MatrixRequest, on_progress: ProgressCallback | None = No
         matrix = _Matrix(request, planned, gpus, on_progress, folder, bench)
         try:
             report = matrix.run()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (`Terminated`)
             done, total = matrix.progress()
             if not done:
                 raise  # nothing measured yet: nothing is written
-            publish_on_interrupt(outputs, (
-                f"interrupted (Ctrl-C) after {done} of {total} cells; what they measured is in {folder.path} "
+            publish_on_interrupt(outputs, stop, (
+                f" after {done} of {total} cells; what they measured is in {folder.path} "
                 f"({REPORT_NAME} says complete: false)"
             ))
         outputs.publish()

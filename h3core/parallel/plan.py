@@ -142,8 +142,9 @@ class ParallelPlan(BaseModel):
         from h3core.runtime.device import visible_gpu_count
 
         cfg = preset(name)
+        size = settings.SizeFlags(width=width, height=height, frames=frames)  # a bad value is h3 generate's one line
         tokens = cfg.text_tokens if text_tokens is None else text_tokens
-        segments = cfg.segments(width or cfg.width, height or cfg.height, frames or cfg.frames, tokens)
+        segments = cfg.segments(*size.or_defaults(cfg.width, cfg.height, cfg.frames), tokens)
         world = settings.world_size(count, visible_gpu_count)
         layout = RankLayout.of(world, cfg_parallel=cfg_parallel, replicas=replicas, guided=cfg_parallel)
         return cls.for_layout(cfg, layout, mode, segments)

@@ -2,6 +2,12 @@
 
 These are the runbook's transfer steps (docs/runpod.md) made concrete for one pod. rsync needs the
 pod's direct SSH endpoint (its own sshd on 22/tcp); RunPod's proxy carries an interactive shell only.
+
+Every line is meant to be pasted into a shell, and most of its words come from RunPod's answer
+(host, user, the storage's mount path, the pod id): each line is built from its words by
+`shell_line`, which quotes every one (`shlex.quote`), so that a mount path `$(touch x)` stays a
+path and one with a space stays one word. rsync gets `--protect-args`, so that the remote shell
+does not split or expand the remote path either (older rsync versions let it).
 """
 
 from __future__ import annotations
@@ -34,11 +40,27 @@ class PodAccess(BaseModel):
     )
     remote_checkout: str = Field(description="Where the checkout lands on the pod.")
     remote_env: dict[str, str] = Field(description="Variables to export on the pod so h3 finds the checkpoints.")
+    on_pod: str = Field(description="The line to run on the pod: cd into the checkout and export `remote_env`.")
     note: Optional[str] = Field(None, description="Why a line is missing, when one is.")
 
 
+def shell_line(*words: str) -> str:
+    """A command line that a shell reads back as exactly `words` (each one quoted as needed)."""
+    return shlex.join(words)
+
+
 def _ssh_command(endpoint: SshEndpoint) -> str:
-    return f"ssh -p {endpoint.port} {shlex.quote(endpoint.username)}@{shlex.quote(endpoint.host)}"
+    return shell_line("ssh", "-p", str(endpoint.port), f"{endpoint.username}@{endpoint.host}")
+
+
+def _on_pod(checkout: str, remote_env: dict[str, str]) -> str:
+    exports = " ".join(shlex.quote(f"{name}={value}") for name, value in remote_env.items())
+    return f"{shell_line('cd', checkout)} && export {exports}"
+
+
+def get_pod_line(pod_id: str) -> str:
+    """`h3 pod get ID`, for a pod id as the server gave it."""
+    return shell_line("h3", "pod", "get", pod_id)
 
 
 def pod_access(pod: Pod) -> PodAccess:
@@ -53,22 +75,25 @@ def pod_access(pod: Pod) -> PodAccess:
     ssh = pod.ssh
     direct = ssh.direct if ssh else None
     proxy = _ssh_command(ssh.proxy) if ssh and ssh.proxy else None
+    on_pod = _on_pod(checkout, remote_env)
     if direct is None:
         note = (
-            f"no direct SSH endpoint yet (status {pod.status}); run `h3 pod get {pod.id}` again once it is RUNNING"
+            f"no direct SSH endpoint yet (status {pod.status}); run `{get_pod_line(pod.id)}` again once it is RUNNING"
             if _exposes_ssh(pod) else "the pod does not expose 22/tcp, so rsync/scp cannot reach it (proxy shell only)"
         )
         return PodAccess(ssh=None, proxy_ssh=proxy, rsync_checkout=None, rsync_checkpoints=None,
-                         remote_checkout=checkout, remote_env=remote_env, note=note)
-    target = f"{shlex.quote(direct.username)}@{shlex.quote(direct.host)}"
-    rsh = f"-e 'ssh -p {direct.port}'"
+                         remote_checkout=checkout, remote_env=remote_env, on_pod=on_pod, note=note)
+    target = f"{direct.username}@{direct.host}"
+    rsync = ("rsync", "--protect-args", "-e", f"ssh -p {direct.port}")
     return PodAccess(
         ssh=_ssh_command(direct),
         proxy_ssh=proxy,
-        rsync_checkout=f"rsync -azP {rsh} --filter=':- .gitignore' ./ {target}:{checkout}/",
-        rsync_checkpoints=f'rsync -P {rsh} "$H3_MODEL_PATH" "$H3_TEXT_ENCODER_PATH" {target}:{checkpoints}/',
+        rsync_checkout=shell_line(*rsync, "-azP", "--filter=:- .gitignore", "./", f"{target}:{checkout}/"),
+        # the two local files are the user's own variables, left for their shell to expand
+        rsync_checkpoints=f'{shell_line(*rsync, "-P")} "$H3_MODEL_PATH" "$H3_TEXT_ENCODER_PATH" {shell_line(f"{target}:{checkpoints}/")}',
         remote_checkout=checkout,
         remote_env=remote_env,
+        on_pod=on_pod,
     )
 
 

@@ -8,14 +8,17 @@ Guarantees (each one tested against a real HTTP server on loopback):
   length, and the key is checked for characters that would make `requests` echo the header in its
   own exception.
 - Every request has a deadline for the whole exchange (`deadline.Deadline`), not only a timeout
-  per socket read: a server that trickles one byte every few seconds still ends in time.
+  per socket read, and a size cap on its answer (`deadline.MAX_ANSWER_BYTES`, decompressed),
+  whatever the server's HTTP version: a server that trickles one byte every few seconds, or
+  sends an endless body or a gzip bomb, still ends in time and in bounded memory.
 - Every transport failure (refused, reset, a broken chunked body, a corrupt gzip body, a redirect
   loop, a malformed answer) is one `RemoteAPIError` line, never a traceback.
 - Reads (GET) are retried: a 429 waits what `Retry-After` says, a 5xx, a timeout or a dropped
   connection backs off exponentially. Writes (create, terminate) are sent exactly once: a retried
   create can start a second paid pod. Only a clear refusal (HTTP 4xx) says nothing happened; any
   other outcome of a write (a 5xx, a 3xx, a 2xx h3 cannot read, a transport failure, Ctrl-C while
-  it was in flight) says it may have been applied and to check `h3 pod list` before trying again.
+  it was in flight, an answer h3 fails to interpret for any reason) says it may have been applied
+  and to check `h3 pod list` before trying again.
 - An HTTP error becomes one `RemoteAPIError` line built from the RFC 9457 problem body
   (`title`, `detail`, `errors`) plus what to do about it.
 """
@@ -26,7 +29,8 @@ import email.utils
 import http.client
 import re
 import time
-from typing import Any, Callable, Optional, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, TypeVar
 from urllib.parse import quote, urlsplit
 
 import requests
@@ -35,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from h3core.errors import ConfigError, Interrupted, RemoteAPIError
 from h3core.settings import env_str
-from h3core.pod.deadline import Deadline, DeadlineAdapter
+from h3core.pod.deadline import MAX_ANSWER_BYTES, AnswerTooLarge, BoundedAdapter, Deadline, DeadlinePassed
 from h3core.pod.models import Cloud, CreatePodRequest, GpuType, NetworkVolume, Pod
 
 API_KEY_VAR = "RUNPOD_API_KEY"
@@ -162,8 +166,10 @@ class _TransportFailure(Exception):
 
 def _transport_failure(err: BaseException, deadline: Deadline, base_url: str) -> _TransportFailure:
     """One classification of everything `requests` (or what it wraps) raises for a failed exchange."""
-    if deadline.expired or isinstance(err, requests.Timeout):
+    if deadline.expired or isinstance(err, (requests.Timeout, DeadlinePassed)):
         return _TransportFailure(f"no complete answer within {deadline.seconds:g} s", True)
+    if isinstance(err, AnswerTooLarge):
+        return _TransportFailure(f"{err} (RunPod's answers are a few kB; is {BASE_URL_VAR} RunPod's API?)", False)
     if isinstance(err, requests.TooManyRedirects):
         return _TransportFailure(f"more than {_MAX_REDIRECTS} redirects (a redirect loop?)", False)
     if isinstance(err, requests.exceptions.ChunkedEncodingError):
@@ -175,18 +181,21 @@ def _transport_failure(err: BaseException, deadline: Deadline, base_url: str) ->
     return _TransportFailure(f"a malformed HTTP answer ({type(err).__name__})", False)
 
 
+_DELAY_SECONDS = re.compile(r"[0-9]{1,10}")  # RFC 9110 delay-seconds: ASCII digits (str.isdigit also takes '²')
+
+
 def _retry_after_s(response: requests.Response) -> Optional[float]:
-    """`Retry-After` in seconds (integer seconds or an HTTP date), None when absent or unreadable."""
-    value = response.headers.get("Retry-After", "").strip()
+    """`Retry-After` in seconds (ASCII delay-seconds or an HTTP date), None when absent or unreadable."""
+    value = str(response.headers.get("Retry-After", "")).strip()
     if not value:
         return None
-    if value.isdigit():
+    if _DELAY_SECONDS.fullmatch(value):
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 def _network_reason(err: requests.RequestException) -> str:
@@ -217,7 +226,8 @@ class RunPodClient:
     """Typed calls to the v2 endpoints `h3 pod` needs. Construct with `from_env()` in commands.
 
     Timeouts default to `READ_TIMEOUT_S` / `WRITE_TIMEOUT_S` and the retry policy to `DEFAULT_RETRY`
-    (read when the client is made); `sleep` is how retries wait (injectable for tests).
+    (read when the client is made); `sleep` is how retries wait (injectable for tests);
+    `max_answer_bytes` caps every answer's body (decompressed).
     """
 
     def __init__(
@@ -229,6 +239,7 @@ class RunPodClient:
         write_timeout_s: Optional[float] = None,
         retry: Optional[RetryPolicy] = None,
         sleep: Optional[Callable[[float], None]] = None,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
         self._api_key = api_key
         self.base_url = base_url.rstrip("/")
@@ -237,8 +248,8 @@ class RunPodClient:
         self.retry = retry if retry is not None else DEFAULT_RETRY
         self._sleep = sleep if sleep is not None else time.sleep
         self._session = requests.Session()
-        self._session.mount("http://", DeadlineAdapter())
-        self._session.mount("https://", DeadlineAdapter())
+        self._session.mount("http://", BoundedAdapter(max_answer_bytes))
+        self._session.mount("https://", BoundedAdapter(max_answer_bytes))
         self._session.max_redirects = _MAX_REDIRECTS
         self._session.auth = _Bearer(api_key)
         self._session.headers["Accept"] = "application/json"
@@ -300,27 +311,30 @@ class RunPodClient:
         """
         what = "create pod"
         response = self._send_once("POST", "/v2/pods", request.body(), what, CREATE_CHECK)
-        status = response.status_code
-        if 400 <= status < 500:
-            raise self._api_error(response, what, hint=self._create_hint(response))
-        if not 200 <= status < 300:
-            raise self._ambiguous(what, self._problem_text(response), CREATE_CHECK)
-        try:
-            return self._parse(Pod, self._json(response, what), what)
-        except RemoteAPIError as err:
-            raise self._ambiguous(what, f"HTTP {status} with an answer h3 cannot read ({_reason_of(err)})", CREATE_CHECK) from None
+        with self._answer_to_a_write(what, CREATE_CHECK):
+            status = response.status_code
+            if 400 <= status < 500:
+                raise self._api_error(response, what, hint=self._create_hint(response))
+            if not 200 <= status < 300:
+                raise self._ambiguous(what, self._problem_text(response), CREATE_CHECK)
+            try:
+                return self._parse(Pod, self._json(response, what), what)
+            except RemoteAPIError as err:
+                raise self._ambiguous(what, f"HTTP {status} with an answer h3 cannot read ({_reason_of(err)})", CREATE_CHECK) from None
+        raise AssertionError("unreachable")  # pragma: no cover - the block returns or raises
 
     def terminate_pod(self, pod_id: str) -> None:
         """DELETE the pod (its persistent storage with it). Sent once."""
         check_pod_id(pod_id)
         what, check = f"terminate pod {pod_id}", f"check `h3 pod get {pod_id}` before trying again"
         response = self._send_once("DELETE", f"/v2/pods/{pod_id}", None, what, check)
-        status = response.status_code
-        if 400 <= status < 500:
-            hint = self._unknown_pod(pod_id) if status == 404 else None
-            raise self._api_error(response, what, hint=hint)
-        if status not in (200, 202, 204):
-            raise self._ambiguous(what, self._problem_text(response), check)
+        with self._answer_to_a_write(what, check):
+            status = response.status_code
+            if 400 <= status < 500:
+                hint = self._unknown_pod(pod_id) if status == 404 else None
+                raise self._api_error(response, what, hint=hint)
+            if status not in (200, 202, 204):
+                raise self._ambiguous(what, self._problem_text(response), check)
 
     # --- transport -----------------------------------------------------------------------------
 
@@ -366,20 +380,34 @@ class RunPodClient:
 
     def _exchange(self, method: str, url: str, timeout: float, **kwargs: Any) -> requests.Response:
         """One HTTP exchange under a whole-request deadline; every failure is a `_TransportFailure`."""
-        with Deadline(timeout) as deadline:
-            try:
-                return self._session.request(method, url, timeout=timeout, **kwargs)
-            except (requests.RequestException, http.client.HTTPException, urllib3.exceptions.HTTPError) as err:
-                raise _transport_failure(err, deadline, self.base_url) from None
+        deadline = Deadline(timeout)
+        try:
+            return deadline.call(lambda: self._session.request(method, url, timeout=timeout, **kwargs))
+        except (requests.RequestException, http.client.HTTPException, urllib3.exceptions.HTTPError, OSError,
+                AnswerTooLarge, DeadlinePassed) as err:
+            raise _transport_failure(err, deadline, self.base_url) from None
 
     def _send_once(self, method: str, path: str, body: Optional[dict[str, Any]], what: str, check: str) -> requests.Response:
-        """One write request. A transport failure, or Ctrl-C while it is in flight, may have applied it."""
+        """One write request. A transport failure, or Ctrl-C / SIGTERM while it is in flight, may have applied it."""
         try:
             return self._exchange(method, self.base_url + path, self.write_timeout_s, json=body, allow_redirects=False)
         except _TransportFailure as err:
             raise self._ambiguous(what, err.reason, check) from None
-        except KeyboardInterrupt:
-            raise Interrupted(self._redact(f"interrupted (Ctrl-C) while RunPod {what} was in flight; it may or may not have been applied: {check}")) from None
+        except KeyboardInterrupt as stop:
+            raise Interrupted.by(stop, self._redact(f" while RunPod {what} was in flight; it may or may not have been applied: {check}")) from None
+
+    @contextmanager
+    def _answer_to_a_write(self, what: str, check: str) -> Iterator[None]:
+        """Reading the answer to a write that was sent: any failure that is not already one of the
+        client's own lines (a bug, a header h3 cannot parse) still says it may have been applied."""
+        try:
+            yield
+        except (RemoteAPIError, Interrupted):
+            raise
+        except KeyboardInterrupt as stop:
+            raise Interrupted.by(stop, self._redact(f" while reading RunPod's answer to {what}; it may or may not have been applied: {check}")) from None
+        except Exception as err:
+            raise self._ambiguous(what, f"an answer h3 failed to interpret ({type(err).__name__})", check) from None
 
     def _ambiguous(self, what: str, reason: str, check: str) -> RemoteAPIError:
         """The one message for a write whose outcome is unknown."""

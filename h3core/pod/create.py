@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from h3core.errors import ConfigError, RemoteAPIError
+from h3core.files.paths import read_bounded
 from h3core.pod.catalog import (
     DEFAULT_COUNT,
     DEFAULT_GPU_TYPE,
@@ -98,17 +99,12 @@ class CreateOptions(UserRequest):
 
 def read_public_key(path: pathlib.Path) -> str:
     """The OpenSSH public key(s) in `path`, checked; a private key or unreadable file is a `ConfigError`."""
+    hint = "pass a readable .pub file, e.g. ~/.ssh/id_ed25519.pub"
+    data = read_bounded(path, "--ssh-public-key", _MAX_KEY_BYTES, hint)
     try:
-        if path.stat().st_size > _MAX_KEY_BYTES:
-            raise ConfigError(f"--ssh-public-key {path} is larger than {_MAX_KEY_BYTES} bytes; pass a .pub file")
-        text = path.read_text(encoding="utf-8")
-    except ConfigError:
-        raise
-    except (OSError, UnicodeDecodeError) as err:
-        reason = getattr(err, "strerror", None) or type(err).__name__
-        raise ConfigError(
-            f"cannot read --ssh-public-key {path}: {reason}; pass a readable .pub file, e.g. ~/.ssh/id_ed25519.pub"
-        ) from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"cannot read --ssh-public-key {path}: not UTF-8 text; {hint}") from None
     if "PRIVATE KEY" in text:
         raise ConfigError(f"--ssh-public-key {path} is a PRIVATE key; pass the matching public key ({path}.pub)")
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]

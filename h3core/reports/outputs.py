@@ -9,14 +9,15 @@ Every command that writes results (`generate`, `matrix`, `verify`, `bench-transp
    space for what the run will write. A folder that already holds files is refused: h3 never mixes
    one run's files into another's. `overwrite=True` replaces a folder of h3 results whole (and
    only one of those: h3 never deletes a folder it did not write).
-2. A lock (`.NAME.h3-lock` beside the target, `flock`) is held from the check until the end: a
-   second run into the same place is refused at once instead of racing the first.
+2. A lock (`.NAME.h3-lock` beside the target, `flock`; opened with `O_NOFOLLOW`, a regular file
+   or refused) is held from the check until the end: a second run into the same place is refused
+   at once instead of racing the first.
 3. Files are written into a private staging folder beside the target (`.NAME.h3-staging-PID-XX`),
    each through the one atomic writer (`h3core.files.atomic`): whole at every moment.
 4. `publish()` renames the staging folder onto the target (atomic; `rename` replaces an empty
    folder), then moves single files into place. If a later step fails the earlier are rolled back.
    Until then nothing exists under the target's name; after it, every file does.
-5. Leaving the `with` block without publishing (an error, a failed rank, Ctrl-C) removes the
+5. Leaving the `with` block without publishing (an error, a failed rank, Ctrl-C or SIGTERM) removes the
    staging folder and the lock: nothing was written.
 
 Default folder names (`outputs/<UTC time to the microsecond>-<what>-<4 hex>`) cannot collide
@@ -26,16 +27,19 @@ the way) becomes one line: a `ConfigError` when found by the check, an `OutputEr
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import json
 import os
 import secrets
 import shutil
+import stat
 from datetime import datetime, timezone
 from pathlib import Path
 
-from h3core.errors import ConfigError, H3Error, Interrupted, OutputError
+from h3core.errors import ConfigError, H3Error, Interrupted, NoRoom, OutputError
 from h3core.files.atomic import write_atomic
-from h3core.files.paths import free_bytes, os_error_reason, path_kind
+from h3core.files.paths import free_bytes, os_error_reason, path_kind, read_bounded
 from h3core.reports.units import format_bytes
 
 REPORT_FILES = ("report.json", "matrix.json", "verify.json", "batch.json")
@@ -53,12 +57,15 @@ def default_folder(kind: str) -> Path:
 
 
 class _Lock:
-    """An exclusive `flock` on `.NAME.h3-lock` beside `target`, taken without waiting."""
+    """An exclusive `flock` on `.NAME.h3-lock` beside `target`, taken without waiting.
+
+    The lock file is opened without following a symbolic link and must be a regular file: a link
+    planted under its name (or a FIFO, a device) is refused in one line, never written through."""
 
     def __init__(self, target: Path, flag: str):
         self.path = target.parent / f".{target.name}{_LOCK}"
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open(flag)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -69,7 +76,7 @@ class _Lock:
                     f"wait for it to finish or choose another {flag}"
                 ) from None
             try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+                same = os.lstat(self.path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
                 same = False  # the previous holder removed it as we locked it: lock the new one
             if same:
@@ -78,6 +85,21 @@ class _Lock:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd: int | None = fd
+
+    def _open(self, flag: str) -> int:
+        refuse = f"choose another {flag}, or remove {self.path} if no h3 run is writing there"
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise ConfigError(f"h3's lock file {self.path} is a symbolic link (h3 never makes one there); {refuse}") from None
+            if err.errno == errno.EISDIR:
+                raise ConfigError(f"h3's lock file {self.path} is a folder, not a file; {refuse}") from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError(f"h3's lock file {self.path} is {path_kind(self.path)}, not a file; {refuse}")
+        return fd
 
     def release(self) -> None:
         if self._fd is None:
@@ -217,7 +239,7 @@ class OutputFolder(_Target):
         try:
             write_atomic(self.staging / name, data)  # a file rewritten (matrix.json after every cell) is whole at every moment
         except OSError as err:
-            raise OutputError(f"cannot write {self.path / name}: {os_error_reason(err)}; nothing was written") from None
+            raise output_error(f"cannot write {self.path / name}", err, "nothing was written") from None
         return self.path / name
 
     def publish(self) -> None:
@@ -272,7 +294,7 @@ class OutputFile(_Target):
         try:
             write_atomic(self.staging / self.path.name, data)
         except OSError as err:
-            raise OutputError(f"cannot write {self.path}: {os_error_reason(err)}; nothing was written") from None
+            raise output_error(f"cannot write {self.path}", err, "nothing was written") from None
         self._data = data
         return self.path
 
@@ -311,6 +333,11 @@ class ResultsFolder:
     Checked and locked for the whole command like any target. An existing folder is taken only when
     it is empty or holds `index` (the same command run again: `resumed`); anything else is refused.
     Nothing is staged at this level: the folder is made at once, and `close` only releases the lock.
+
+    While the command runs the folder must stay the one it made or took: each entry and index
+    write first checks that it still is (`check_intact`: a folder deleted or replaced mid-run is an
+    `OutputError`, never silently made again), and `check_room` tells before an entry is computed
+    whether the disk can still hold it (`NoRoom` when not).
     """
 
     def __init__(self, path: Path, flag: str, index: str, need_bytes: int = 0):
@@ -322,6 +349,7 @@ class ResultsFolder:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._lock = _Lock(self.path, flag)
             self.path.mkdir(exist_ok=True)
+            self._identity = _identity(self.path)
             _probe_room(self.path, need_bytes, flag, self.path)
         except OSError as err:
             self.close()
@@ -347,16 +375,65 @@ class ResultsFolder:
             )
         return False
 
+    def read_index(self, limit: int = 64 << 20) -> object:
+        """The index file's JSON (None when absent or not JSON h3 can read)."""
+        try:
+            return json.loads(read_bounded(self.path / self.index, self.flag, limit, "it is not a folder h3 wrote"))
+        except (ConfigError, ValueError):
+            return None
+
+    def clear(self) -> None:
+        """Replace the folder by an empty one (`--overwrite`: the old results go whole)."""
+        self.check_intact()
+        replaced = self.path.parent / f".{self.path.name}{_REPLACED}{secrets.token_hex(2)}"
+        try:
+            os.rename(self.path, replaced)
+            self.path.mkdir()
+            self._identity = _identity(self.path)
+        except OSError as err:
+            raise ConfigError(f"cannot replace {self.path} ({self.flag} with --overwrite): {os_error_reason(err)}") from None
+        _remove(replaced)
+        self.resumed = False
+
+    def check_intact(self) -> None:
+        """The folder is still the one this command made or took (not deleted, moved or replaced)."""
+        try:
+            same = _identity(self.path) == self._identity
+        except OSError:
+            same = False
+        if not same:
+            raise OutputError(
+                f"{self.flag} {self.path} was deleted or replaced while the command ran: the results it held are gone "
+                "from there; run the same command again to redo them"
+            )
+
+    def check_room(self, need_bytes: int) -> None:
+        """`NoRoom` unless the disk holding the folder has room for `need_bytes` more (and the margin)."""
+        self.check_intact()
+        need, free = need_bytes + MARGIN_BYTES, free_bytes(self.path)
+        if free < need:
+            raise NoRoom(
+                f"{self.flag} {self.path}: only {format_bytes(free)} are free there and the next result needs about "
+                f"{format_bytes(need)}; free some space and run the same command again to go on"
+            )
+
     def entry(self, name: str, need_bytes: int = 0, overwrite: bool = False) -> OutputFolder:
-        """The subfolder `name`, staged beside itself and published whole (`overwrite`: replace an earlier result)."""
-        return OutputFolder(self.path / name, self.flag, need_bytes, overwrite)
+        """The subfolder `name`, staged beside itself and published whole (`overwrite`: replace an
+        earlier result). Made while the command runs: what refuses it is an `OutputError` (a full
+        disk: `NoRoom`), not a usage error."""
+        self.check_room(need_bytes)  # (and intact: an entry would otherwise make a deleted folder again)
+        try:
+            return OutputFolder(self.path / name, self.flag, 0, overwrite)
+        except ConfigError as err:
+            raise OutputError(str(err)) from None
 
     def write_index(self, data: bytes) -> Path:
         """Rewrite the index file atomically (whole at every moment)."""
+        self.check_intact()
         try:
             return write_atomic(self.path / self.index, data)
         except OSError as err:
-            raise OutputError(f"cannot write {self.path / self.index}: {os_error_reason(err)}") from None
+            raise output_error(f"cannot write {self.path / self.index}", err, "the results already written stay") from None
 
     def close(self) -> None:
         if self._lock is not None:
@@ -408,7 +485,7 @@ class Outputs:
             except OSError as err:
                 for earlier in reversed(done):
                     earlier.unpublish()
-                raise OutputError(f"cannot write {target.path}: {os_error_reason(err)}; nothing was written") from None
+                raise output_error(f"cannot write {target.path}", err, "nothing was written") from None
             done.append(target)
         self.published = True
         for target in done:
@@ -426,13 +503,20 @@ class Outputs:
             self.discard()
 
 
-def publish_on_interrupt(outputs: Outputs, message: str) -> None:
-    """Publish what was staged (a matrix's finished cells) and raise `Interrupted(message)`."""
+def output_error(what: str, err: OSError, then: str) -> OutputError:
+    """'<what>: <why>; <then>' as an `OutputError`, or a `NoRoom` when the disk is full or the quota reached."""
+    kind = NoRoom if err.errno in (errno.ENOSPC, errno.EDQUOT) else OutputError
+    return kind(f"{what}: {os_error_reason(err)}; {then}")
+
+
+def publish_on_interrupt(outputs: Outputs, stop: BaseException, what: str) -> None:
+    """Publish what was staged (a matrix's finished cells) and raise `Interrupted.by(stop, what)`
+    (`stop`: the KeyboardInterrupt of a Ctrl-C, or the `Terminated` of a SIGTERM)."""
     try:
         outputs.publish()
     except H3Error as err:
-        raise Interrupted(f"interrupted (Ctrl-C), and the partial results could not be written: {err}") from None
-    raise Interrupted(message)
+        raise Interrupted.by(stop, f", and the partial results could not be written: {err}") from None
+    raise Interrupted.by(stop, what)
 
 
 def _check_not_here(path: Path, flag: str) -> None:
@@ -457,6 +541,12 @@ def _probe_room(folder: Path, need_bytes: int, flag: str, target: Path) -> None:
             f"{flag} {target}: this run writes about {format_bytes(need)} but only "
             f"{format_bytes(free)} are free there; free some space or choose another {flag}"
         )
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    """(device, inode) of `path` itself (a link is not followed)."""
+    info = os.lstat(path)
+    return info.st_dev, info.st_ino
 
 
 def _sync_folder(folder: Path) -> None:

@@ -8,7 +8,8 @@
   definition): nothing is spawned; this process joins the existing group (env:// rendezvous,
   bounded by `H3_RANK_TIMEOUT`, so a stale torchrun environment is one line, not a hang) and runs
   the task itself. Results are gathered to rank 0; see `World.run`. A failing rank raises here;
-  torchrun's agent then stops the others.
+  torchrun's agent then stops the others. Each process resolved its own inputs: `agree` checks
+  that every rank resolved the same run before it starts.
 - otherwise: `n` worker processes (`h3core.runtime.worker`) are spawned once (spawn context),
   rendezvous through a TCP store that this process hosts on a free port, and form a Gloo (CPU) or
   NCCL (CUDA, rank `r` on `cuda:r`) group with a timeout. Each `run` sends them one task; they stay
@@ -141,6 +142,29 @@ class World:
         if self._local is not None:
             return self._run_here(fn, args, kwargs)
         return self._run_spawned(fn, args, kwargs)
+
+    def agree(self, digest: str, what: str) -> None:
+        """Under torchrun, where every process resolves its own copy of the inputs (flags, files,
+        weights), check that every rank resolved the same `what`: each rank's `digest` of it goes to
+        every rank, and where any differs from rank 0's, every rank raises the same one-line
+        `ConfigError` naming them, before any of them runs or writes a thing. Spawned ranks and a
+        single process run what this process resolved: nothing to check.
+        """
+        ctx = self._local
+        if ctx is None or ctx.group is None or ctx.world_size == 1:
+            return
+        import torch.distributed as dist
+
+        digests: list[str | None] = [None] * ctx.world_size
+        dist.all_gather_object(digests, digest, group=ctx.group)
+        differ = [rank for rank, theirs in enumerate(digests) if theirs != digests[0]]
+        if differ:
+            shown = ", ".join(map(str, differ[:8])) + (", ..." if len(differ) > 8 else "")
+            raise ConfigError(
+                f"under torchrun every rank must resolve the same {what}, but rank{'s' if len(differ) > 1 else ''} {shown} "
+                f"resolved another one than rank 0 (their flags, prompt file, weights or H3_* settings differ): "
+                "give every machine the same command, files and settings"
+            )
 
     def close(self) -> None:
         """Stop and reap every worker: a clean stop when they are idle, else signals. Idempotent."""

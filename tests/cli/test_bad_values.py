@@ -56,6 +56,41 @@ def test_other_commands_refuse_bad_values_in_one_line(h3, command, needle):
     _one_line(code, err, needle)
 
 
+# `h3 plan` and `h3 bench-transport` refuse, in one line and before any rank starts, what `h3 generate` refuses.
+PLANNED_VALUES = [
+    (["0"], "world size must be at least 1, got 0"),
+    (["8", "--width", "0"], "--width 0: must be at least 1"),  # not the preset's default
+    (["8", "--height", "0"], "--height 0: must be at least 1"),
+    (["8", "--frames", "0"], "--frames 0: must be at least 1"),
+    (["8", "--width", "-32"], "--width -32: must be at least 1"),
+    (["8", "--width", "100"], "100x480 is not a multiple of 32 pixels on both axes"),
+    (["8", "--height", "96"], "aspect ratio of 9; H3 takes 1:4 to 4:1"),
+]
+
+
+@pytest.mark.parametrize("args, needle", PLANNED_VALUES)
+def test_plan_refuses_what_generate_refuses(h3, args, needle):
+    code, out, err = h3("plan", *args)
+    _one_line(code, err, needle)
+    assert out == ""
+    code, _, err = h3("generate", "--preset", "h3-2blocks", "--gpus", *args, "--device", "cpu", "--output", "run")
+    assert code == 2 and needle in err  # the same line from h3 generate
+
+
+@pytest.mark.parametrize("args, needle", [
+    *PLANNED_VALUES[:1], *[(["2", *a[1:]], n) for a, n in PLANNED_VALUES[1:]],
+    (["2", "--head-dim", "7"], "--head-dim 7: head_dim 7 must be a multiple of 16"),
+    (["2", "--head-dim", "24"], "--head-dim 24: head_dim 24 must be a multiple of 16"),
+    (["2", "--head-dim", "-3"], "--head-dim -3: must be at least 1"),
+    (["2", "--heads", "0"], "cannot split 0 attention heads"),
+])
+def test_bench_transport_refuses_what_generate_refuses_before_any_rank_starts(h3, args, needle):
+    start = time.monotonic()
+    code, out, err = h3("bench-transport", *args, "--iters", "1", "--warmup", "0", "--device", "cpu", "--skip-attention")
+    _one_line(code, err, needle)
+    assert out == "" and time.monotonic() - start < 5
+
+
 # --- limits before work --------------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ checked for the API key.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from dataclasses import dataclass
 
@@ -154,7 +155,7 @@ def test_create_with_no_stock_stops_before_posting(h3, runpod):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--ssh-public-key", "/nonexistent/id.pub"], "cannot read --ssh-public-key /nonexistent/id.pub: No such file or directory"),
+        (["--ssh-public-key", "/nonexistent/id.pub"], "cannot read --ssh-public-key /nonexistent/id.pub: a part of the path does not exist"),
         (["--network-volume", "vol1234567", "--volume-gb", "50"], "--network-volume exclude each other"),
         (["--volume-gb", "5"], "--volume-gb 5: must be at least 10"),
         (["--min-cuda", "13"], "--min-cuda '13' is not a CUDA version like 13.0"),
@@ -203,8 +204,8 @@ def test_get_prints_status_gpus_cost_and_the_ssh_and_rsync_lines(h3, runpod):
     assert f"8 x {SERVER_EDITION} (util 0%, 0%, 0%, 0%, 0%, 0%, 0%, 0%)" in run.out
     assert "US-KS-2 · SECURE · host CUDA 13.0" in run.out and "$15.12/h" in run.out
     assert "ssh       ssh -p 40022 root@203.0.113.7" in run.out
-    assert "rsync -azP -e 'ssh -p 40022' --filter=':- .gitignore' ./ root@203.0.113.7:/workspace/h3/" in run.out
-    assert '"$H3_MODEL_PATH" "$H3_TEXT_ENCODER_PATH" root@203.0.113.7:/workspace/checkpoints/' in run.out
+    assert "rsync --protect-args -e 'ssh -p 40022' -azP '--filter=:- .gitignore' ./ root@203.0.113.7:/workspace/h3/" in run.out
+    assert "rsync --protect-args -e 'ssh -p 40022' -P \"$H3_MODEL_PATH\" \"$H3_TEXT_ENCODER_PATH\" root@203.0.113.7:/workspace/checkpoints/" in run.out
     assert "cd /workspace/h3 && export H3_MODEL_PATH=/workspace/checkpoints/minimax_h3_fl2va_pruned_nvfp4.safetensors" in run.out
 
 
@@ -334,3 +335,43 @@ def test_help_lists_the_pod_commands():
     assert result.exit_code == 0
     for command in ("catalog", "create", "get", "list", "terminate"):
         assert command in result.stdout
+
+
+# --- copy-paste lines: every word from the server is quoted ---------------------------------------------------
+
+HOSTILE_MOUNTS = ["/work space", "/w/$(touch {pwned})", "/w/`touch {pwned}`", "/w;touch {pwned}", "/w/'q'\"d\"", "/w/*", "/w/$HOME"]
+
+
+def _stub(bin_dir, name):
+    """A stand-in for `name` that records the words it got, one per line (NUL-free test words)."""
+    path = bin_dir / name
+    path.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/{name}.args"\n')
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("mount", HOSTILE_MOUNTS)
+def test_the_ssh_and_rsync_lines_pass_a_server_path_as_one_word_and_run_nothing(h3, runpod, tmp_path, mount):
+    pwned = tmp_path / "PWNED"
+    root = str(tmp_path) + mount.format(pwned=pwned)
+    pod = runpod.add_pod(mounts={"persistent": {"size": 100, "path": root}})
+    data = json.loads(h3("pod", "get", pod["id"], "--json").out)["access"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("rsync", "ssh"):
+        _stub(bin_dir, name)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "H3_MODEL_PATH": "/local/m.safetensors", "H3_TEXT_ENCODER_PATH": "/local/t.safetensors"}
+    for key in ("rsync_checkout", "rsync_checkpoints"):
+        subprocess.run(["bash", "-c", data[key]], check=True, env=env, cwd=tmp_path)
+        words = (bin_dir / "rsync.args").read_text().splitlines()
+        remote = "h3/" if key == "rsync_checkout" else "checkpoints/"
+        assert words[-1] == f"root@203.0.113.7:{root}/{remote}", (key, data[key], words)
+        assert "--protect-args" in words and words[words.index("-e") + 1] == "ssh -p 40022"
+    assert (bin_dir / "rsync.args").read_text().splitlines()[-3:-1] == ["/local/m.safetensors", "/local/t.safetensors"]
+    (tmp_path / "remote").mkdir()
+    checkout = tmp_path / "remote" / "checkout"
+    checkout.mkdir()
+    on_pod = data["on_pod"].replace(shlex.quote(f"{root}/h3"), shlex.quote(str(checkout)), 1)  # cd somewhere that exists here
+    shown = subprocess.run(["bash", "-c", on_pod + ' && printf "%s\\n" "$PWD" "$H3_MODEL_PATH"'], check=True, env=env,
+                           capture_output=True, text=True, cwd=tmp_path).stdout.splitlines()
+    assert shown == [str(checkout), f"{root}/checkpoints/minimax_h3_fl2va_pruned_nvfp4.safetensors"]
+    assert not pwned.exists()  # nothing in the server's text ran

@@ -81,3 +81,46 @@ def test_replica_groups_across_two_torchrun_agents_share_the_prompts_out(tmp_pat
     for p in batch["prompts"]:
         ours, alone = (load_file(tmp_path / run / p["folder"] / "latents.safetensors") for run in ("replicas", "one"))
         assert all(torch.equal(ours[k], alone[k]) for k in ours), p["folder"]
+
+
+def _agents_each(commands: list[list[str]], tmp_path: Path) -> list[subprocess.Popen]:
+    """One torchrun agent per command (each "machine" gives its own command line, as on two pods)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    endpoint = f"127.0.0.1:{_free_port()}"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(commands)), "--nproc-per-node", "1",
+              "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "h3-test", "-m", "h3cli.main"]
+    logs = [open(tmp_path / f"agent{n}.log", "w+") for n in range(len(commands))]
+    return [subprocess.Popen([*launch, *args], stdout=log, stderr=subprocess.STDOUT, text=True, env={**env, "OMP_NUM_THREADS": "1"})
+            for log, args in zip(logs, commands)]
+
+
+def test_ranks_whose_prompt_files_differ_refuse_in_one_line_and_write_nothing(tmp_path):
+    """Two machines whose copies of the prompt file differ in one seed: every rank refuses, naming the
+    rank that differs, before anything runs or is written (rank 0 used to write a report of one
+    seed over latents made from both)."""
+    files = []
+    for n, seed in enumerate((1, 2)):
+        path = tmp_path / f"node{n}" / "prompts.jsonl"
+        path.parent.mkdir()
+        path.write_text(f'{{"prompt": "a red fox", "seed": 3}}\n{{"prompt": "an owl", "seed": {seed}}}\n')
+        files.append(path)
+    base = ["generate", "ulysses", "--preset", "tiny", "--steps", "2", "--device", "cpu", "--replicas", "2", "--output", str(tmp_path / "out")]
+    agents = _agents_each([[*base, "--prompts", str(path)] for path in files], tmp_path)
+    codes = [agent.wait(timeout=240) for agent in agents]
+    logs = [(tmp_path / f"agent{n}.log").read_text() for n in range(2)]
+    assert all(code != 0 for code in codes), logs
+    for log in logs:
+        lines = [line for line in log.splitlines() if line.startswith("error: under torchrun every rank must resolve the same batch")]
+        assert len(lines) == 1 and "rank 1 resolved another one than rank 0" in lines[0], log
+        assert "Traceback" not in log.split("error: under torchrun")[0].split("\n")[-1]
+    assert not (tmp_path / "out").exists()
+
+
+def test_ranks_whose_flags_differ_refuse_a_single_run_too(tmp_path):
+    base = ["generate", "ulysses", "--preset", "tiny", "--steps", "2", "--device", "cpu", "--output", str(tmp_path / "out")]
+    agents = _agents_each([[*base, "--seed", "1"], [*base, "--seed", "2"]], tmp_path)
+    codes = [agent.wait(timeout=240) for agent in agents]
+    logs = [(tmp_path / f"agent{n}.log").read_text() for n in range(2)]
+    assert all(code != 0 for code in codes), logs
+    assert all("error: under torchrun every rank must resolve the same request" in log for log in logs), logs
+    assert not (tmp_path / "out").exists()

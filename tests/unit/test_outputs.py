@@ -192,3 +192,69 @@ def test_a_copy_inside_the_output_folder_is_published_with_it(tmp_path):
         assert copy.write(b"{}") == tmp_path / "run" / "copies" / "bench.json"
         outputs.publish()
     assert _entries(tmp_path / "run") == ["copies", "report.json"] and _entries(tmp_path) == ["run"]
+
+
+# --- lock files and temp files are never written through a link -------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["link to a file", "dangling link", "FIFO", "folder"])
+def test_a_lock_name_holding_something_else_is_refused_and_never_written_through(tmp_path, kind):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    lock = tmp_path / ".run.h3-lock"
+    if kind == "link to a file":
+        lock.symlink_to(victim)
+    elif kind == "dangling link":
+        lock.symlink_to(tmp_path / "made-by-the-lock")
+    elif kind == "FIFO":
+        os.mkfifo(lock)
+    else:
+        lock.mkdir()
+    for make in (lambda: Outputs().folder(tmp_path / "run", kind="generate"),
+                 lambda: out.ResultsFolder(tmp_path / "run", "--output", "batch.json")):
+        with pytest.raises(ConfigError) as err:
+            make()
+        assert f"h3's lock file {lock} is" in str(err.value) and "\n" not in str(err.value)
+    assert victim.read_text() == "precious" and not (tmp_path / "made-by-the-lock").exists()
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_atomic_writer_never_writes_through_a_link_planted_under_its_temp_name(tmp_path, monkeypatch):
+    from h3core.files import atomic
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    monkeypatch.setattr(atomic.secrets, "token_hex", lambda n: "beef")
+    (tmp_path / f".report.json.{os.getpid()}-beef.tmp").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        atomic.write_atomic(tmp_path / "report.json", b"{}")
+    assert victim.read_text() == "precious" and not (tmp_path / "report.json").exists()
+
+
+def test_a_results_folder_knows_when_it_was_deleted_or_replaced(tmp_path):
+    folder = out.ResultsFolder(tmp_path / "b", "--output", "batch.json")
+    try:
+        folder.write_index(b"{}")
+        folder.check_intact()
+        (tmp_path / "b").rename(tmp_path / "moved")
+        (tmp_path / "b").mkdir()  # another folder under its name
+        for act in (folder.check_intact, lambda: folder.write_index(b"{}"), lambda: folder.entry("000-x")):
+            with pytest.raises(OutputError, match="was deleted or replaced while the command ran"):
+                act()
+        assert _entries(tmp_path / "b") == []  # nothing written into the impostor
+    finally:
+        folder.close()
+
+
+def test_a_results_folder_refuses_an_entry_the_disk_cannot_hold(tmp_path, monkeypatch):
+    from h3core.errors import NoRoom
+
+    folder = out.ResultsFolder(tmp_path / "b", "--output", "batch.json")
+    try:
+        monkeypatch.setattr(out, "free_bytes", lambda path: out.MARGIN_BYTES + 10)
+        folder.check_room(10)
+        with pytest.raises(NoRoom, match="only 1 MiB are free there and the next result needs about"):
+            folder.entry("000-x", need_bytes=11)
+        assert _entries(tmp_path / "b") == []
+    finally:
+        folder.close()

@@ -183,7 +183,7 @@ def test_private_missing_unreadable_or_garbage_key_files_are_refused(tmp_path):
     private.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEA\n-----END OPENSSH PRIVATE KEY-----\n")
     with pytest.raises(ConfigError, match="is a PRIVATE key; pass the matching public key"):
         read_public_key(private)
-    with pytest.raises(ConfigError, match="cannot read --ssh-public-key .*No such file or directory"):
+    with pytest.raises(ConfigError, match="cannot read --ssh-public-key .*a part of the path does not exist"):
         read_public_key(tmp_path / "absent.pub")
     garbage = tmp_path / "notes.pub"
     garbage.write_text("hello world\n")
@@ -193,7 +193,7 @@ def test_private_missing_unreadable_or_garbage_key_files_are_refused(tmp_path):
         locked = tmp_path / "locked.pub"
         locked.write_text(PUBLIC_KEY)
         locked.chmod(0)
-        with pytest.raises(ConfigError, match="cannot read --ssh-public-key .*Permission denied"):
+        with pytest.raises(ConfigError, match="cannot read --ssh-public-key .*permission denied"):
             read_public_key(locked)
 
 
@@ -204,9 +204,9 @@ def test_access_lines_for_a_running_pod(runpod):
     pod = Pod.model_validate(runpod.add_pod())
     access = pod_access(pod)
     assert access.ssh == "ssh -p 40022 root@203.0.113.7"
-    assert access.rsync_checkout == "rsync -azP -e 'ssh -p 40022' --filter=':- .gitignore' ./ root@203.0.113.7:/workspace/h3/"
+    assert access.rsync_checkout == "rsync --protect-args -e 'ssh -p 40022' -azP '--filter=:- .gitignore' ./ root@203.0.113.7:/workspace/h3/"
     assert access.rsync_checkpoints == (
-        'rsync -P -e \'ssh -p 40022\' "$H3_MODEL_PATH" "$H3_TEXT_ENCODER_PATH" root@203.0.113.7:/workspace/checkpoints/'
+        'rsync --protect-args -e \'ssh -p 40022\' -P "$H3_MODEL_PATH" "$H3_TEXT_ENCODER_PATH" root@203.0.113.7:/workspace/checkpoints/'
     )
     assert access.remote_env == {
         "H3_MODEL_PATH": "/workspace/checkpoints/minimax_h3_fl2va_pruned_nvfp4.safetensors",
