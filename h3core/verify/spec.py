@@ -25,8 +25,8 @@ DEFAULT_COUNTS = (2, 4, 6, 8)
 DEFAULT_STEPS = 2
 VERIFY_SEED = settings.DEFAULT_SEED
 VERIFY_PROMPT = "a fox in the snow"
-"""17 bytes: with the synthetic byte-level text encoder the narrow preset's sequence is 17 text +
-120 video + 10 audio = 147 tokens, which none of 2, 4, 6, 8 divides."""
+"""5 tokens with H3's tokenizer (the synthetic encoder's too): the narrow preset's sequence is 5 text +
+120 video + 10 audio = 135 tokens, which none of 2, 4, 6, 8 divides."""
 
 
 def parse_checks(names: list[str]) -> list[str]:
@@ -91,7 +91,9 @@ class VerifySpec(BaseModel):
 
     @property
     def text_tokens(self) -> int:
-        return len(self.prompt.encode("utf-8"))  # the synthetic encoder's byte-level tokenizer
+        from h3core.text import check_text_encoder
+
+        return len(check_text_encoder(None, hidden_size=self.config.text_dim).encode(self.prompt))  # the synthetic encoder's tokens
 
     @property
     def segments(self) -> list[Segment]:

@@ -97,7 +97,7 @@ def test_the_memory_check_can_be_skipped_when_the_estimate_is_wrong(h3, monkeypa
 
 
 def test_the_split_check_counts_the_real_prompt(tmp_path, monkeypatch):
-    # 32x32, 1 frame: 1 video + 2 audio tokens; "abcdef" adds 6 text tokens (byte-level): 9 tokens split over 4
+    # 32x32, 1 frame: 1 video + 2 audio tokens; "abcdef" adds 1 text token (H3's tokenizer): 4 tokens split over 4
     # ranks, where the check used to assume an empty prompt (3 tokens) and refuse.
     from h3core.errors import PartitionError
     from h3core.generate.request import GenerateRequest, resolve
