@@ -45,7 +45,7 @@ from h3core.text.checkpoint import (
 from h3core.text.config import H3_OUTPUT_LAYER, Qwen3TextConfig
 from h3core.text.model import Qwen3TextModel
 from h3core.text.synthetic import synthetic_text_encoder
-from h3core.text.tokenizer import PromptTokenizer, folder_tokenizer, shipped_tokenizer
+from h3core.text.tokenizer import PromptTokenizer, TokenizerFiles, folder_tokenizer, shipped_tokenizer
 from h3core.text.weights import TextWeights
 
 Kind = Literal["synthetic", "comfy", "qwen3-vl", "qwen3"]
@@ -249,7 +249,7 @@ def _inspect(path: Path, hidden_size: int, output_layer: int | None) -> _Inspect
         layers = resolve_output_layer(output_layer, config.num_layers, whole_decoder=has_final_norm(reader, prefix), where=path)
         markers = Markers(reader)
         check_tensors(reader, markers, prefix, config, layers)
-        tokenizer = folder_tokenizer(checkpoint.tokenizer_folders, path) if checkpoint.tokenizer_folders else shipped_tokenizer()
+        tokenizer = _tokenizer(checkpoint, kind, path)
         if tokenizer.vocab_size > config.vocab_size:
             raise CheckpointError(
                 f"tokenizer {tokenizer.name} has ids up to {tokenizer.vocab_size - 1} but the embedding of {path} "
@@ -259,3 +259,13 @@ def _inspect(path: Path, hidden_size: int, output_layer: int | None) -> _Inspect
         reader.close()
         raise
     return _Inspected(checkpoint, reader, markers, kind, prefix, config, config_source, layers, tokenizer)  # type: ignore[arg-type]
+
+
+def _tokenizer(checkpoint: TextCheckpoint, kind: Kind, where: Path) -> PromptTokenizer:
+    """A folder's own tokenizer (required for HF / official folders); h3's shipped one for a single
+    file and for Comfy-layout files, which never carry one, unless their folder does."""
+    folders = checkpoint.tokenizer_folders
+    own = any(TokenizerFiles.find(folder) is not None for folder in folders)
+    if folders and (own or kind not in ("comfy", "synthetic")):
+        return folder_tokenizer(folders, where)
+    return shipped_tokenizer()

@@ -252,3 +252,10 @@ def test_unreadable_tokenizer(tmp_path, state, tokenizer_file):
 def test_plain_folder_helper_is_a_valid_checkpoint(tmp_path, state, tokenizer_file):
     folder = plain_folder(tmp_path / "ok", state, config=qwen3_config_json(), tokenizer=tokenizer_file)
     assert check_text_encoder(folder, hidden_size=HIDDEN, output_layer=3).vocab_size <= 320
+
+
+def test_a_comfy_file_in_a_folder_without_a_tokenizer_takes_the_shipped_one(tmp_path, comfy_tensors):
+    from h3core.text.tokenizer import SHIPPED_NAME
+
+    write_file(tmp_path / "text_encoders" / "qwen3vl_comfy.safetensors", comfy_tensors)
+    assert check_text_encoder(tmp_path / "text_encoders", hidden_size=HIDDEN).name == SHIPPED_NAME
