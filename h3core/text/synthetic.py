@@ -52,8 +52,8 @@ AWQ_LINEARS = ("self_attn.o_proj", "mlp.down_proj")
 LINEAR_MARKER = comfy.ComfyQuant(format=comfy.NVFP4, full_precision_matrix_mult=True)
 EMBEDDING_MARKER = comfy.ComfyQuant(format=comfy.INT8_TENSORWISE)
 
-_INT8_STD = 127 / math.sqrt(3)
-"""Standard deviation of integers drawn uniformly from -127..127: a row scale of 1/this gives unit rows."""
+_INT8_STD = math.sqrt((256**2 - 1) / 12)
+"""Standard deviation of integers drawn uniformly from -128..127: a row scale of 1/this gives unit rows."""
 
 
 def synthetic_config(hidden_size: int) -> Qwen3TextConfig:
@@ -111,7 +111,9 @@ def synthetic_tensors(config: Qwen3TextConfig, seed: int) -> dict[str, torch.Ten
 
 def _embedding(config: Qwen3TextConfig, generator: torch.Generator) -> dict[str, torch.Tensor]:
     module = f"{PLAIN_PREFIX}embed_tokens"
-    rows = torch.empty(config.vocab_size, config.hidden_size, dtype=torch.int8).random_(-127, 128, generator=generator)
+    # uniform bytes, drawn 8 at a time (a fourth of the time of int8 draws at 0.78 GB): [V, D] int8
+    words = torch.empty(config.vocab_size * config.hidden_size // 8, dtype=torch.int64).random_(-(2**63), 2**63 - 1, generator=generator)
+    rows = words.view(torch.int8).view(config.vocab_size, config.hidden_size)
     scale = (0.75 + 0.5 * torch.rand(config.vocab_size, 1, generator=generator)) / _INT8_STD  # [V, 1]: rows of std ~1
     return {f"{module}.weight": rows, f"{module}.weight_scale": scale, f"{module}.{comfy.MARKER}": comfy.marker_tensor(EMBEDDING_MARKER)}
 

@@ -46,6 +46,12 @@ def vl():
 
 
 @pytest.fixture(scope="module")
+def official(tmp_path_factory, vl):
+    """The tiny model in the official layout: FL2VA/text_encoder/ (index, 3 shards, config) and FL2VA/tokenizer/."""
+    return official_folder(tmp_path_factory.mktemp("official") / "FL2VA", vl, SHIPPED_FOLDER)
+
+
+@pytest.fixture(scope="module")
 def prompt_ids() -> list[list[int]]:
     ids = [shipped_tokenizer().encode(p) for p in PROMPTS]
     assert 151669 in ids[1] and max(ids[2]) > 150_000  # a dialogue marker, and non-ASCII far into the vocabulary
@@ -57,8 +63,8 @@ def _errors(encoder, expected_per_prompt) -> list[float]:
 
 
 @pytest.mark.parametrize("layer", [0, 1, 2])
-def test_official_folder_matches_transformers(tmp_path, vl, prompt_ids, layer):
-    root = official_folder(tmp_path / "FL2VA", vl, SHIPPED_FOLDER)
+def test_official_folder_matches_transformers(official, vl, prompt_ids, layer):
+    root = official
     encoder = load_text_encoder(root, hidden_size=HIDDEN, output_layer=layer)
     errors = _errors(encoder, [hidden_states(vl, ids)[layer] for ids in prompt_ids])
     assert max(errors) <= TOLERANCE, errors
@@ -68,8 +74,8 @@ def test_official_folder_matches_transformers(tmp_path, vl, prompt_ids, layer):
     print(f"official folder, hidden_states[{layer}]: max relative error {max(errors):.2e}")
 
 
-def test_official_folder_last_layer_is_not_normed_and_the_shards_folder_works_too(tmp_path, vl, prompt_ids):
-    root = official_folder(tmp_path / "FL2VA", vl, SHIPPED_FOLDER)
+def test_official_folder_last_layer_is_not_normed_and_the_shards_folder_works_too(official, vl, prompt_ids):
+    root = official
     encoder = load_text_encoder(root / "text_encoder", hidden_size=HIDDEN, output_layer=-1)  # the shards folder itself
     states = encoder.encode(PROMPTS[0])
     assert max_relative_error(states, last_layer_unnormed(vl, prompt_ids[0])) <= TOLERANCE
