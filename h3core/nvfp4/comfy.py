@@ -1,210 +1,208 @@
-"""Quantized tensors as ComfyUI / comfy-kitchen files store them, converted at load to h3's layout.
+"""The Comfy / comfy-kitchen on-disk layout of NVFP4 linears, converted to h3's (ModelOpt) layout at load.
 
-What a Comfy file holds per quantized module `<m>` (comfy-kitchen 0.2.40 `tensor/nvfp4.py`,
-`tensor/int8.py`, `backends/eager/quantization.py`, `float_utils.py`; ../shared/MINIMAX_H3.md §5):
+Per linear `<prefix>` a Comfy file holds (../shared/MINIMAX_H3.md §5.1, comfy-kitchen
+`tensor/nvfp4.py`, ComfyUI `quant_ops.py`):
 
-- `<m>.comfy_quant`: uint8 bytes of a JSON object, `{"format": "nvfp4"}` with an optional
-  `"full_precision_matrix_mult": true` (dequantize and run the GEMM in the compute dtype). Older
-  files carry the same objects in the header instead: `__metadata__["_quantization_metadata"]` =
-  `{"layers": {<m>: {...} or "<format>"}}`. `parse_marker` turns either into a `ComfyQuant`.
-- nvfp4: `weight` uint8 `[roundup(out, 16), roundup(in, 16) / 2]`, E2M1 codes **high nibble
-  first** (column 2j in `b >> 4`); `weight_scale` float8-e4m3 `[roundup(out, 128),
-  roundup(in / 16, 4)]`, the block scales in cuBLAS's `to_blocked` 128x4 swizzle, zero padded;
-  `weight_scale_2` float32 `[]`, the decode multiplier; optional `pre_quant_scale` `[in]` (AWQ:
-  multiplies the input), `input_scale` `[]`, `bias` `[out]`. The logical `out x in` is the
-  module's, not the file's: pad rows and columns are dropped.
-- int8_tensorwise: `weight` int8 `[rows, cols]` and `weight_scale` float32, one per row
-  (`[rows, 1]`) or one for the tensor (`[]`); `W = int8 * scale` in float32. With `"convrot": true`
-  the rows are Hadamard-rotated, which h3 does not undo: refused.
+| tensor | dtype | shape | h3's layout |
+|---|---|---|---|
+| `.weight` | U8 | `[R_p, C_p/2]`: codes, column `2i` in the HIGH nibble | low nibble first (`swap_nibbles`) |
+| `.weight_scale` | F8_E4M3 | `[roundup(R_p, 128), roundup(C_p/16, 4)]`: 128x4-tile swizzled, zero-padded | row-major `[R, C/16]` |
+| `.weight_scale_2` | F32 | `[]` | the same |
+| `.comfy_quant` | U8 | JSON bytes, e.g. `{"format": "nvfp4"}` | `ComfyQuant` |
 
-h3 keeps NVFP4 in the ModelOpt layout (`NVFP4Weight`: low nibble first, row-major scales), so
-`from_comfy` swaps the nibbles, unswizzles the scales and drops the padding, and `to_comfy` is
-its inverse (for writing Comfy-layout files, e.g. synthetic ones). Nothing here knows which model
-a tensor belongs to.
+`R_p, C_p` are the logical shape rounded up to 16; the logical shape comes from the model, never
+from the file. The swizzle is `h3core.nvfp4.swizzle`'s (cuBLAS' "1D block scaling factors"
+layout): each 128-row x 4-column tile of scales is 512 contiguous bytes, tiles row-tile major, so
+a reader can take the scales of a row range (whole row tiles) or a column range (whole column
+tiles of every row tile) without the rest of the tensor (`scale_row_tiles`, `scale_column_tiles`).
+
+Legacy files keep the markers in the safetensors metadata instead (`_quantization_metadata`:
+`{"layers": {prefix: {"format": ...}}}`); `markers_of` reads both.
+
+Also here, for a reader that takes whole linears from a `SafetensorsReader` (the text encoder):
+`read_nvfp4_linear` (headers checked, converted, `full_precision_matrix_mult` honoured), the writer
+`nvfp4_tensors` (synthetic Comfy files), and Comfy's `int8_tensorwise` tensors (`weight` int8,
+`weight_scale` float32 per row `[rows, 1]` or one for all: `W = int8 * scale` in float32, as
+comfy-kitchen's eager backend decodes; ConvRot-rotated ones are refused).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Mapping
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
 
-from h3core.errors import CheckpointError, NVFP4FormatError
+from h3core.errors import CheckpointError
 from h3core.files.safetensors import FLOAT_DTYPE_NAMES, SafetensorsReader
 from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import NVFP4Weight
+from h3core.nvfp4.io import check_values
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.swizzle import TILE_COLUMNS, TILE_ROWS, swizzle_block_scales, unswizzle_block_scales
+from h3core.span import Span
 
 MARKER = "comfy_quant"
-"""The suffix of a module's marker tensor: `<module>.comfy_quant`."""
+"""The per-linear marker tensor: `<prefix>.comfy_quant`."""
 
-METADATA_KEY = "_quantization_metadata"
-"""The header metadata key of older files: JSON `{"layers": {module: marker}}`."""
+LEGACY_METADATA = "_quantization_metadata"
 
 NVFP4 = "nvfp4"
 INT8_TENSORWISE = "int8_tensorwise"
-READABLE_FORMATS = (NVFP4, INT8_TENSORWISE)
-"""The `format`s h3 reads; any other is refused, by name."""
+KNOWN_FORMATS = ("nvfp4", "float8_e4m3fn", "float8_e5m2", "mxfp8", "int8_tensorwise", "convrot_w4a4")
+"""Formats ComfyUI's `QUANT_ALGOS` defines; h3 computes with `nvfp4` and names the others in its refusal."""
 
-PAD_MULTIPLE = 16
-"""comfy-kitchen pads an NVFP4 weight's rows and columns to multiples of 16 (`get_padded_shape`)."""
+TILE_BYTES = TILE_ROWS * TILE_COLUMNS
+"""One 128 x 4 tile of fp8 scales: 512 bytes."""
 
 
-class ComfyQuant(BaseModel):
-    """One module's `comfy_quant` marker."""
-
-    model_config = ConfigDict(frozen=True, extra="allow")
+@dataclass(frozen=True)
+class ComfyQuant:
+    """A `comfy_quant` marker: the format, and whether the matmul runs at full precision (dequantize, bf16 GEMM)."""
 
     format: str
-    """nvfp4, int8_tensorwise, float8_e4m3fn, mxfp8, ... (h3 reads `READABLE_FORMATS`)."""
-
     full_precision_matrix_mult: bool = False
-    """Dequantize the weight and multiply in the compute dtype, even where an fp4 GEMM exists."""
-
     convrot: bool = False
-    """int8_tensorwise only: the rows are Hadamard-rotated in groups of `convrot_groupsize`."""
-
-    convrot_groupsize: int = 256
+    """int8_tensorwise only: rows Hadamard-rotated in groups (ConvRot); h3 does not undo it."""
 
 
-def parse_marker(raw: torch.Tensor | bytes | str | Mapping[str, Any], where: str) -> ComfyQuant:
-    """The marker `raw` (the U8 tensor, its bytes, its text, or the parsed object) of module
-    `where`; a `CheckpointError` line names a malformed marker or a format h3 does not read."""
+def parse_marker(raw: bytes, where: str) -> ComfyQuant:
+    """A marker's JSON (`where` names the tensor in messages): a format string, an optional bool."""
     try:
-        value = _decoded(raw)
-        quant = ComfyQuant.model_validate(value)
-    except (UnicodeDecodeError, json.JSONDecodeError, ValidationError, TypeError) as err:
-        reason = err.errors()[0]["msg"] if isinstance(err, ValidationError) else type(err).__name__
-        raise CheckpointError(
-            f"{where}.{MARKER} is not a ComfyUI quantization marker ({reason}); the file is corrupt or not a Comfy export"
-        ) from None
-    if quant.format not in READABLE_FORMATS:
-        raise CheckpointError(
-            f"{where} is quantized as {quant.format!r} ({where}.{MARKER}), a format h3 does not read; "
-            f"h3 reads {' and '.join(READABLE_FORMATS)}: use the NVFP4 export of this model"
-        )
-    return quant
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise CheckpointError(f"{where} is not a JSON quantization marker ({raw[:40]!r}); the file is corrupt") from None
+    if not isinstance(data, dict) or not isinstance(data.get("format"), str):
+        raise CheckpointError(f"{where} has no quantization format ({str(data)[:80]}); the file is corrupt")
+    flags = {name: data.get(name, False) for name in ("full_precision_matrix_mult", "convrot")}
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise CheckpointError(f"{where}: {name} is {value!r}, not true/false; the file is corrupt")
+    return ComfyQuant(data["format"], **flags)
 
 
-def _decoded(raw: torch.Tensor | bytes | str | Mapping[str, Any]) -> Mapping[str, Any]:
-    if isinstance(raw, torch.Tensor):
-        raw = raw.detach().cpu().reshape(-1).to(torch.uint8).numpy().tobytes()
-    if isinstance(raw, bytes):
-        raw = raw.decode("utf-8")
-    if isinstance(raw, str):
-        raw = json.loads(raw)
-    if not isinstance(raw, Mapping):
-        raise TypeError("not a JSON object")
-    return raw
+def markers_of(marker_bytes: Mapping[str, bytes], metadata: Mapping[str, str], source: str) -> dict[str, ComfyQuant]:
+    """Every linear's marker: `<prefix>.comfy_quant` tensors (given as raw bytes by prefix) and the
+    legacy metadata table (a tensor marker wins)."""
+    markers: dict[str, ComfyQuant] = {}
+    legacy = metadata.get(LEGACY_METADATA)
+    if legacy is not None:
+        try:
+            layers = json.loads(legacy)["layers"]
+            assert isinstance(layers, dict)
+        except (ValueError, KeyError, TypeError, AssertionError):
+            raise CheckpointError(f"{source}: its {LEGACY_METADATA} metadata is not {{\"layers\": {{...}}}}; the file is corrupt") from None
+        for prefix, conf in layers.items():
+            markers[prefix] = parse_marker(json.dumps(conf).encode(), f"{source}: {LEGACY_METADATA}[{prefix!r}]")
+    for prefix, raw in marker_bytes.items():
+        markers[prefix] = parse_marker(raw, f"{source}: {prefix}.{MARKER}")
+    return markers
 
 
-def metadata_markers(metadata: Mapping[str, str]) -> dict[str, ComfyQuant]:
-    """Markers an older file keeps in its header (`__metadata__["_quantization_metadata"]`), by module."""
-    text = metadata.get(METADATA_KEY)
-    if text is None:
-        return {}
-    try:
-        layers = json.loads(text)["layers"]
-        items = dict(layers).items()
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-        raise CheckpointError(f"the header's {METADATA_KEY} is not {{\"layers\": {{...}}}}; the file is corrupt") from None
-    return {name: parse_marker({"format": conf} if isinstance(conf, str) else conf, name) for name, conf in items}
+def marker_tensor(marker: ComfyQuant) -> torch.Tensor:
+    """The U8 tensor a Comfy file stores a marker as."""
+    data = {"format": marker.format} | ({"full_precision_matrix_mult": True} if marker.full_precision_matrix_mult else {})
+    return torch.tensor(list(json.dumps(data).encode()), dtype=torch.uint8)
 
 
-def marker_tensor(quant: ComfyQuant) -> torch.Tensor:
-    """The U8 `comfy_quant` tensor of `quant`, as Comfy writes it (compact JSON)."""
-    fields = quant.model_dump(exclude_defaults=True)  # format first: it has no default
-    return torch.tensor(list(json.dumps(fields, separators=(",", ":")).encode()), dtype=torch.uint8)
-
-
-# --- nvfp4 ------------------------------------------------------------------------------------------
-
-
-def packed_shape(out_features: int, in_features: int) -> tuple[int, int]:
-    """Shape of the Comfy `weight` of an `out x in` NVFP4 linear (rows and columns padded to 16)."""
-    return _ceil_to(out_features, PAD_MULTIPLE), _ceil_to(in_features, PAD_MULTIPLE) // layout.ELEMENTS_PER_BYTE
-
-
-def scale_shape(out_features: int, in_features: int) -> tuple[int, int]:
-    """Shape of the Comfy `weight_scale`: the padded scale matrix padded again to 128x4 tiles."""
-    blocks = _ceil_to(in_features, PAD_MULTIPLE) // layout.BLOCK_ELEMENTS
-    return _ceil_to(out_features, TILE_ROWS), _ceil_to(blocks, TILE_COLUMNS)
+# --- codes ---------------------------------------------------------------------------------------------
 
 
 def swap_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    """Every byte's two codes exchanged: Comfy's high-first order <-> ModelOpt's low-first."""
-    return (packed << 4) | (packed >> 4)
+    """High-nibble-first bytes <-> low-nibble-first bytes (its own inverse)."""
+    return (packed >> 4) | (packed << 4)
 
 
-def from_comfy(
-    packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, out_features: int, in_features: int
-) -> NVFP4Weight:
-    """The `out x in` NVFP4 weight stored as Comfy's `weight`, `weight_scale`, `weight_scale_2`."""
-    if in_features % layout.BLOCK_ELEMENTS:
-        raise NVFP4FormatError(
-            f"an NVFP4 linear with {in_features} inputs pads its last block; h3 holds whole "
-            f"{layout.BLOCK_ELEMENTS}-element blocks only"
+def padded_shape(out_features: int, in_features: int) -> tuple[int, int]:
+    """`(R_p, C_p)`: the logical shape rounded up to multiples of 16."""
+    return _ceil_to(out_features, layout.BLOCK_ELEMENTS), _ceil_to(in_features, layout.BLOCK_ELEMENTS)
+
+
+def scale_shape(out_features: int, in_features: int) -> tuple[int, int]:
+    """Shape of a Comfy `weight_scale`: `[roundup(R_p, 128), roundup(C_p / 16, 4)]`."""
+    rows, cols = padded_shape(out_features, in_features)
+    return _ceil_to(rows, TILE_ROWS), _ceil_to(cols // layout.BLOCK_ELEMENTS, TILE_COLUMNS)
+
+
+def to_comfy(w: NVFP4Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(weight, weight_scale)` as a Comfy file stores them (codes high nibble first, padded rows;
+    scales swizzled and zero-padded to whole tiles)."""
+    rows, cols = padded_shape(w.out_features, w.in_features)
+    packed = w.packed.new_zeros(rows, cols // layout.ELEMENTS_PER_BYTE)
+    packed[: w.out_features, : w.packed.shape[1]] = swap_nibbles(w.packed)
+    scale = torch.zeros(rows, cols // layout.BLOCK_ELEMENTS, dtype=torch.uint8, device=w.scale.device)
+    scale[: w.out_features, : w.scale.shape[1]] = w.scale.view(torch.uint8)
+    swizzled = swizzle_block_scales(scale.view(torch.float8_e4m3fn))
+    return packed, swizzled.view(scale_shape(w.out_features, w.in_features))
+
+
+def from_comfy(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, out_features: int, in_features: int) -> NVFP4Weight:
+    """A whole Comfy linear as h3's `NVFP4Weight` of logical shape `out_features x in_features`."""
+    check_comfy_shapes(tuple(packed.shape), tuple(scale.shape), out_features, in_features, "weight")
+    rows_128, cols_4 = scale.shape
+    table = unswizzle_block_scales(scale.reshape(-1), rows_128, cols_4)  # [rows_128, cols_4]
+    return NVFP4Weight(
+        swap_nibbles(packed[:out_features, : layout.packed_bytes(in_features)]).contiguous(),
+        table[:out_features, : layout.scale_columns(in_features)].contiguous(),
+        global_scale,
+    )
+
+
+def check_comfy_shapes(packed: tuple[int, ...], scale: tuple[int, ...], out_features: int, in_features: int, where: str) -> None:
+    """The stored shapes a Comfy linear of logical shape `out x in` must have."""
+    rows, cols = padded_shape(out_features, in_features)
+    if packed != (rows, cols // layout.ELEMENTS_PER_BYTE) or scale != scale_shape(out_features, in_features):
+        raise CheckpointError(
+            f"{where}: a Comfy NVFP4 linear of {out_features} x {in_features} stores weight {[rows, cols // 2]} and weight_scale "
+            f"{list(scale_shape(out_features, in_features))}, the file has {list(packed)} and {list(scale)}; it does not match the model"
         )
-    if tuple(packed.shape) != packed_shape(out_features, in_features) or scale.numel() != _numel(scale_shape(out_features, in_features)):
-        raise NVFP4FormatError(
-            f"Comfy NVFP4 tensors {list(packed.shape)} and {list(scale.shape)} do not hold an "
-            f"{out_features} x {in_features} weight (expected {list(packed_shape(out_features, in_features))} "
-            f"and {list(scale_shape(out_features, in_features))})"
-        )
-    codes = swap_nibbles(packed[:out_features, : layout.packed_columns(in_features)])  # [out, in/2]
-    scales = unswizzle_block_scales(scale.reshape(-1), out_features, layout.scale_columns(in_features))  # [out, in/16]
-    return NVFP4Weight(codes.contiguous(), scales, global_scale.to(torch.float32).reshape(()))
 
 
-def to_comfy(weight: NVFP4Weight) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(weight, weight_scale)` as Comfy stores `weight`: hi-first codes with padded rows, swizzled scales."""
-    rows, cols = packed_shape(weight.out_features, weight.in_features)
-    packed = weight.packed.new_zeros(rows, cols)
-    packed[: weight.out_features] = swap_nibbles(weight.packed)
-    scale = swizzle_block_scales(weight.scale).view(scale_shape(weight.out_features, weight.in_features))
-    return packed, scale
+# --- scales of a row or column range, reading whole tiles only -----------------------------------------
 
 
-def nvfp4_tensors(prefix: str, linear: NVFP4Linear, quant: ComfyQuant) -> dict[str, torch.Tensor]:
-    """`{<prefix>.<name>: CPU tensor}` of `linear` in the Comfy layout, marker included."""
-    packed, scale = to_comfy(linear.nvfp4)
-    tensors = {"weight": packed, "weight_scale": scale, "weight_scale_2": linear.weight_scale_2, MARKER: marker_tensor(quant)}
-    for name in ("pre_quant_scale", "input_scale", "bias"):
-        if getattr(linear, name) is not None:
-            tensors[name] = getattr(linear, name)
-    return {f"{prefix}.{name}": t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+def scale_row_tiles(rows: Span, scale_columns_4: int) -> Span:
+    """The bytes of a swizzled scale tensor holding logical rows `rows`: whole 128-row tiles."""
+    first, last = rows.start // TILE_ROWS, -(-rows.stop // TILE_ROWS)
+    tile_row_bytes = TILE_ROWS * scale_columns_4
+    return Span(first * tile_row_bytes, last * tile_row_bytes)
 
 
-def read_nvfp4_linear(
-    reader: SafetensorsReader,
-    prefix: str,
-    out_features: int,
-    in_features: int,
-    quant: ComfyQuant,
-    device: torch.device | str = "cpu",
-) -> NVFP4Linear:
-    """The Comfy NVFP4 linear `prefix` (`out_features x in_features`, the module's shape), as an
-    `NVFP4Linear` on `device`. With `full_precision_matrix_mult` it never takes an fp4 GEMM
-    (weight-only: dequantize, multiply in the compute dtype; bf16 on CUDA)."""
-    check_nvfp4_headers(reader, prefix, out_features, in_features)
-    get = reader.get
-    weight = from_comfy(get(f"{prefix}.weight"), get(f"{prefix}.weight_scale"), get(f"{prefix}.weight_scale_2"), out_features, in_features)
-    _check_values(prefix, weight)
-    optional = {name: get(f"{prefix}.{name}") if f"{prefix}.{name}" in reader else None for name in ("bias", "pre_quant_scale", "input_scale")}
-    linear = NVFP4Linear(weight, **optional)
-    if quant.full_precision_matrix_mult:
-        linear.fp4_matmul, linear.emulate_fp4 = False, False
-    linear = linear.to(device)
-    linear.prepare()
-    return linear
+def rows_from_tiles(raw: torch.Tensor, rows: Span, scale_columns_4: int, scale_columns: int) -> torch.Tensor:
+    """Logical rows `rows` (first `scale_columns` columns) from the tiles `scale_row_tiles` read: fp8 `[len, scale_columns]`."""
+    first = rows.start // TILE_ROWS
+    tiles = raw.numel() // (TILE_ROWS * scale_columns_4)
+    table = unswizzle_block_scales(raw.view(torch.float8_e4m3fn), tiles * TILE_ROWS, scale_columns_4)
+    return table[rows.start - first * TILE_ROWS : rows.stop - first * TILE_ROWS, :scale_columns].contiguous()
+
+
+def scale_column_tiles(columns: Span, scale_rows_128: int, scale_columns_4: int) -> list[Span]:
+    """The bytes of a swizzled scale tensor holding scale columns `columns` of every row: per row tile,
+    one run of whole 4-column tiles."""
+    first, last = columns.start // TILE_COLUMNS, -(-columns.stop // TILE_COLUMNS)
+    tile_row_bytes = TILE_ROWS * scale_columns_4
+    return [
+        Span(tile * tile_row_bytes + first * TILE_BYTES, tile * tile_row_bytes + last * TILE_BYTES)
+        for tile in range(scale_rows_128 // TILE_ROWS)
+    ]
+
+
+def columns_from_tiles(raw: torch.Tensor, columns: Span, scale_rows_128: int, out_features: int) -> torch.Tensor:
+    """Scale columns `columns` of the first `out_features` rows from the runs `scale_column_tiles` read."""
+    first, last = columns.start // TILE_COLUMNS, -(-columns.stop // TILE_COLUMNS)
+    width = (last - first) * TILE_COLUMNS
+    table = unswizzle_block_scales(raw.view(torch.float8_e4m3fn), scale_rows_128, width)  # [rows_128, width]
+    return table[:out_features, columns.start - first * TILE_COLUMNS : columns.stop - first * TILE_COLUMNS].contiguous()
+
+
+# --- whole linears from a reader, and writing them ----------------------------------------------------
 
 
 def check_nvfp4_headers(reader: SafetensorsReader, prefix: str, out_features: int, in_features: int) -> None:
     """Every tensor of Comfy NVFP4 linear `prefix` has the dtype and shape `out x in` implies (headers only)."""
-    _expect(reader, f"{prefix}.weight", ("U8",), packed_shape(out_features, in_features))
+    rows, cols = padded_shape(out_features, in_features)
+    _expect(reader, f"{prefix}.weight", ("U8",), (rows, cols // layout.ELEMENTS_PER_BYTE))
     _expect(reader, f"{prefix}.weight_scale", ("F8_E4M3",), scale_shape(out_features, in_features))
     _expect(reader, f"{prefix}.weight_scale_2", ("F32",), ())
     for name, shape in (("bias", (out_features,)), ("pre_quant_scale", (in_features,))):
@@ -214,23 +212,44 @@ def check_nvfp4_headers(reader: SafetensorsReader, prefix: str, out_features: in
         _expect(reader, f"{prefix}.input_scale", ("F32",), ())
 
 
-def _check_values(prefix: str, weight: NVFP4Weight) -> None:
-    value = float(weight.global_scale)
-    if not 0 < value < float("inf"):
-        raise CheckpointError(f"{prefix}.weight_scale_2 is {value}; a global scale must be positive and finite (corrupt file?)")
-    if bool(((weight.scale.view(torch.uint8) & 0x7F) == 0x7F).any()):
-        raise CheckpointError(f"{prefix}.weight_scale holds NaN block scales; the file is corrupt: download it again")
+def read_nvfp4_linear(
+    reader: SafetensorsReader, prefix: str, out_features: int, in_features: int, marker: ComfyQuant,
+    device: torch.device | str = "cpu",
+) -> NVFP4Linear:
+    """The whole Comfy NVFP4 linear `prefix` (`out_features x in_features`: the module's shape) as an
+    `NVFP4Linear` on `device`. With `full_precision_matrix_mult` it never takes an fp4 GEMM, nor
+    the CPU's emulated one: it dequantizes and multiplies in the compute dtype (bf16 on CUDA)."""
+    check_nvfp4_headers(reader, prefix, out_features, in_features)
+    get = reader.get
+    weight = from_comfy(get(f"{prefix}.weight"), get(f"{prefix}.weight_scale"), get(f"{prefix}.weight_scale_2").float().reshape(()),
+                        out_features, in_features)
+    check_values(reader, prefix, weight.scale, weight.global_scale)
+    optional = {name: get(f"{prefix}.{name}") if f"{prefix}.{name}" in reader else None for name in ("bias", "pre_quant_scale", "input_scale")}
+    linear = NVFP4Linear(weight, **optional)
+    if marker.full_precision_matrix_mult:
+        linear.fp4_matmul, linear.emulate_fp4 = False, False
+    linear = linear.to(device)
+    linear.prepare()
+    return linear
+
+
+def nvfp4_tensors(prefix: str, linear: NVFP4Linear, marker: ComfyQuant) -> dict[str, torch.Tensor]:
+    """`{<prefix>.<name>: CPU tensor}` of `linear` in the Comfy layout, its marker included."""
+    packed, scale = to_comfy(linear.nvfp4)
+    tensors = {"weight": packed, "weight_scale": scale, "weight_scale_2": linear.weight_scale_2, MARKER: marker_tensor(marker)}
+    for name in ("pre_quant_scale", "input_scale", "bias"):
+        if getattr(linear, name) is not None:
+            tensors[name] = getattr(linear, name)
+    return {f"{prefix}.{name}": t.detach().to("cpu").contiguous() for name, t in tensors.items()}
 
 
 # --- int8_tensorwise ---------------------------------------------------------------------------------
 
 
-def check_int8_headers(reader: SafetensorsReader, prefix: str, rows: int, cols: int, quant: ComfyQuant) -> None:
-    """`prefix.weight` int8 `[rows, cols]` with a float32 `prefix.weight_scale` per row or per tensor."""
-    if quant.convrot:
-        raise CheckpointError(
-            f"{prefix} is int8_tensorwise with ConvRot (Hadamard-rotated rows), which h3 does not undo; use the NVFP4 export"
-        )
+def check_int8_headers(reader: SafetensorsReader, prefix: str, rows: int, cols: int, marker: ComfyQuant) -> None:
+    """`prefix.weight` int8 `[rows, cols]` with a float32 `prefix.weight_scale` per row or for all."""
+    if marker.convrot:
+        raise CheckpointError(f"{prefix} is int8_tensorwise with ConvRot (Hadamard-rotated rows), which h3 does not undo; use the NVFP4 export")
     _expect(reader, f"{prefix}.weight", ("I8",), (rows, cols))
     _expect(reader, f"{prefix}.weight_scale", ("F32",), None)
     if reader.shape(f"{prefix}.weight_scale") not in ((rows, 1), (rows,), (), (1,)):
@@ -239,7 +258,7 @@ def check_int8_headers(reader: SafetensorsReader, prefix: str, rows: int, cols: 
 
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """`q * scale` in float32 (comfy-kitchen's eager decode), then `dtype`.  q: [r, c]; scale: [r, 1], [r] or []."""
+    """`q * scale` in float32, then `dtype`.  q: [r, c]; scale: [r, 1], [r] or one value."""
     per_row = scale.float().reshape(-1, 1) if scale.numel() > 1 else scale.float().reshape(())
     return (q.float() * per_row).to(dtype)
 
@@ -250,9 +269,6 @@ def quantize_int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return torch.round(weight.float() / scale).clamp(-128, 127).to(torch.int8), scale
 
 
-# --- shared -----------------------------------------------------------------------------------------
-
-
 def _expect(reader: SafetensorsReader, name: str, dtypes: tuple[str, ...], shape: tuple[int, ...] | None) -> None:
     if name not in reader:
         raise CheckpointError(f"{reader.paths[0]} lacks tensor {name}, which a Comfy quantized module needs")
@@ -261,13 +277,6 @@ def _expect(reader: SafetensorsReader, name: str, dtypes: tuple[str, ...], shape
     if dtype not in dtypes or (shape is not None and actual != shape and not scalar_ok):
         wanted = "/".join(dtypes) + ("" if shape is None else f" {list(shape)}")
         raise CheckpointError(f"{name} in {reader.file_of(name)} is {dtype} {list(actual)}, expected {wanted} (Comfy layout)")
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for n in shape:
-        count *= n
-    return count
 
 
 def _ceil_to(n: int, multiple: int) -> int:

@@ -127,7 +127,7 @@ def identify(reader: SafetensorsReader, where: Path) -> tuple[str, str]:
     if f"{VL_PREFIX}{EMBEDDING}.weight" in names:
         return "qwen3-vl", VL_PREFIX
     if f"{PLAIN_PREFIX}{EMBEDDING}.weight" in names:
-        comfy_like = comfy.METADATA_KEY in reader.metadata or any(
+        comfy_like = comfy.LEGACY_METADATA in reader.metadata or any(
             n.startswith("visual.") or n.endswith(f".{comfy.MARKER}") for n in names
         )
         return ("comfy" if comfy_like else "qwen3"), PLAIN_PREFIX
@@ -159,16 +159,19 @@ class Markers:
 
     def __init__(self, reader: SafetensorsReader):
         self.reader = reader
-        self.from_metadata = comfy.metadata_markers(reader.metadata)
+        self.from_metadata = comfy.markers_of({}, reader.metadata, str(reader.paths[0]))
         self._parsed: dict[str, comfy.ComfyQuant | None] = {}
 
     def __call__(self, module: str) -> comfy.ComfyQuant | None:
         if module not in self._parsed:
-            name = f"{module}.{comfy.MARKER}"
-            self._parsed[module] = (
-                comfy.parse_marker(self.reader.get(name), module) if name in self.reader else self.from_metadata.get(module)
-            )
+            self._parsed[module] = self._read(module) if f"{module}.{comfy.MARKER}" in self.reader else self.from_metadata.get(module)
         return self._parsed[module]
+
+    def _read(self, module: str) -> comfy.ComfyQuant:
+        name = f"{module}.{comfy.MARKER}"
+        if self.reader.dtype_name(name) != "U8" or len(self.reader.shape(name)) != 1:
+            raise CheckpointError(f"{name} in {self.reader.file_of(name)} is {self.reader.dtype_name(name)} {list(self.reader.shape(name))}, a marker is U8 bytes")
+        return comfy.parse_marker(self.reader.get(name).numpy().tobytes(), name)
 
 
 def linear_kind(reader: SafetensorsReader, markers: Markers, linear: str) -> str:
@@ -176,10 +179,13 @@ def linear_kind(reader: SafetensorsReader, markers: Markers, linear: str) -> str
     quant = markers(linear)
     if quant is not None:
         if quant.format != comfy.NVFP4:
+            known = "" if quant.format in comfy.KNOWN_FORMATS else ", a format h3 does not know"
             raise CheckpointError(
-                f"{linear} is quantized as {quant.format!r}; h3 reads a text encoder's linears as nvfp4 or "
+                f"{linear} is quantized as {quant.format!r}{known}; h3 reads a text encoder's linears as nvfp4 or "
                 "unquantized (int8_tensorwise only for the token embedding): use the NVFP4 export"
             )
+        if reader.dtype_name(f"{linear}.weight") != "U8":
+            raise CheckpointError(f"{linear}.comfy_quant says nvfp4 but {linear}.weight is {reader.dtype_name(f'{linear}.weight')}; the file is corrupt")
         return "nvfp4-comfy"
     return "nvfp4-modelopt" if f"{linear}.weight_scale" in reader else "dense"
 

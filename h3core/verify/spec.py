@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from h3core import settings
 from h3core.errors import ConfigError
-from h3core.model.config import ModelConfig, preset as get_preset
+from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
 from h3core.model.sequence import Segment
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 from h3core.settings import UserRequest
 
 CHECK_NAMES = ("transport", "sdpa", "ragged", "projection", "tp", "nvfp4", "parity", "backends")
@@ -25,8 +26,8 @@ DEFAULT_COUNTS = (2, 4, 6, 8)
 DEFAULT_STEPS = 2
 VERIFY_SEED = settings.DEFAULT_SEED
 VERIFY_PROMPT = "a fox in the snow"
-"""5 tokens with H3's tokenizer (the synthetic encoder's too): the narrow preset's sequence is 5 text +
-120 video + 10 audio = 135 tokens, which none of 2, 4, 6, 8 divides."""
+"""17 bytes: with the synthetic byte-level text encoder the narrow preset's sequence is 17 text +
+120 video + 10 audio = 147 tokens, which none of 2, 4, 6, 8 divides."""
 
 
 def parse_checks(names: list[str]) -> list[str]:
@@ -91,13 +92,14 @@ class VerifySpec(BaseModel):
 
     @property
     def text_tokens(self) -> int:
+        """The prompt's tokens with the synthetic text encoder's tokenizer (the checks' encoder)."""
         from h3core.text import check_text_encoder
 
-        return len(check_text_encoder(None, hidden_size=self.config.text_dim).encode(self.prompt))  # the synthetic encoder's tokens
+        return len(check_text_encoder(None, hidden_size=self.config.text_dim).encode(self.prompt))
 
     @property
     def segments(self) -> list[Segment]:
-        """The packed `text | video | audio` sequence every check uses (the preset's default video)."""
+        """The packed `text | audio | video` sequence every check uses (the preset's default video)."""
         cfg = self.config
         return cfg.segments(cfg.width, cfg.height, cfg.frames, self.text_tokens)
 
@@ -114,6 +116,7 @@ class VerifySpec(BaseModel):
         return ParallelPlan.build(self.config, world_size, mode, self.segments)
 
     @property
-    def video_grid(self) -> tuple[int, int, int]:
+    def shape(self) -> VideoShape:
+        """The preset's default video (what every check's sequence holds)."""
         cfg = self.config
-        return cfg.video_grid(cfg.width, cfg.height, cfg.frames)
+        return cfg.video_shape(cfg.width, cfg.height, cfg.frames)

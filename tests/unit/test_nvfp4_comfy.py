@@ -1,6 +1,6 @@
 """Comfy-layout NVFP4 and int8 tensors against comfy-kitchen's own functions (its eager CPU backend):
 what comfy-kitchen writes, h3 reads to the same values bit for bit, and what h3 writes, comfy-kitchen
-reads back to h3's values; markers parse to typed objects, and a format h3 does not read is one line."""
+reads back to h3's values; markers parse to typed objects, a malformed one is one line."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def _ck_quantize(weight: torch.Tensor):
 def test_from_comfy_decodes_what_comfy_kitchen_wrote_bit_for_bit(out_features, in_features):
     weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(out_features))
     packed, scale, global_scale = _ck_quantize(weight)
-    assert tuple(packed.shape) == comfy.packed_shape(out_features, in_features)
+    rows, cols = comfy.padded_shape(out_features, in_features)
+    assert tuple(packed.shape) == (rows, cols // 2)
     assert tuple(scale.shape) == comfy.scale_shape(out_features, in_features)
     ours = comfy.from_comfy(packed, scale, global_scale, out_features, in_features)
     theirs = ck.dequantize_nvfp4(packed, global_scale, scale, torch.float32)[:out_features, :in_features]
@@ -62,38 +63,37 @@ def _padded_rows(scale: torch.Tensor) -> torch.Tensor:
 
 def test_from_comfy_refuses_a_partial_last_block_and_wrong_shapes():
     packed, scale, global_scale = _ck_quantize(torch.randn(16, 40))
-    with pytest.raises(NVFP4FormatError, match="40 inputs pads its last block"):
+    with pytest.raises(NVFP4FormatError, match="at element 40 would split a 16-element NVFP4 block"):
         comfy.from_comfy(packed, scale, global_scale, 16, 40)
     packed, scale, global_scale = _ck_quantize(torch.randn(16, 64))
-    with pytest.raises(NVFP4FormatError, match=r"do not hold an 16 x 128 weight"):
+    with pytest.raises(CheckpointError, match=r"of 16 x 128 stores weight \[16, 64\] .* the file has \[16, 32\]"):
         comfy.from_comfy(packed, scale, global_scale, 16, 128)
 
 
 def test_markers_parse_to_typed_objects_and_round_trip():
-    raw = torch.tensor(list(b'{"format": "nvfp4", "full_precision_matrix_mult": true}'), dtype=torch.uint8)
-    assert raw.numel() == 55  # the Qwen3-VL NVFP4-AWQ file's marker length (MINIMAX_H3.md 4.3)
-    quant = comfy.parse_marker(raw, "model.layers.0.mlp.up_proj")
+    raw = b'{"format": "nvfp4", "full_precision_matrix_mult": true}'
+    assert len(raw) == 55  # the Qwen3-VL NVFP4-AWQ file's marker length (MINIMAX_H3.md 4.3)
+    quant = comfy.parse_marker(raw, "model.layers.0.mlp.up_proj.comfy_quant")
     assert (quant.format, quant.full_precision_matrix_mult, quant.convrot) == ("nvfp4", True, False)
-    assert comfy.parse_marker(comfy.marker_tensor(quant), "x") == quant
-    int8 = comfy.parse_marker(b'{"format": "int8_tensorwise"}', "model.embed_tokens")
-    assert comfy.marker_tensor(int8).numel() == 28 and not int8.full_precision_matrix_mult
-    layers = comfy.metadata_markers({comfy.METADATA_KEY: '{"layers": {"a.b": "nvfp4", "c": {"format": "int8_tensorwise"}}}'})
-    assert layers["a.b"].format == "nvfp4" and layers["c"].format == "int8_tensorwise"
+    assert comfy.marker_tensor(quant).numpy().tobytes() == raw
+    int8 = comfy.parse_marker(b'{"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": 256}', "e")
+    assert int8.convrot and comfy.marker_tensor(comfy.ComfyQuant("int8_tensorwise")).numel() == 29  # the file's U8[29]
+    layers = comfy.markers_of({}, {comfy.LEGACY_METADATA: '{"layers": {"a.b": {"format": "nvfp4"}}}'}, "f")
+    assert layers["a.b"].format == "nvfp4"
 
 
 @pytest.mark.parametrize(
     "raw, match",
     [
-        (b'{"format": "svdquant_w4a4"}', "quantized as 'svdquant_w4a4' .* a format h3 does not read"),
-        (b'{"format": "float8_e4m3fn"}', "quantized as 'float8_e4m3fn'"),
-        (b"not json", "is not a ComfyUI quantization marker"),
-        (b'{"full_precision_matrix_mult": true}', "is not a ComfyUI quantization marker"),
-        (b"[1, 2]", "is not a ComfyUI quantization marker"),
+        (b"not json", "is not a JSON quantization marker"),
+        (b'{"full_precision_matrix_mult": true}', "has no quantization format"),
+        (b"[1, 2]", "has no quantization format"),
+        (b'{"format": "nvfp4", "convrot": "yes"}', "convrot is 'yes', not true/false"),
     ],
 )
 def test_bad_markers_are_one_line_naming_them(raw, match):
     with pytest.raises(CheckpointError, match=match) as caught:
-        comfy.parse_marker(raw, "model.layers.3.mlp.down_proj")
+        comfy.parse_marker(raw, "model.layers.3.mlp.down_proj.comfy_quant")
     assert "\n" not in str(caught.value) and "model.layers.3.mlp.down_proj" in str(caught.value)
 
 
@@ -127,7 +127,7 @@ def test_read_nvfp4_linear_applies_the_awq_pre_scale_and_honours_full_precision(
         "m.weight": packed, "m.weight_scale": scale, "m.weight_scale_2": global_scale,
         "m.pre_quant_scale": pre_scale, "m.comfy_quant": comfy.marker_tensor(marker),
     })
-    linear = comfy.read_nvfp4_linear(reader, "m", 20, 48, comfy.parse_marker(reader.get("m.comfy_quant"), "m"))
+    linear = comfy.read_nvfp4_linear(reader, "m", 20, 48, comfy.parse_marker(reader.get("m.comfy_quant").numpy().tobytes(), "m"))
     assert linear.path == ("cpu-dequant" if full_precision else "cpu-fp4-emulated")
     x = torch.randn(5, 48)
     dense = ck.dequantize_nvfp4(packed, global_scale, scale, torch.float32)[:20, :48]
