@@ -12,4 +12,6 @@ reason. The torch parts are submodules:
 - `linear`  `NVFP4Linear`, buffers named as ModelOpt names them
 - `shard`   layout-preserving row / column shards (ranges from `h3core.parallel.partition`)
 - `io`      safetensors with ModelOpt names, lazy row / column slices from disk
+- `comfy`   ComfyUI / comfy-kitchen files: hi-first codes and swizzled scales converted at load,
+            `comfy_quant` markers, int8_tensorwise rows
 """

@@ -18,6 +18,12 @@ tiles of every row tile) without the rest of the tensor (`scale_row_tiles`, `sca
 
 Legacy files keep the markers in the safetensors metadata instead (`_quantization_metadata`:
 `{"layers": {prefix: {"format": ...}}}`); `markers_of` reads both.
+
+Also here, for a reader that takes whole linears from a `SafetensorsReader` (the text encoder):
+`read_nvfp4_linear` (headers checked, converted, `full_precision_matrix_mult` honoured), the writer
+`nvfp4_tensors` (synthetic Comfy files), and Comfy's `int8_tensorwise` tensors (`weight` int8,
+`weight_scale` float32 per row `[rows, 1]` or one for all: `W = int8 * scale` in float32, as
+comfy-kitchen's eager backend decodes; ConvRot-rotated ones are refused).
 """
 
 from __future__ import annotations
@@ -29,8 +35,11 @@ from typing import Mapping
 import torch
 
 from h3core.errors import CheckpointError
+from h3core.files.safetensors import FLOAT_DTYPE_NAMES, SafetensorsReader
 from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import NVFP4Weight
+from h3core.nvfp4.io import check_values
+from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.swizzle import TILE_COLUMNS, TILE_ROWS, swizzle_block_scales, unswizzle_block_scales
 from h3core.span import Span
 
@@ -40,6 +49,7 @@ MARKER = "comfy_quant"
 LEGACY_METADATA = "_quantization_metadata"
 
 NVFP4 = "nvfp4"
+INT8_TENSORWISE = "int8_tensorwise"
 KNOWN_FORMATS = ("nvfp4", "float8_e4m3fn", "float8_e5m2", "mxfp8", "int8_tensorwise", "convrot_w4a4")
 """Formats ComfyUI's `QUANT_ALGOS` defines; h3 computes with `nvfp4` and names the others in its refusal."""
 
@@ -53,6 +63,8 @@ class ComfyQuant:
 
     format: str
     full_precision_matrix_mult: bool = False
+    convrot: bool = False
+    """int8_tensorwise only: rows Hadamard-rotated in groups (ConvRot); h3 does not undo it."""
 
 
 def parse_marker(raw: bytes, where: str) -> ComfyQuant:
@@ -63,10 +75,11 @@ def parse_marker(raw: bytes, where: str) -> ComfyQuant:
         raise CheckpointError(f"{where} is not a JSON quantization marker ({raw[:40]!r}); the file is corrupt") from None
     if not isinstance(data, dict) or not isinstance(data.get("format"), str):
         raise CheckpointError(f"{where} has no quantization format ({str(data)[:80]}); the file is corrupt")
-    full = data.get("full_precision_matrix_mult", False)
-    if not isinstance(full, bool):
-        raise CheckpointError(f"{where}: full_precision_matrix_mult is {full!r}, not true/false; the file is corrupt")
-    return ComfyQuant(data["format"], full)
+    flags = {name: data.get(name, False) for name in ("full_precision_matrix_mult", "convrot")}
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise CheckpointError(f"{where}: {name} is {value!r}, not true/false; the file is corrupt")
+    return ComfyQuant(data["format"], **flags)
 
 
 def markers_of(marker_bytes: Mapping[str, bytes], metadata: Mapping[str, str], source: str) -> dict[str, ComfyQuant]:
@@ -181,6 +194,89 @@ def columns_from_tiles(raw: torch.Tensor, columns: Span, scale_rows_128: int, ou
     width = (last - first) * TILE_COLUMNS
     table = unswizzle_block_scales(raw.view(torch.float8_e4m3fn), scale_rows_128, width)  # [rows_128, width]
     return table[:out_features, columns.start - first * TILE_COLUMNS : columns.stop - first * TILE_COLUMNS].contiguous()
+
+
+# --- whole linears from a reader, and writing them ----------------------------------------------------
+
+
+def check_nvfp4_headers(reader: SafetensorsReader, prefix: str, out_features: int, in_features: int) -> None:
+    """Every tensor of Comfy NVFP4 linear `prefix` has the dtype and shape `out x in` implies (headers only)."""
+    rows, cols = padded_shape(out_features, in_features)
+    _expect(reader, f"{prefix}.weight", ("U8",), (rows, cols // layout.ELEMENTS_PER_BYTE))
+    _expect(reader, f"{prefix}.weight_scale", ("F8_E4M3",), scale_shape(out_features, in_features))
+    _expect(reader, f"{prefix}.weight_scale_2", ("F32",), ())
+    for name, shape in (("bias", (out_features,)), ("pre_quant_scale", (in_features,))):
+        if f"{prefix}.{name}" in reader:
+            _expect(reader, f"{prefix}.{name}", FLOAT_DTYPE_NAMES, shape)
+    if f"{prefix}.input_scale" in reader:
+        _expect(reader, f"{prefix}.input_scale", ("F32",), ())
+
+
+def read_nvfp4_linear(
+    reader: SafetensorsReader, prefix: str, out_features: int, in_features: int, marker: ComfyQuant,
+    device: torch.device | str = "cpu",
+) -> NVFP4Linear:
+    """The whole Comfy NVFP4 linear `prefix` (`out_features x in_features`: the module's shape) as an
+    `NVFP4Linear` on `device`. With `full_precision_matrix_mult` it never takes an fp4 GEMM, nor
+    the CPU's emulated one: it dequantizes and multiplies in the compute dtype (bf16 on CUDA)."""
+    check_nvfp4_headers(reader, prefix, out_features, in_features)
+    get = reader.get
+    weight = from_comfy(get(f"{prefix}.weight"), get(f"{prefix}.weight_scale"), get(f"{prefix}.weight_scale_2").float().reshape(()),
+                        out_features, in_features)
+    check_values(reader, prefix, weight.scale, weight.global_scale)
+    optional = {name: get(f"{prefix}.{name}") if f"{prefix}.{name}" in reader else None for name in ("bias", "pre_quant_scale", "input_scale")}
+    linear = NVFP4Linear(weight, **optional)
+    if marker.full_precision_matrix_mult:
+        linear.fp4_matmul, linear.emulate_fp4 = False, False
+    linear = linear.to(device)
+    linear.prepare()
+    return linear
+
+
+def nvfp4_tensors(prefix: str, linear: NVFP4Linear, marker: ComfyQuant) -> dict[str, torch.Tensor]:
+    """`{<prefix>.<name>: CPU tensor}` of `linear` in the Comfy layout, its marker included."""
+    packed, scale = to_comfy(linear.nvfp4)
+    tensors = {"weight": packed, "weight_scale": scale, "weight_scale_2": linear.weight_scale_2, MARKER: marker_tensor(marker)}
+    for name in ("pre_quant_scale", "input_scale", "bias"):
+        if getattr(linear, name) is not None:
+            tensors[name] = getattr(linear, name)
+    return {f"{prefix}.{name}": t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+
+
+# --- int8_tensorwise ---------------------------------------------------------------------------------
+
+
+def check_int8_headers(reader: SafetensorsReader, prefix: str, rows: int, cols: int, marker: ComfyQuant) -> None:
+    """`prefix.weight` int8 `[rows, cols]` with a float32 `prefix.weight_scale` per row or for all."""
+    if marker.convrot:
+        raise CheckpointError(f"{prefix} is int8_tensorwise with ConvRot (Hadamard-rotated rows), which h3 does not undo; use the NVFP4 export")
+    _expect(reader, f"{prefix}.weight", ("I8",), (rows, cols))
+    _expect(reader, f"{prefix}.weight_scale", ("F32",), None)
+    if reader.shape(f"{prefix}.weight_scale") not in ((rows, 1), (rows,), (), (1,)):
+        shape = list(reader.shape(f"{prefix}.weight_scale"))
+        raise CheckpointError(f"{prefix}.weight_scale has shape {shape}; int8_tensorwise needs one scale per row ([{rows}, 1]) or one in all")
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`q * scale` in float32, then `dtype`.  q: [r, c]; scale: [r, 1], [r] or one value."""
+    per_row = scale.float().reshape(-1, 1) if scale.numel() > 1 else scale.float().reshape(())
+    return (q.float() * per_row).to(dtype)
+
+
+def quantize_int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(int8 [r, c], float32 scale [r, 1])`: each row's amax maps to 127, round to nearest."""
+    scale = (weight.float().abs().amax(dim=-1, keepdim=True) / 127.0).clamp(min=1e-30)  # [r, 1]
+    return torch.round(weight.float() / scale).clamp(-128, 127).to(torch.int8), scale
+
+
+def _expect(reader: SafetensorsReader, name: str, dtypes: tuple[str, ...], shape: tuple[int, ...] | None) -> None:
+    if name not in reader:
+        raise CheckpointError(f"{reader.paths[0]} lacks tensor {name}, which a Comfy quantized module needs")
+    dtype, actual = reader.dtype_name(name), reader.shape(name)
+    scalar_ok = shape == () and actual == (1,)
+    if dtype not in dtypes or (shape is not None and actual != shape and not scalar_ok):
+        wanted = "/".join(dtypes) + ("" if shape is None else f" {list(shape)}")
+        raise CheckpointError(f"{name} in {reader.file_of(name)} is {dtype} {list(actual)}, expected {wanted} (Comfy layout)")
 
 
 def _ceil_to(n: int, multiple: int) -> int:

@@ -1,4 +1,4 @@
-"""The text encoder: a Qwen3 / Qwen3-VL decoder's text path on h3's NVFP4 linears (see encoder.py)."""
+"""The text encoder: Qwen3-VL's text path (H3's conditioner) on h3's NVFP4 linears (see encoder.py)."""
 
 from h3core.text.encoder import (
     TextEncoder,

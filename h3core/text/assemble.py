@@ -1,44 +1,39 @@
-"""Build a `Qwen3TextModel` from named tensors, whatever provides them (a `WeightSource`: a checkpoint
-reader or the synthetic generator): one assembly path, so the synthetic encoder is the same module as a real one."""
+"""Build a `Qwen3TextModel` from an opened checkpoint (`TextWeights`): the token embedding (rows read
+on demand) and the first `layers` decoder layers. The synthetic encoder is a file in the Comfy
+layout, so it goes through this same path."""
 
 from __future__ import annotations
 
 import torch
 
-from h3core.nvfp4.io import WeightSource
+from h3core.text.checkpoint import expected_linear_shapes
 from h3core.text.config import Qwen3TextConfig
 from h3core.text.model import Qwen3Attention, Qwen3Layer, Qwen3TextModel, RMSNorm, SwiGLU
+from h3core.text.weights import TextWeights
 
 
-def assemble(
-    source: WeightSource,
-    prefix: str,
-    config: Qwen3TextConfig,
-    *,
-    layers: int,
-    final_norm: bool,
-    dtype: torch.dtype,
-) -> Qwen3TextModel:
-    """The embedding, the first `layers` decoder layers and (when `final_norm`) the final norm."""
-    embed = source.tensor(f"{prefix}embed_tokens.weight")  # [V, D]
+def assemble(source: TextWeights, prefix: str, config: Qwen3TextConfig, *, layers: int, dtype: torch.dtype) -> Qwen3TextModel:
+    """The embedding and decoder layers `0 .. layers - 1`; nothing past them is read."""
     blocks = [_layer(source, f"{prefix}layers.{i}.", config) for i in range(layers)]
-    norm = RMSNorm(source.tensor(f"{prefix}norm.weight"), config.rms_norm_eps) if final_norm else None
-    return Qwen3TextModel(
-        embed, blocks, norm, head_dim=config.head_dim, rope_theta=config.rope_theta, dtype=dtype
-    )
+    return Qwen3TextModel(source.embedding(prefix), blocks, head_dim=config.head_dim, rope_theta=config.rope_theta, dtype=dtype)
 
 
-def _layer(source: WeightSource, layer: str, config: Qwen3TextConfig) -> Qwen3Layer:
+def _layer(source: TextWeights, layer: str, config: Qwen3TextConfig) -> Qwen3Layer:
+    shapes = expected_linear_shapes(config)
+
     def norm(name: str) -> RMSNorm:
         return RMSNorm(source.tensor(f"{layer}{name}.weight"), config.rms_norm_eps)
 
+    def linear(name: str) -> torch.nn.Module:
+        return source.linear(f"{layer}{name}", *shapes[name])
+
     attention = Qwen3Attention(
-        *(source.linear(f"{layer}self_attn.{name}") for name in ("q_proj", "k_proj", "v_proj", "o_proj")),
+        *(linear(f"self_attn.{name}") for name in ("q_proj", "k_proj", "v_proj", "o_proj")),
         norm("self_attn.q_norm"),
         norm("self_attn.k_norm"),
         num_heads=config.num_heads,
         num_kv_heads=config.num_kv_heads,
         head_dim=config.head_dim,
     )
-    mlp = SwiGLU(*(source.linear(f"{layer}mlp.{name}") for name in ("gate_proj", "up_proj", "down_proj")))
+    mlp = SwiGLU(*(linear(f"mlp.{name}") for name in ("gate_proj", "up_proj", "down_proj")))
     return Qwen3Layer(norm("input_layernorm"), attention, norm("post_attention_layernorm"), mlp)

@@ -32,6 +32,13 @@ QWEN3_VL_ROPE_THETA = 5_000_000.0
 QWEN3_RMS_NORM_EPS = 1e-6
 """RMSNorm epsilon of Qwen3 and Qwen3-VL; used when a checkpoint has no config.json."""
 
+H3_OUTPUT_LAYER = 50
+"""The hidden state MiniMax-H3 conditions on: Hugging Face's `hidden_states[50]`, the output of
+decoder layer 50 (index 49) of Qwen3-VL-32B's 64, before any norm (diffusers 0.42.1
+`MiniMaxH3ModularPipeline.text_encoder_layer`; ComfyUI's NVFP4 file keeps exactly layers 0..49).
+The default output layer of a checkpoint that holds the whole decoder (its final norm included);
+a truncated one (no final norm) outputs its last layer."""
+
 
 class Qwen3TextConfig(BaseModel):
     """The numbers that fix the shape and the arithmetic of a Qwen3 decoder's text path."""
@@ -72,6 +79,18 @@ _HF_FIELDS = {
 }
 
 _SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_vl", "qwen3_vl_text")
+
+
+def read_metadata_config(text: str, where: str) -> dict[str, Any]:
+    """The text-decoder fields a single file states in its header (`__metadata__["config"]`, a
+    Hugging Face text config as JSON: h3's synthetic encoder writes one)."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{where}: the header's config is not JSON ({exc}); the file is corrupt") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{where}: the header's config is not a JSON object; the file is corrupt")
+    return text_fields(raw, Path(where))
 
 
 def read_config_json(path: Path) -> dict[str, Any]:

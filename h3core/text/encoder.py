@@ -1,23 +1,22 @@
-"""`TextEncoder`: prompt -> hidden states of one layer of a Qwen3 / Qwen3-VL decoder's text path.
+"""`TextEncoder`: prompt -> the hidden states H3 conditions on, from a Qwen3-VL decoder's text path.
 
-    encoder = load_text_encoder(path_or_None, hidden_size=config.text_dim, device=device)
-    states = encoder.encode(prompt, max_tokens=config.max_text_tokens)   # [L, hidden], float32, CPU
-    negative = encoder.encode(negative_prompt, max_tokens=...)
-    release_text_encoder(encoder)     # before the denoiser's sampling loop
+    tokenizer = check_text_encoder(path_or_None, hidden_size=config.text_dim)   # headers only
+    encoder = load_text_encoder(path_or_None, hidden_size=config.text_dim, device=device, dtype=dtype)
+    states = encoder.encode(prompt)          # [L, hidden] float32 CPU, L = every token of the prompt
+    release_text_encoder(encoder)            # before the denoiser's peak
 
-Tokens: the prompt is tokenized as `tokenizer.json` says (Qwen's adds no special tokens) and
-the first `max_tokens` tokens are kept; the rest are dropped. A prompt with no tokens (the empty
-string) gives a `[0, hidden]` tensor. Causal attention makes a token's state depend only on the
-tokens before it, so truncation never changes the states of the tokens that are kept.
+Tokens: the prompt as is (no template, no special tokens added; H3's tokenizer, see
+`tokenizer.py`), never truncated. An empty prompt gives `[0, hidden]`.
 
-Output layer: counted as Hugging Face's `hidden_states` tuple: 0 is the token embedding, `k` the
-output of decoder layer `k`, and the last (`num_layers`, the default, or -1) the final-norm
-output, i.e. `last_hidden_state`. Layers past the output layer are neither read nor built.
+Output layer: an index into Hugging Face's `hidden_states`: 0 is the token embedding, `k` the
+output of decoder layer `k` (index `k - 1`), never normed; negative values count from the last
+layer present (-1). Default: the checkpoint's own -- a truncated file (no final norm, as ComfyUI's
+H3 file) its last layer; a whole decoder H3's `hidden_states[50]` (`config.H3_OUTPUT_LAYER`).
+Layers past the output layer are neither read nor built; the vision tower and `lm_head` never.
 
-Memory: the encoder never resets or reads CUDA peak-memory statistics; the pipeline brackets its
-phases (reset, load + encode, read the peak, `release_text_encoder`). After release no tensor of
-the encoder stays allocated (its states come back on the CPU) and the CUDA cache is emptied.
-`info.resident_bytes` is the weight memory the encoder holds while loaded.
+Memory: the weights of the layers run live on `device` while loaded (`info.resident_bytes`); the
+token embedding stays on disk and each prompt reads its rows (`weights.EmbeddingRows`). Release
+drops every weight, closes the files and empties the CUDA cache; states come back on the CPU.
 """
 
 from __future__ import annotations
@@ -25,98 +24,137 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from h3core.errors import CheckpointError, ConfigError
 from h3core.files.safetensors import SafetensorsReader
-from h3core.nvfp4.io import CheckpointWeights
 from h3core.runtime.device import resident_bytes
 from h3core.text.assemble import assemble
 from h3core.text.checkpoint import (
+    Markers,
+    TextCheckpoint,
     check_tensors,
-    checkpoint_files,
-    find_layout,
-    read_headers,
+    has_final_norm,
+    identify,
+    locate,
     resolve_config,
 )
-from h3core.text.config import Qwen3TextConfig
+from h3core.text.config import H3_OUTPUT_LAYER, Qwen3TextConfig
 from h3core.text.model import Qwen3TextModel
-from h3core.text.synthetic import SYNTHETIC_PREFIX, SyntheticWeights, synthetic_config
-from h3core.text.tokenizer import TOKENIZER_FILE, ByteTokenizer, FileTokenizer, PromptTokenizer
+from h3core.text.synthetic import synthetic_text_encoder
+from h3core.text.tokenizer import PromptTokenizer, TokenizerFiles, folder_tokenizer, shipped_tokenizer
+from h3core.text.weights import TextWeights
+
+Kind = Literal["synthetic", "comfy", "qwen3-vl", "qwen3"]
 
 
 class TextEncoderInfo(BaseModel):
-    """What was loaded, for the run report."""
+    """What was loaded and what it cost, for the run report."""
 
     model_config = ConfigDict(frozen=True)
 
-    kind: Literal["synthetic", "qwen3", "qwen3-vl"] = Field(description="Synthetic, or the key layout of the checkpoint.")
-    path: str | None = Field(description="The checkpoint path given (None for synthetic).")
-    bytes_on_disk: int = Field(description="Size of the checkpoint's safetensors files (0 for synthetic).")
-    bytes_read: int = Field(description="Tensor bytes read from them: the text path only, never the vision tower or lm_head.")
+    kind: Kind = Field(description="The layout found in the files: synthetic, comfy (single file), qwen3-vl (HF / official), qwen3.")
+    path: str = Field(description="The checkpoint path given (the synthetic encoder: its cached file).")
+    bytes_on_disk: int = Field(description="Size of the checkpoint's safetensors files.")
+    bytes_read: int = Field(description="Tensor bytes read from them so far: the layers run and the embedding rows of the prompts encoded.")
     resident_bytes: int = Field(description="Bytes of the weights held in memory while loaded.")
     layers: int = Field(description="Decoder layers run (those up to the output layer).")
-    checkpoint_layers: int = Field(description="Decoder layers the checkpoint (or synthetic config) has.")
+    checkpoint_layers: int = Field(description="Decoder layers the checkpoint holds.")
     hidden_size: int = Field(description="Width of the hidden states returned.")
-    output_layer: int = Field(description="Index into hidden_states (0 = embedding, last = final-norm output).")
-    tokenizer: str = Field(description="The tokenizer.json used, or 'byte-level'.")
+    output_layer: int = Field(description="Index into HF hidden_states (0 = embedding, k = output of decoder layer k), un-normed.")
+    tokenizer: str = Field(description="Where the tokenizer came from (a folder, or h3's shipped copy).")
     linears: Literal["nvfp4", "dense", "mixed"] = Field(description="Storage of the decoder's linears.")
-    config_source: str = Field(description="config.json path, 'inferred from tensor shapes', or 'synthetic'.")
+    linear_layouts: list[str] = Field(description="Their file layouts: nvfp4-comfy, nvfp4-modelopt, dense.")
+    config_source: str = Field(description="config.json path, the file's header, or 'inferred from tensor shapes'.")
     device: str = Field(description="Device the weights live on.")
     dtype: str = Field(description="Compute dtype of the decoder.")
 
 
-class TextEncoder:
-    """A loaded text encoder: `encode(prompt, max_tokens)` until `release()`."""
+@dataclass(frozen=True)
+class _Loaded:
+    """What `info` reports that does not change while the encoder is loaded."""
 
-    def __init__(self, model: Qwen3TextModel, tokenizer: PromptTokenizer, info: TextEncoderInfo, device: torch.device):
+    checkpoint: TextCheckpoint
+    kind: Kind
+    config: Qwen3TextConfig
+    config_source: str
+    layers: int
+    linear_layouts: list[str]
+    resident_bytes: int
+
+
+class TextEncoder:
+    """A loaded text encoder: `encode(prompt)` / `encode_ids(ids)` until `release()`."""
+
+    def __init__(self, model: Qwen3TextModel, reader: SafetensorsReader, tokenizer: PromptTokenizer, loaded: _Loaded, device: torch.device, dtype: torch.dtype):
         self._model: Qwen3TextModel | None = model
+        self._reader = reader
         self.tokenizer = tokenizer
-        self.info = info
-        self.device = device
+        self._loaded = loaded
+        self.device, self.dtype = device, dtype
 
     @property
     def hidden_size(self) -> int:
-        return self.info.hidden_size
+        return self._loaded.config.hidden_size
 
     @property
     def released(self) -> bool:
         return self._model is None
 
-    def token_ids(self, prompt: str, max_tokens: int) -> list[int]:
-        """The prompt's token ids, the first `max_tokens` kept."""
-        if max_tokens < 1:
-            raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}")
-        return self.tokenizer.encode(prompt)[:max_tokens]
+    @property
+    def info(self) -> TextEncoderInfo:
+        loaded = self._loaded
+        layouts = set(loaded.linear_layouts)
+        linears = "dense" if layouts <= {"dense"} else "nvfp4" if "dense" not in layouts else "mixed"
+        return TextEncoderInfo(
+            kind=loaded.kind, path=str(loaded.checkpoint.path), bytes_on_disk=loaded.checkpoint.bytes_on_disk,
+            bytes_read=self._reader.bytes_read, resident_bytes=loaded.resident_bytes, layers=loaded.layers,
+            checkpoint_layers=loaded.config.num_layers, hidden_size=loaded.config.hidden_size, output_layer=loaded.layers,
+            tokenizer=self.tokenizer.name, linears=linears, linear_layouts=loaded.linear_layouts,
+            config_source=loaded.config_source, device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
+        )
 
-    def encode(self, prompt: str, max_tokens: int) -> torch.Tensor:
-        """`[L, hidden_size]` float32 CPU hidden states of the prompt's first `L <= max_tokens` tokens."""
+    def token_ids(self, prompt: str, max_tokens: int | None = None) -> list[int]:
+        """The prompt's token ids, all of them; more than `max_tokens` (when given) is refused."""
+        ids = self.tokenizer.encode(prompt)
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise ConfigError(
+                f"the prompt is {len(ids)} tokens, more than the {max_tokens} this model takes; shorten it "
+                "(h3 never drops tokens: H3's reference encodes every one)"
+            )
+        return ids
+
+    def encode(self, prompt: str, max_tokens: int | None = None) -> torch.Tensor:
+        """`[L, hidden_size]` float32 CPU states of every token of `prompt` (`max_tokens`: see `token_ids`)."""
+        return self.encode_ids(self.token_ids(prompt, max_tokens))
+
+    def encode_ids(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """`[L, hidden_size]` float32 CPU output-layer states of the given token ids."""
         if self._model is None:
             raise RuntimeError("text encoder was released; load it again to encode")
-        ids = self.token_ids(prompt, max_tokens)
-        if not ids:
+        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)  # [L]
+        if ids.numel() == 0:
             return torch.zeros(0, self.hidden_size)
-        if max(ids) >= self._model.vocab_size:
-            raise CheckpointError(
-                f"tokenizer {self.tokenizer.name} produced token id {max(ids)} but the embedding has "
-                f"{self._model.vocab_size} rows: the tokenizer does not belong to these weights"
-            )
-        token_ids = torch.tensor(ids, dtype=torch.long, device=self.device)  # [L]
-        return self._model(token_ids).to(device="cpu", dtype=torch.float32)  # [L, D]
+        vocab = self._loaded.config.vocab_size
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            bad = int(ids.max()) if int(ids.max()) >= vocab else int(ids.min())
+            raise CheckpointError(f"token id {bad} is outside the embedding's {vocab} rows: the ids do not belong to these weights")
+        return self._model(ids).to(device="cpu", dtype=torch.float32)  # [L, D]
 
     def release(self) -> None:
-        """Drop the weights (and empty the CUDA cache); `encode` is no longer possible."""
+        """Drop the weights, close the files (and empty the CUDA cache); encoding is no longer possible."""
         self._model = None
+        self._reader.close()
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
 
 def release_text_encoder(encoder: TextEncoder) -> None:
-    """Free the encoder's weights so the denoiser's sampling loop does not carry them."""
+    """Free every weight of the encoder so the denoiser's sampling loop does not carry them."""
     encoder.release()
 
 
@@ -129,123 +167,105 @@ def load_text_encoder(
     dtype: torch.dtype = torch.float32,
     output_layer: int | None = None,
 ) -> TextEncoder:
-    """The checkpoint at `path` (file or folder), or the synthetic encoder when `path` is None.
+    """The text encoder at `path` (file or folder), or the synthetic one (`seed`) when `path` is None.
 
     `hidden_size` is the denoiser's text width: a checkpoint of another width is refused, the
-    synthetic encoder is built to it. `seed` only matters for the synthetic encoder.
+    synthetic encoder is built to it.
     """
-    device = torch.device(device)
     if path is None:
-        return _load_synthetic(hidden_size, seed, device, dtype, output_layer)
-    return _load_checkpoint(Path(path), hidden_size, device, dtype, output_layer)
-
-
-def resolve_output_layer(output_layer: int | None, num_layers: int) -> int:
-    """An index into `hidden_states` (`num_layers + 1` entries), negative counting from the end."""
-    if output_layer is None:
-        return num_layers
-    resolved = output_layer + num_layers + 1 if output_layer < 0 else output_layer
-    if not 0 <= resolved <= num_layers:
-        raise ConfigError(
-            f"text encoder output layer {output_layer} is outside -{num_layers + 1}..{num_layers} "
-            f"for a {num_layers}-layer decoder (0 = embedding, {num_layers} or -1 = last)"
-        )
-    return resolved
-
-
-def _load_synthetic(
-    hidden_size: int, seed: int, device: torch.device, dtype: torch.dtype, output_layer: int | None
-) -> TextEncoder:
-    config = synthetic_config(hidden_size)
-    layer = resolve_output_layer(output_layer, config.num_layers)
-    source = SyntheticWeights(config, seed, device)
-    model = assemble(
-        source, SYNTHETIC_PREFIX, config, layers=layer, final_norm=layer == config.num_layers, dtype=dtype
-    )
-    info = TextEncoderInfo(
-        kind="synthetic", path=None, bytes_on_disk=0, bytes_read=0, resident_bytes=resident_bytes(model),
-        layers=layer, checkpoint_layers=config.num_layers, hidden_size=hidden_size, output_layer=layer,
-        tokenizer=ByteTokenizer.name, linears="nvfp4", config_source="synthetic", device=str(device),
-        dtype=str(dtype).removeprefix("torch."),
-    )
-    return TextEncoder(model, ByteTokenizer(), info, device)
-
-
-@dataclass
-class _Inspected:
-    """A text-encoder checkpoint checked from its headers, config and tokenizer; no weight read yet."""
-
-    files: list[Path]
-    reader: SafetensorsReader
-    headers: dict
-    kind: str
-    prefix: str
-    config: Qwen3TextConfig
-    config_source: str
-    layer: int
-    final_norm: bool
-    tokenizer: FileTokenizer
-
-
-def _inspect(path: Path, hidden_size: int, output_layer: int | None) -> _Inspected:
-    files = checkpoint_files(path)
-    folder = path if path.is_dir() else path.parent
-    reader = SafetensorsReader(files)  # parses every header: a truncated shard fails here
+        path, _ = synthetic_text_encoder(hidden_size, seed)
+    found = _inspect(Path(path), hidden_size, output_layer)
+    device = torch.device(device)
+    source = TextWeights(found.reader, found.markers, device)
     try:
-        headers = read_headers(reader)
-        kind, prefix = find_layout(headers, path)
-        config, config_source = resolve_config(headers, prefix, kind, folder, path)
-        if config.hidden_size != hidden_size:
-            raise CheckpointError(
-                f"text encoder {path} has hidden size {config.hidden_size} but the denoiser takes text "
-                f"of width {hidden_size}: the encoder does not match the denoiser"
-            )
-        layer = resolve_output_layer(output_layer, config.num_layers)
-        final_norm = layer == config.num_layers
-        check_tensors(headers, prefix, config, layer, final_norm=final_norm)
-        tokenizer = FileTokenizer(folder / TOKENIZER_FILE)  # before any weight is read: fail fast
+        model = assemble(source, found.prefix, found.config, layers=found.layers, dtype=dtype)
     except BaseException:
-        reader.close()
+        found.reader.close()
         raise
-    return _Inspected(files, reader, headers, kind, prefix, config, config_source, layer, final_norm, tokenizer)
+    loaded = _Loaded(found.checkpoint, found.kind, found.config, found.config_source, found.layers, sorted(source.kinds), resident_bytes(model))
+    return TextEncoder(model, found.reader, found.tokenizer, loaded, device, dtype)
 
 
 def check_text_encoder(path: str | Path | None, *, hidden_size: int, output_layer: int | None = None) -> PromptTokenizer:
-    """Everything `load_text_encoder` checks before reading weights (files, config, shapes, tokenizer);
-    returns the encoder's tokenizer (the byte-level one of the synthetic encoder when `path` is None).
+    """Everything `load_text_encoder` checks before reading weights (files, layout, config, shapes,
+    markers, tokenizer); returns the encoder's tokenizer, whose `encode` gives the ids `encode` uses.
 
     Cheap: headers only. The launcher calls it before spawning ranks, so a bad path is one line
-    from the launching process rather than a rank failure, and the prompt's real token count is
-    known before the partition is checked.
+    from the launching process and the prompt's token count is known before the partition is checked.
     """
     if path is None:
-        return ByteTokenizer()
+        from h3core.text.synthetic import synthetic_config
+
+        synthetic_config(hidden_size)  # the width check; the synthetic vocabulary covers the tokenizer
+        return shipped_tokenizer()
     found = _inspect(Path(path), hidden_size, output_layer)
     found.reader.close()
     return found.tokenizer
 
 
-def _load_checkpoint(
-    path: Path, hidden_size: int, device: torch.device, dtype: torch.dtype, output_layer: int | None
-) -> TextEncoder:
-    found = _inspect(path, hidden_size, output_layer)
-    reader, config, layer = found.reader, found.config, found.layer
-    source = CheckpointWeights(reader, device)
+def resolve_output_layer(output_layer: int | None, num_layers: int, *, whole_decoder: bool, where: Path) -> int:
+    """The index into `hidden_states` to return (see the module docstring), checked against the layers present."""
+    if output_layer is None:
+        layer = H3_OUTPUT_LAYER if whole_decoder else num_layers
+    else:
+        layer = output_layer + num_layers + 1 if output_layer < 0 else output_layer
+    if layer < 0:
+        raise ConfigError(f"text encoder output layer {output_layer} is before the embedding of a {num_layers}-layer decoder")
+    if layer > num_layers:
+        asked = "asked for" if output_layer is not None else f"H3 conditions on (hidden_states[{H3_OUTPUT_LAYER}])"
+        raise CheckpointError(
+            f"text encoder {where} has {num_layers} decoder layers, fewer than the output layer {layer} {asked}; "
+            f"use a checkpoint that keeps at least layers 0..{layer - 1}"
+        )
+    return layer
+
+
+@dataclass
+class _Inspected:
+    """A text-encoder checkpoint checked from its headers, config, markers and tokenizer; no weight read."""
+
+    checkpoint: TextCheckpoint
+    reader: SafetensorsReader
+    markers: Markers
+    kind: Kind
+    prefix: str
+    config: Qwen3TextConfig
+    config_source: str
+    layers: int
+    tokenizer: PromptTokenizer
+
+
+def _inspect(path: Path, hidden_size: int, output_layer: int | None) -> _Inspected:
+    checkpoint = locate(path)
+    reader = SafetensorsReader(checkpoint.files)  # parses every header: a truncated shard fails here
     try:
-        model = assemble(source, found.prefix, config, layers=layer, final_norm=found.final_norm, dtype=dtype)
-    finally:
+        kind, prefix = identify(reader, path)
+        config, config_source = resolve_config(reader, prefix, kind, checkpoint)
+        if config.hidden_size != hidden_size:
+            raise CheckpointError(
+                f"text encoder {path} has hidden size {config.hidden_size} but the denoiser takes text "
+                f"of width {hidden_size}: the encoder does not match the denoiser"
+            )
+        layers = resolve_output_layer(output_layer, config.num_layers, whole_decoder=has_final_norm(reader, prefix), where=path)
+        markers = Markers(reader)
+        check_tensors(reader, markers, prefix, config, layers)
+        tokenizer = _tokenizer(checkpoint, kind, path)
+        if tokenizer.vocab_size > config.vocab_size:
+            raise CheckpointError(
+                f"tokenizer {tokenizer.name} has ids up to {tokenizer.vocab_size - 1} but the embedding of {path} "
+                f"has {config.vocab_size} rows: the tokenizer does not belong to these weights"
+            )
+    except BaseException:
         reader.close()
-    info = TextEncoderInfo(
-        kind=found.kind, path=str(path), bytes_on_disk=sum(f.stat().st_size for f in found.files),
-        bytes_read=reader.bytes_read, resident_bytes=resident_bytes(model), layers=layer,
-        checkpoint_layers=config.num_layers, hidden_size=config.hidden_size, output_layer=layer,
-        tokenizer=found.tokenizer.name, linears=_linear_kind(source.kinds), config_source=found.config_source,
-        device=str(device), dtype=str(dtype).removeprefix("torch."),
-    )
-    return TextEncoder(model, found.tokenizer, info, device)
+        raise
+    return _Inspected(checkpoint, reader, markers, kind, prefix, config, config_source, layers, tokenizer)  # type: ignore[arg-type]
 
 
-def _linear_kind(kinds: set[str]) -> Literal["nvfp4", "dense", "mixed"]:
-    if kinds == {"nvfp4"}:
-        return "nvfp4"
-    return "dense" if kinds <= {"dense"} else "mixed"
+def _tokenizer(checkpoint: TextCheckpoint, kind: Kind, where: Path) -> PromptTokenizer:
+    """A folder's own tokenizer (required for HF / official folders); h3's shipped one for a single
+    file and for Comfy-layout files, which never carry one, unless their folder does."""
+    folders = checkpoint.tokenizer_folders
+    own = any(TokenizerFiles.find(folder) is not None for folder in folders)
+    if folders and (own or kind not in ("comfy", "synthetic")):
+        return folder_tokenizer(folders, where)
+    return shipped_tokenizer()

@@ -1,10 +1,12 @@
 """The Qwen3 decoder's text path, sequence-first and batch-free like the rest of h3.
 
     h = embed_tokens[ids]
-    for each layer:  h += o_proj(attn(rope(q_norm(q_proj(n))), rope(k_norm(k_proj(n))), v_proj(n)))
-                     with n = input_layernorm(h), causal GQA attention
-                     h += down_proj(silu(gate_proj(m)) * up_proj(m)),  m = post_attention_layernorm(h)
-    h = norm(h)   (only when the last layer's output is asked for, as Hugging Face's last hidden state)
+    for each layer up to the output layer:
+        h += o_proj(attn(rope(q_norm(q_proj(n))), rope(k_norm(k_proj(n))), v_proj(n)))
+             with n = input_layernorm(h), causal GQA attention
+        h += down_proj(silu(gate_proj(m)) * up_proj(m)),  m = post_attention_layernorm(h)
+
+The final norm is never applied: H3 conditions on an intermediate layer's output, un-normed.
 
 The arithmetic follows Hugging Face's `Qwen3Model` operation for operation (RMSNorm in float32
 then cast back, RoPE tables in float32, `rotate_half` RoPE, softmax scale `head_dim ** -0.5`), so
@@ -115,34 +117,24 @@ class Qwen3Layer(nn.Module):
 
 
 class Qwen3TextModel(nn.Module):
-    """Token ids -> hidden states after `len(layers)` layers (and the final norm when given)."""
+    """Token ids -> the hidden states after `len(layers)` layers, un-normed (Hugging Face's
+    `hidden_states[len(layers)]`; 0 layers: the token embedding)."""
 
-    def __init__(
-        self,
-        embed_tokens: torch.Tensor,
-        layers: list[Qwen3Layer],
-        final_norm: RMSNorm | None,
-        *,
-        head_dim: int,
-        rope_theta: float,
-        dtype: torch.dtype,
-    ):
+    def __init__(self, embedding: nn.Module, layers: list[Qwen3Layer], *, head_dim: int, rope_theta: float, dtype: torch.dtype):
         super().__init__()
-        self.register_buffer("embed_tokens", embed_tokens)  # [V, D], stored dtype
+        self.embedding = embedding  # token ids [L] -> float32 rows [L, D]
         self.layers = nn.ModuleList(layers)
-        self.final_norm = final_norm
         self.head_dim, self.rope_theta, self.dtype = head_dim, rope_theta, dtype
-
-    @property
-    def vocab_size(self) -> int:
-        return self.embed_tokens.shape[0]
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:  # token_ids: [L] -> [L, D]
-        h = self.embed_tokens[token_ids].to(self.dtype)  # [L, D]
-        cos, sin = rope_tables(
-            token_ids.shape[0], self.head_dim, self.rope_theta, dtype=self.dtype, device=h.device
-        )
+        return self.forward_embeddings(self.embedding(token_ids).to(self.dtype))
+
+    @torch.inference_mode()
+    def forward_embeddings(self, h: torch.Tensor) -> torch.Tensor:  # h: [L, D] -> [L, D]
+        """The layers on given input rows (where keyframes' vision features will be spliced in:
+        they also need Qwen3-VL's 3-D positions, which text-only input does not)."""
+        cos, sin = rope_tables(h.shape[0], self.head_dim, self.rope_theta, dtype=self.dtype, device=h.device)
         for layer in self.layers:
             h = layer(h, cos, sin)
-        return h if self.final_norm is None else self.final_norm(h)
+        return h

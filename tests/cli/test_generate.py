@@ -109,18 +109,14 @@ def test_a_failing_rank_stops_the_run_with_its_error_and_no_survivors(h3, tmp_pa
 
 
 def test_a_real_qwen3_text_encoder_is_used_and_named_in_the_report(h3, tmp_path, cache):
-    from qwen3_checkpoints import plain_names, qwen3_config_json, random_qwen3_state, train_tokenizer, write_checkpoint
+    from qwen3_checkpoints import comfy_names, qwen3_vl_model, write_file
 
-    folder = write_checkpoint(
-        tmp_path / "qwen3",
-        plain_names(random_qwen3_state(seed=1)),
-        config=qwen3_config_json(),
-        tokenizer=train_tokenizer(tmp_path / "tokenizer.json"),
-    )
-    result = runner.invoke(app, ["generate", "--steps", "2", "--json", "--output", str(tmp_path / "run")], env={"H3_CACHE_DIR": cache, "H3_TEXT_ENCODER_PATH": str(folder)})
+    # ComfyUI's layout of a tiny Qwen3-VL cut after 2 layers (H3's file is cut after 50): its output layer
+    path = write_file(tmp_path / "qwen3vl_comfy.safetensors", comfy_names(qwen3_vl_model(seed=1), 2))
+    result = runner.invoke(app, ["generate", "--steps", "2", "--json", "--output", str(tmp_path / "run")], env={"H3_CACHE_DIR": cache, "H3_TEXT_ENCODER_PATH": str(path)})
     assert result.exit_code == 0, result.output
     encoder = json.loads(result.stdout)["text_encoder"]
-    assert encoder["kind"] == "qwen3" and encoder["path"] == str(folder) and encoder["bytes_read"] > 0
+    assert (encoder["kind"], encoder["path"], encoder["layers"]) == ("comfy", str(path), 2) and encoder["bytes_read"] > 0
     code, _, err = h3("generate", "--steps", "2", "--text-encoder", str(tmp_path / "missing"), "--gpus", "2")
     assert code == 2 and "text encoder not found" in err and "rank" not in err
 

@@ -96,7 +96,9 @@ def test_wrong_branch_velocity_exceeds_the_bound_by_orders_of_magnitude(world8, 
     mutated = world8.run(_generate, _resolve(Mode.ULYSSES, 4, True), True)[0]
     parity = _parity(mutated.latents, one_rank, Mode.ULYSSES, mutated.nvfp4_paths, "1 rank")
     print(f"\nmutation (own velocity for the other branch's), ulysses x4: relative {parity.relative:.3g} vs bound {parity.tolerance:.3g}")
-    assert parity.relative > 1000 * parity.tolerance
+    # ~460x the bound with the synthetic encoder's H3 tokenizer (15 prompt and 5 negative-prompt tokens;
+    # it was over 1000x with 74 and 19 byte tokens: fewer text rows move the velocity less)
+    assert parity.relative > 100 * parity.tolerance
 
 
 def test_two_replica_groups_each_give_the_one_rank_latents(world8, one_rank):

@@ -33,7 +33,9 @@ def test_the_estimate_is_a_lower_bound_of_the_allocator_peak():
     from h3core.runtime.world import World
 
     run = resolve(GenerateRequest(preset="h3-2blocks", steps=2, device="cuda"))
-    text = min(len(run.request.prompt.encode()), run.config.max_text_tokens)
+    from h3core.text import check_text_encoder
+
+    text = len(check_text_encoder(None, hidden_size=run.config.text_dim).encode(run.request.prompt))  # the synthetic encoder's tokens
     plan = ParallelPlan.build(run.config, 1, Mode.ULYSSES, run.config.segments(run.shape.width, run.shape.height, run.shape.frames, text))
     elements = math.prod(run.shape.video_latent) + math.prod(run.shape.audio_latent)
     need = generate_need(run.config, plan, elements, 2, "cuda", torch.bfloat16, "sdpa", spawned=False)

@@ -73,40 +73,11 @@ def test_invalid_merged_config_is_one_line():
     assert "\n" not in str(caught.value)
 
 
-def _qwen3_vl_32b_nvfp4_headers():
-    """Headers (no data) of Qwen3-VL-32B's text path as ModelOpt NVFP4-AWQ, Qwen3-VL names."""
-    from h3core.text.checkpoint import TensorHeader, expected_linear_shapes, expected_vector_shapes
-    from h3core.text.config import Qwen3TextConfig
+def test_a_single_files_header_config_round_trips():
+    from h3core.text.checkpoint import config_metadata
+    from h3core.text.config import Qwen3TextConfig, read_metadata_config
 
     config = Qwen3TextConfig(**EXPECTED_32B)
-    prefix, file = "model.language_model.", Path("qwen3vl_32b.safetensors")
-    headers = {
-        f"{prefix}embed_tokens.weight": TensorHeader((151936, 5120), "BF16", file),
-        f"{prefix}norm.weight": TensorHeader((5120,), "BF16", file),
-        "model.visual.patch_embed.proj.weight": TensorHeader((1152, 3, 2, 16, 16), "BF16", file),
-        "lm_head.weight": TensorHeader((151936, 5120), "BF16", file),
-    }
-    for layer in range(64):
-        at = f"{prefix}layers.{layer}."
-        for name, shape in expected_vector_shapes(config).items():
-            headers[at + name] = TensorHeader(shape, "BF16", file)
-        for name, (out, inp) in expected_linear_shapes(config).items():
-            headers |= {
-                f"{at}{name}.weight": TensorHeader((out, inp // 2), "U8", file),
-                f"{at}{name}.weight_scale": TensorHeader((out, inp // 16), "F8_E4M3", file),
-                f"{at}{name}.weight_scale_2": TensorHeader((), "F32", file),
-                f"{at}{name}.input_scale": TensorHeader((), "F32", file),
-                f"{at}{name}.pre_quant_scale": TensorHeader((inp,), "BF16", file),
-            }
-    return config, headers
-
-
-def test_qwen3_vl_32b_shapes_infer_and_check():
-    from h3core.text.checkpoint import check_tensors, find_layout, infer_fields
-
-    config, headers = _qwen3_vl_32b_nvfp4_headers()
-    kind, prefix = find_layout(headers, WHERE)
-    assert (kind, prefix) == ("qwen3-vl", "model.language_model.")
-    inferred = infer_fields(headers, prefix, WHERE)
-    assert inferred == {k: v for k, v in EXPECTED_32B.items() if k not in ("rope_theta", "rms_norm_eps")}
-    check_tensors(headers, prefix, config, 64, final_norm=True)
+    assert Qwen3TextConfig(**read_metadata_config(config_metadata(config.model_dump()), "f.safetensors")) == config
+    with pytest.raises(CheckpointError, match="header's config is not JSON"):
+        read_metadata_config("{", "f.safetensors")

@@ -1,4 +1,5 @@
-"""Every broken text-encoder checkpoint a user can hand h3 ends in one clear CheckpointError line."""
+"""Every broken text encoder a user can hand h3 ends in one clear line (a `CheckpointError` /
+`ConfigError`), raised by `check_text_encoder` (headers only) as well as by `load_text_encoder`."""
 
 from __future__ import annotations
 
@@ -9,16 +10,20 @@ import torch
 from qwen3_checkpoints import (
     HIDDEN,
     LAYERS,
+    comfy_names,
+    plain_folder,
     plain_names,
     qwen3_config_json,
+    qwen3_vl_model,
     random_qwen3_state,
     train_tokenizer,
-    vl_names,
-    write_checkpoint,
+    write_file,
+    write_shards,
 )
 
 from h3core.errors import CheckpointError, ConfigError
-from h3core.text import load_text_encoder
+from h3core.nvfp4 import comfy
+from h3core.text import check_text_encoder, load_text_encoder
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +36,41 @@ def tokenizer_file(tmp_path_factory):
     return train_tokenizer(tmp_path_factory.mktemp("tokenizer") / "tokenizer.json")
 
 
+@pytest.fixture(scope="module")
+def comfy_tensors() -> dict[str, torch.Tensor]:
+    """ComfyUI's single-file layout of a tiny Qwen3-VL cut after 2 layers (H3's vocabulary)."""
+    return comfy_names(qwen3_vl_model(seed=5), 2)
+
+
 def _fails(path, match: str, error: type[Exception] = CheckpointError, **kwargs) -> str:
+    hidden = kwargs.pop("hidden_size", HIDDEN)
     with pytest.raises(error, match=match) as caught:
-        load_text_encoder(path, hidden_size=kwargs.pop("hidden_size", HIDDEN), **kwargs)
+        load_text_encoder(path, hidden_size=hidden, **kwargs)
+    with pytest.raises(error, match=match):
+        check_text_encoder(path, hidden_size=hidden, **kwargs)
     message = str(caught.value)
     assert "\n" not in message and "Traceback" not in message
     return message
+
+
+def _folder(tmp_path, state, tokenizer_file, config=True, **edits):
+    tensors = plain_names(state)
+    for name, value in edits.items():
+        name = name.replace("__", ".")
+        if value is None:
+            del tensors[name]
+        else:
+            tensors[name] = value
+    folder = tmp_path / "qwen3"
+    write_shards(folder, tensors)
+    if config:
+        (folder / "config.json").write_text(json.dumps(qwen3_config_json() if config is True else config))
+    if tokenizer_file is not None:
+        (folder / "tokenizer.json").write_bytes(tokenizer_file.read_bytes())
+    return folder
+
+
+# --- files ------------------------------------------------------------------------------------------
 
 
 def test_missing_file(tmp_path):
@@ -44,134 +78,184 @@ def test_missing_file(tmp_path):
     assert str(missing) in _fails(missing, "text encoder not found")
 
 
+def test_not_a_safetensors_file(tmp_path):
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"x")
+    _fails(path, "is not a .safetensors file")
+
+
 def test_folder_without_safetensors(tmp_path):
     _fails(tmp_path, "holds no .safetensors file")
 
 
-def test_missing_tokenizer_names_the_file(tmp_path, state):
-    folder = write_checkpoint(tmp_path, plain_names(state), config=qwen3_config_json(), tokenizer=None)
-    assert str(folder / "tokenizer.json") in _fails(folder, "tokenizer not found")
-
-
-def test_wrong_shape_in_a_later_layer(tmp_path, state, tokenizer_file):
-    tensors = plain_names(state)
-    tensors["model.layers.2.mlp.up_proj.weight"] = torch.randn(80, HIDDEN)
-    folder = write_checkpoint(tmp_path, tensors, config=None, tokenizer=tokenizer_file)
-    _fails(folder, r"model\.layers\.2\.mlp\.up_proj\.weight in .* has shape \[80, 64\] .* needs \[96, 64\]")
-
-
-def test_wrong_norm_shape(tmp_path, state, tokenizer_file):
-    tensors = plain_names(state)
-    tensors["model.layers.1.self_attn.k_norm.weight"] = torch.ones(8)
-    folder = write_checkpoint(tmp_path, tensors, config=qwen3_config_json(), tokenizer=tokenizer_file)
-    _fails(folder, r"k_norm\.weight in .*\.safetensors has shape \[8\]")
-
-
-def test_missing_tensor(tmp_path, state, tokenizer_file):
-    tensors = plain_names(state)
-    del tensors["model.layers.1.self_attn.o_proj.weight"]
-    folder = write_checkpoint(tmp_path, tensors, config=qwen3_config_json(), tokenizer=tokenizer_file)
-    _fails(folder, r"lacks tensor model\.layers\.1\.self_attn\.o_proj\.weight")
-
-
-def test_missing_layer(tmp_path, state, tokenizer_file):
-    tensors = {k: v for k, v in plain_names(state).items() if not k.startswith("model.layers.1.")}
-    folder = write_checkpoint(tmp_path, tensors, config=None, tokenizer=tokenizer_file)
-    _fails(folder, "lacks decoder layer 1")
+def test_index_naming_a_missing_shard(tmp_path, state, tokenizer_file):
+    folder = _folder(tmp_path, state, tokenizer_file)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00002-of-00002.safetensors"}}))
+    _fails(folder, "names shard model-00002-of-00002.safetensors, which is not in")
 
 
 def test_truncated_shard(tmp_path, state, tokenizer_file):
-    folder = write_checkpoint(tmp_path, vl_names(state), config=qwen3_config_json(), tokenizer=tokenizer_file, shards=2)
-    shard = folder / "model-00002-of-00002.safetensors"
+    folder = _folder(tmp_path, state, tokenizer_file)
+    shard = folder / "model-00001-of-00001.safetensors"
     shard.write_bytes(shard.read_bytes()[:-100])
     assert str(shard) in _fails(folder, "truncated")
 
 
+def test_folder_without_a_tokenizer_names_where_it_looked(tmp_path, state):
+    folder = _folder(tmp_path, state, None)
+    message = _fails(folder, "has no tokenizer: looked for tokenizer.json or vocab.json", output_layer=1)
+    assert str(folder) in message and str(tmp_path / "tokenizer") in message
+
+
+def test_not_a_qwen3_checkpoint(tmp_path):
+    _fails(write_file(tmp_path / "dit.safetensors", {"blocks.0.weight": torch.ones(4)}), "is not a Qwen3-VL / Qwen3 text encoder")
+
+
+# --- layers and vocabulary --------------------------------------------------------------------------
+
+
+def test_whole_decoder_with_fewer_layers_than_h3s_output_layer(tmp_path, state, tokenizer_file):
+    message = _fails(_folder(tmp_path, state, tokenizer_file), r"has 3 decoder layers, fewer than the output layer 50 H3 conditions on")
+    assert "hidden_states[50]" in message
+
+
+def test_truncated_file_with_fewer_layers_than_asked(tmp_path, comfy_tensors):
+    path = write_file(tmp_path / "comfy.safetensors", comfy_tensors)
+    _fails(path, r"has 2 decoder layers, fewer than the output layer 3 asked for; use a checkpoint that keeps at least layers 0..2", output_layer=3)
+    assert load_text_encoder(path, hidden_size=HIDDEN, output_layer=-2).info.layers == 1
+
+
+def test_output_layer_before_the_embedding(tmp_path, comfy_tensors):
+    _fails(write_file(tmp_path / "comfy.safetensors", comfy_tensors), "before the embedding", error=ConfigError, output_layer=-4)
+
+
+def test_vocabulary_smaller_than_the_tokenizers_ids(tmp_path, comfy_tensors):
+    tensors = dict(comfy_tensors)
+    tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"][:151_000]
+    _fails(write_file(tmp_path / "comfy.safetensors", tensors), r"has ids up to 151675 but the embedding of .* has 151000 rows")
+
+
+def test_token_ids_outside_the_embedding(tmp_path, state, tokenizer_file):
+    encoder = load_text_encoder(_folder(tmp_path, state, tokenizer_file), hidden_size=HIDDEN, output_layer=1)
+    with pytest.raises(CheckpointError, match="token id 320 is outside the embedding's 320 rows"):
+        encoder.encode_ids([3, 320])
+
+
+def test_a_limit_refuses_rather_than_truncates(tmp_path, comfy_tensors):
+    encoder = load_text_encoder(write_file(tmp_path / "comfy.safetensors", comfy_tensors), hidden_size=HIDDEN)
+    assert encoder.encode("a fox", 2).shape == (2, HIDDEN)
+    with pytest.raises(ConfigError, match="the prompt is 2 tokens, more than the 1 this model takes; shorten it"):
+        encoder.encode("a fox", 1)
+
+
+# --- quantization markers ---------------------------------------------------------------------------
+
+
+def _marked(tensors: dict[str, torch.Tensor], module: str, fields: dict) -> dict[str, torch.Tensor]:
+    return dict(tensors) | {f"{module}.comfy_quant": torch.tensor(list(json.dumps(fields).encode()), dtype=torch.uint8)}
+
+
+def test_unknown_quantization_format_is_named(tmp_path, comfy_tensors):
+    tensors = _marked(comfy_tensors, "model.layers.1.mlp.up_proj", {"format": "svdquant_w4a4"})
+    message = _fails(write_file(tmp_path / "comfy.safetensors", tensors), r"model\.layers\.1\.mlp\.up_proj is quantized as 'svdquant_w4a4', a format h3 does not know")
+    assert "h3 reads a text encoder's linears as nvfp4 or unquantized" in message
+
+
+def test_int8_linears_and_nvfp4_embeddings_are_refused(tmp_path, comfy_tensors):
+    tensors = _marked(comfy_tensors, "model.layers.0.self_attn.q_proj", {"format": "int8_tensorwise"})
+    _fails(write_file(tmp_path / "a.safetensors", tensors), r"q_proj is quantized as 'int8_tensorwise'; h3 reads a text encoder's linears as nvfp4")
+    tensors = _marked(comfy_tensors, "model.embed_tokens", {"format": "nvfp4"})
+    _fails(write_file(tmp_path / "b.safetensors", tensors), r"embed_tokens is quantized as 'nvfp4'; h3 reads a token embedding as a float table or int8")
+
+
+def test_convrot_embedding_is_refused(tmp_path, comfy_tensors):
+    q, scale = comfy.quantize_int8_rows(comfy_tensors["model.embed_tokens.weight"])
+    tensors = _marked(comfy_tensors | {"model.embed_tokens.weight": q, "model.embed_tokens.weight_scale": scale},
+                      "model.embed_tokens", {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256})
+    _fails(write_file(tmp_path / "comfy.safetensors", tensors), "int8_tensorwise with ConvRot")
+
+
+def test_malformed_marker(tmp_path, comfy_tensors):
+    tensors = dict(comfy_tensors) | {"model.layers.0.mlp.down_proj.comfy_quant": torch.tensor(list(b"{oops"), dtype=torch.uint8)}
+    _fails(write_file(tmp_path / "comfy.safetensors", tensors), r"down_proj\.comfy_quant is not a JSON quantization marker")
+
+
+def test_comfy_nvfp4_scales_of_the_wrong_shape(tmp_path, comfy_tensors):
+    weight = comfy_tensors["model.layers.1.self_attn.o_proj.weight"]
+    from h3core.nvfp4.codec import quantize
+
+    packed, scale = comfy.to_comfy(quantize(weight))
+    tensors = _marked(dict(comfy_tensors), "model.layers.1.self_attn.o_proj", {"format": "nvfp4"})
+    tensors |= {"model.layers.1.self_attn.o_proj.weight": packed, "model.layers.1.self_attn.o_proj.weight_scale": scale[:, :2].contiguous(),
+                "model.layers.1.self_attn.o_proj.weight_scale_2": torch.tensor(1.0)}
+    _fails(write_file(tmp_path / "comfy.safetensors", tensors), r"o_proj\.weight_scale in .* is F8_E4M3 \[128, 2\], expected F8_E4M3 \[128, 4\]")
+
+
+# --- shapes and config ------------------------------------------------------------------------------
+
+
+def test_wrong_shape_in_a_later_layer(tmp_path, state, tokenizer_file):
+    folder = _folder(tmp_path, state, tokenizer_file, config=False, **{"model__layers__2__mlp__up_proj__weight": torch.randn(80, HIDDEN)})
+    _fails(folder, r"model\.layers\.2\.mlp\.up_proj\.weight in .* has shape \[80, 64\] .* needs \[96, 64\]", output_layer=3)
+
+
+def test_wrong_norm_shape(tmp_path, state, tokenizer_file):
+    folder = _folder(tmp_path, state, tokenizer_file, **{"model__layers__1__self_attn__k_norm__weight": torch.ones(8)})
+    _fails(folder, r"k_norm\.weight in .*\.safetensors has shape \[8\]", output_layer=2)
+
+
+def test_missing_tensor(tmp_path, state, tokenizer_file):
+    folder = _folder(tmp_path, state, tokenizer_file, **{"model__layers__1__self_attn__o_proj__weight": None})
+    _fails(folder, r"lacks tensor model\.layers\.1\.self_attn\.o_proj\.weight", output_layer=2)
+
+
+def test_missing_layer(tmp_path, state, tokenizer_file):
+    tensors = {k: v for k, v in plain_names(state).items() if not k.startswith("model.layers.1.")}
+    folder = tmp_path / "gap"
+    write_shards(folder, tensors)
+    (folder / "tokenizer.json").write_bytes(tokenizer_file.read_bytes())
+    _fails(folder, "lacks decoder layer 1")
+
+
 def test_config_json_disagrees_with_shapes(tmp_path, state, tokenizer_file):
-    config = qwen3_config_json() | {"num_hidden_layers": LAYERS + 1}
-    folder = write_checkpoint(tmp_path, plain_names(state), config=config, tokenizer=tokenizer_file)
+    folder = _folder(tmp_path, state, tokenizer_file, config=qwen3_config_json() | {"num_hidden_layers": LAYERS + 1})
     message = _fails(folder, r"says num_layers = 4 but the checkpoint's tensors have num_layers = 3")
     assert str(folder / "config.json") in message
 
 
 def test_qwen3_vl_config_json_disagrees_with_shapes(tmp_path, state, tokenizer_file):
-    text = qwen3_config_json() | {"intermediate_size": 128}
-    config = {"model_type": "qwen3_vl", "text_config": text, "vision_config": {"depth": 1}}
-    folder = write_checkpoint(tmp_path, vl_names(state), config=config, tokenizer=tokenizer_file)
-    _fails(folder, "says intermediate_size = 128 but the checkpoint's tensors have intermediate_size = 96")
+    config = {"model_type": "qwen3_vl", "text_config": qwen3_config_json() | {"intermediate_size": 128}, "vision_config": {"depth": 1}}
+    _fails(_folder(tmp_path, state, tokenizer_file, config=config), "says intermediate_size = 128 but the checkpoint's tensors have intermediate_size = 96")
 
 
-def test_hidden_size_must_match_the_denoiser(tmp_path, state, tokenizer_file):
-    folder = write_checkpoint(tmp_path, plain_names(state), config=qwen3_config_json(), tokenizer=tokenizer_file)
-    _fails(folder, "hidden size 64 but the denoiser takes text of width 5120", hidden_size=5120)
-
-
-def test_not_a_qwen3_checkpoint(tmp_path, tokenizer_file):
-    folder = write_checkpoint(tmp_path, {"blocks.0.weight": torch.ones(4)}, config=None, tokenizer=tokenizer_file)
-    _fails(folder, "not a Qwen3 / Qwen3-VL checkpoint")
+def test_hidden_size_must_match_the_denoiser(tmp_path, comfy_tensors):
+    _fails(write_file(tmp_path / "comfy.safetensors", comfy_tensors), "hidden size 64 but the denoiser takes text of width 5120", hidden_size=5120)
 
 
 def test_scaled_rope_is_refused(tmp_path, state, tokenizer_file):
     config = qwen3_config_json() | {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}
-    folder = write_checkpoint(tmp_path, plain_names(state), config=config, tokenizer=tokenizer_file)
-    _fails(folder, "RoPE type 'yarn' is not implemented")
+    _fails(_folder(tmp_path, state, tokenizer_file, config=config), "RoPE type 'yarn' is not implemented")
 
 
 def test_unreadable_config_json(tmp_path, state, tokenizer_file):
-    folder = write_checkpoint(tmp_path, plain_names(state), config=None, tokenizer=tokenizer_file)
+    folder = _folder(tmp_path, state, tokenizer_file, config=False)
     (folder / "config.json").write_text("{not json")
     _fails(folder, "cannot read .*config.json")
 
 
-def test_tokenizer_that_does_not_belong_to_the_weights(tmp_path, state, tokenizer_file):
-    tensors = plain_names(state)
-    tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"][:40]
-    config = qwen3_config_json() | {"vocab_size": 40}
-    folder = write_checkpoint(tmp_path, tensors, config=config, tokenizer=tokenizer_file)
-    encoder = load_text_encoder(folder, hidden_size=HIDDEN)
-    with pytest.raises(CheckpointError, match="does not belong to these weights"):
-        encoder.encode("zebra quartz jukebox", 64)
+def test_unreadable_tokenizer(tmp_path, state, tokenizer_file):
+    folder = _folder(tmp_path, state, tokenizer_file)
+    (folder / "tokenizer.json").write_text("{}")
+    _fails(folder, "cannot read the tokenizer in", output_layer=1)
 
 
-def test_output_layer_out_of_range(tmp_path, state, tokenizer_file):
-    folder = write_checkpoint(tmp_path, plain_names(state), config=qwen3_config_json(), tokenizer=tokenizer_file)
-    _fails(folder, r"output layer 4 is outside -4\.\.3", error=ConfigError, output_layer=4)
+def test_plain_folder_helper_is_a_valid_checkpoint(tmp_path, state, tokenizer_file):
+    folder = plain_folder(tmp_path / "ok", state, config=qwen3_config_json(), tokenizer=tokenizer_file)
+    assert check_text_encoder(folder, hidden_size=HIDDEN, output_layer=3).vocab_size <= 320
 
 
-def test_max_tokens_must_be_positive(tmp_path, state, tokenizer_file):
-    folder = write_checkpoint(tmp_path, plain_names(state), config=json.loads(json.dumps(qwen3_config_json())), tokenizer=tokenizer_file)
-    encoder = load_text_encoder(folder, hidden_size=HIDDEN)
-    with pytest.raises(ConfigError, match="max_tokens must be at least 1"):
-        encoder.encode("a fox", 0)
+def test_a_comfy_file_in_a_folder_without_a_tokenizer_takes_the_shipped_one(tmp_path, comfy_tensors):
+    from h3core.text.tokenizer import SHIPPED_NAME
 
-
-def _nvfp4_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    from h3core.nvfp4.io import linear_tensors
-    from h3core.nvfp4.linear import NVFP4Linear
-
-    tensors = plain_names(state)
-    for name in [k for k in tensors if k.endswith("_proj.weight")]:
-        prefix = name.removesuffix(".weight")
-        tensors |= linear_tensors(prefix, NVFP4Linear.from_float(tensors.pop(name)))
-    return tensors
-
-
-def test_nvfp4_packed_weight_of_the_wrong_width(tmp_path, state, tokenizer_file):
-    tensors = _nvfp4_tensors(state)
-    tensors["model.layers.1.mlp.down_proj.weight"] = tensors["model.layers.1.mlp.down_proj.weight"][:, :40]
-    folder = write_checkpoint(tmp_path, tensors, config=qwen3_config_json(), tokenizer=tokenizer_file)
-    _fails(folder, r"down_proj\.weight in .* has shape \[64, 40\] but the text encoder config needs \[64, 48\]")
-
-
-def test_nvfp4_block_scales_that_do_not_fit_the_weight(tmp_path, state, tokenizer_file):
-    tensors = _nvfp4_tensors(state)
-    tensors["model.layers.0.self_attn.q_proj.weight_scale"] = tensors["model.layers.0.self_attn.q_proj.weight_scale"][:, :2]
-    folder = write_checkpoint(tmp_path, tensors, config=qwen3_config_json(), tokenizer=tokenizer_file)
-    _fails(folder, r"q_proj\.weight_scale in .* expected F8_E4M3 \[64, 4\]")
-
-
-def test_final_norm_needed_only_for_the_last_layer(tmp_path, state, tokenizer_file):
-    tensors = {k: v for k, v in plain_names(state).items() if k != "model.norm.weight"}
-    folder = write_checkpoint(tmp_path, tensors, config=qwen3_config_json(), tokenizer=tokenizer_file)
-    _fails(folder, r"lacks tensor model\.norm\.weight")
-    assert load_text_encoder(folder, hidden_size=HIDDEN, output_layer=-2).info.layers == LAYERS - 1
+    write_file(tmp_path / "text_encoders" / "qwen3vl_comfy.safetensors", comfy_tensors)
+    assert check_text_encoder(tmp_path / "text_encoders", hidden_size=HIDDEN).name == SHIPPED_NAME
