@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("h3core.runtime",)),
     ("nvfp4", ("h3core.nvfp4",)),
     ("text", ("h3core.text",)),
+    ("decode", ("h3core.decode",)),
     ("model", ("h3core.model",)),
     ("parallel", ("h3core.parallel",)),
     ("commands", ("h3core.bench", "h3core.generate")),
