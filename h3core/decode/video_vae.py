@@ -241,8 +241,10 @@ def _check_downsamplers(names: Mapping[str, object], where: str) -> None:
 def check_structure(config: Mapping[str, object], where: str) -> None:
     """A diffusers config.json describes H3's geometry (the frame and pixel arithmetic depends on it)."""
     wrong = {k: config[k] for k, v in STRUCTURE.items() if k in config and _norm(config[k]) != _norm(v)}
-    if wrong or config.get("latent_channels", 24) != 24:
-        shown = ", ".join(f"{k}={v}" for k, v in {**wrong, "latent_channels": config.get("latent_channels", 24)}.items())
+    if config.get("latent_channels", 24) != 24:
+        wrong["latent_channels"] = config["latent_channels"]
+    if wrong:
+        shown = ", ".join(f"{k}={v}" for k, v in wrong.items())
         raise CheckpointError(f"{where}: {shown} is not H3's video VAE structure (24 latent channels, 16x space, 4x time, 17-frame clips)")
 
 
