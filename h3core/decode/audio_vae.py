@@ -1,12 +1,17 @@
 """H3's audio VAE (DAC encoder, BigVGAN decoder) in diffusers' `AutoencoderKLMiniMaxH3Audio`.
 
-diffusers keeps the original module names (its module docstring: "conversion is a passthrough"),
-including `torch.nn.utils.weight_norm`'s `weight_g` / `weight_v` pairs. The Comfy file
-(`minimax_h3_audio_vae_fp32.safetensors`, ComfyUI `comfy/ldm/minimax/audio_vae.py`) has the weight
-norm folded into plain `weight` tensors: w = g * v / ||v||, the norm over every dim but dim 0.
+Three spellings of the same module tree:
 
-h3 runs the folded form in both cases: a weight-norm file is loaded into diffusers' model as
-diffusers loads it and then folded with `torch.nn.utils.remove_weight_norm`, which computes
+- `weight-norm`: diffusers' (`torch.nn.utils.weight_norm`: `X.weight_g` / `X.weight_v`);
+- `parametrized`: MiniMax's own source (`FL2VA/audio_vae/dac_audio_vae.py`, `dac_bigvgan.py` use
+  `torch.nn.utils.parametrizations.weight_norm`: `X.parametrizations.weight.original0` = g,
+  `original1` = v). diffusers' docstring says its names are the original checkpoint's "including
+  weight_g / weight_v"; the MiniMax source says otherwise, so h3 reads both;
+- `folded`: the Comfy file (`minimax_h3_audio_vae_fp32.safetensors`, ComfyUI
+  `comfy/ldm/minimax/audio_vae.py`): plain `X.weight` = g * v / ||v||, the norm over every dim but 0.
+
+h3 runs the folded form in every case: g and v are loaded into diffusers' model as diffusers loads
+them and then folded with `torch.nn.utils.remove_weight_norm`, which computes
 `torch._weight_norm(v, g, 0)`, the very tensor diffusers' forward hook computes on every call; a
 folded file is loaded into the same model after folding. Either way the convolutions see the
 weights diffusers' own model would.
@@ -72,9 +77,17 @@ DECODER_ONLY_SKIPS = ("encoder.", "pre_block.", "mean_proj.", "logs_proj.")
 """What decoding never touches (diffusers' `decode` uses `dec_in_proj` and `decoder` only)."""
 
 
+PARAMETRIZED = re.compile(r"\.parametrizations\.weight\.original([01])$")
+
+
 def weight_of(shapes: Mapping[str, tuple[int, ...]], module: str) -> tuple[int, ...] | None:
-    """The shape of a convolution's weight, folded (`weight`) or not (`weight_v`)."""
-    return shapes.get(f"{module}.weight") or shapes.get(f"{module}.weight_v")
+    """The shape of a convolution's weight in any spelling (`weight`, `weight_v`, `parametrizations.weight.original1`)."""
+    return shapes.get(f"{module}.weight") or shapes.get(f"{module}.weight_v") or shapes.get(f"{module}.parametrizations.weight.original1")
+
+
+def weight_norm_names(tensors: Mapping[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
+    """`X.parametrizations.weight.original0/1` -> `X.weight_g` / `X.weight_v` (diffusers' spelling)."""
+    return {PARAMETRIZED.sub(lambda m: ".weight_g" if m.group(1) == "0" else ".weight_v", name): t for name, t in tensors.items()}
 
 
 def config_from_shapes(shapes: Mapping[str, tuple[int, ...]], where: str) -> dict[str, object]:

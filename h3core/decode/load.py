@@ -131,6 +131,8 @@ def _audio_model(files: VaeFiles, config: dict, device, decoder_only: bool, wher
     tensors = read_tensors(
         files, skip=lambda name: name.startswith(skips) or name in audio_vae.DROPPED or bool(audio_vae.BUFFERS.search(name)), device=device
     )
+    if files.key_layout == "parametrized":
+        tensors = audio_vae.weight_norm_names(tensors)
     folded = files.key_layout == "folded"
     if folded:
         audio_vae.fold_weight_norm(model)  # the file holds the folded weights: load into the folded model

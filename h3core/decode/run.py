@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from h3core.decode.geometry import FPS, SAMPLE_RATE, LatentGeometry, geometry_of
 from h3core.decode.memory import AudioDecoderSize, VideoDecoderSize, estimate_decode_memory
-from h3core.decode.report import DecodeFiles, DecodeReport, DecodeTimings
+from h3core.decode.report import DecodeFiles, DecodeReport, DecodeTimings, Mp4Probe
 from h3core.decode.sources import VaeChoice, choose_vaes
 from h3core.decode.vae_files import Role
 from h3core.errors import ConfigError
@@ -193,9 +193,7 @@ class Decoders:
         """Decode `latents` and stage video.mp4, preview.png (and decoded.safetensors) in `folder`
         (its subfolder `under`); the report's `failure()` is set if the mp4 breaks the contract."""
         from h3core.decode.mp4 import encode_mp4, probe_mp4
-        from h3core.reports.preview import decoded_preview_png
-        from h3core.reports.schema import TensorChecksum
-        from h3core.runtime.device import device_name, peak_memory_bytes, peak_memory_kind, reset_peak_memory
+        from h3core.runtime.device import peak_memory_bytes, reset_peak_memory
 
         started = time.perf_counter()
         reset_peak_memory(self.device)
@@ -205,15 +203,23 @@ class Decoders:
         seconds = dict(decoded.seconds)
         with _clock(self.device, seconds, "mux"):
             mp4 = encode_mp4(decoded.frames_uint8().numpy(), decoded.muxed_audio().numpy())
+        synthetic = synthetic_label or self.video.info.synthetic or self.audio.info.synthetic
         with _clock(self.device, seconds, "write"):
             probe = probe_mp4(mp4)
-            synthetic = synthetic_label or self.video.info.synthetic or self.audio.info.synthetic
-            place = (lambda name: str(Path(under) / name)) if under else (lambda name: name)
-            video_path = folder.write(place(VIDEO_FILE), mp4)
-            preview = decoded_preview_png(decoded.video, decoded.audio, f"{title} · {decoded.geometry.describe()}", SAMPLE_RATE, FPS, synthetic)
-            preview_path = folder.write(place(PREVIEW_FILE), preview)
-            decoded_path = folder.write(place(DECODED_FILE), _decoded_bytes(decoded)) if save_decoded else None
+            files = _stage(folder, under, mp4, decoded, f"{title} · {decoded.geometry.describe()}", synthetic, save_decoded)
+        seconds["total"] = time.perf_counter() - started + self.load_s
+        return self._report(latents, decoded, seconds, peak, probe, files, synthetic)
+
+    def _report(
+        self, latents: Mapping[str, "torch.Tensor"], decoded: Decoded, seconds: dict[str, float], peak: int, probe: Mp4Probe, files: DecodeFiles, synthetic: bool
+    ) -> DecodeReport:
+        from h3core.reports.schema import TensorChecksum
+        from h3core.runtime.device import device_name, peak_memory_kind
+
         g = decoded.geometry
+        estimate = estimate_decode_memory(
+            g.width, g.height, g.frames, video=VideoDecoderSize.of(self.video.info.config), audio=AudioDecoderSize.of(self.audio.info.config)
+        )
         return DecodeReport(
             geometry=g,
             latents={k: TensorChecksum.of(latents[k]) for k in ("video", "audio")},
@@ -221,15 +227,10 @@ class Decoders:
             video_vae=self.video.info, audio_vae=self.audio.info, weights="synthetic" if synthetic else "checkpoint",
             device=str(self.device), device_name=device_name(self.device.type),
             timings=DecodeTimings(
-                load_s=self.load_s, video_s=seconds["video"], audio_s=seconds["audio"], mux_s=seconds["mux"], write_s=seconds["write"],
-                total_s=time.perf_counter() - started + self.load_s,
+                load_s=self.load_s, video_s=seconds["video"], audio_s=seconds["audio"], mux_s=seconds["mux"], write_s=seconds["write"], total_s=seconds["total"]
             ),
-            peak_memory_bytes=peak, peak_memory_kind=peak_memory_kind(self.device.type),
-            memory_estimate=estimate_decode_memory(
-                g.width, g.height, g.frames, video=VideoDecoderSize.of(self.video.info.config), audio=AudioDecoderSize.of(self.audio.info.config)
-            ),
-            probe=probe, problems=probe.problems(g),
-            files=DecodeFiles(video=str(video_path), preview=str(preview_path), decoded=str(decoded_path) if decoded_path else None),
+            peak_memory_bytes=peak, peak_memory_kind=peak_memory_kind(self.device.type), memory_estimate=estimate,
+            probe=probe, problems=probe.problems(g), files=files,
         )
 
     def release(self) -> None:
@@ -249,6 +250,19 @@ def _device(device: "torch.device | str") -> "torch.device":
         return device
     kind = resolve_device(device)
     return torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+
+
+def _stage(folder: "OutputFolder", under: str, mp4: bytes, decoded: Decoded, title: str, synthetic: bool, save_decoded: bool) -> DecodeFiles:
+    """video.mp4, preview.png and (asked for) decoded.safetensors into `folder` (subfolder `under`)."""
+    from h3core.reports.preview import decoded_preview_png
+
+    def place(name: str) -> str:
+        return str(Path(under) / name) if under else name
+
+    video = folder.write(place(VIDEO_FILE), mp4)
+    preview = folder.write(place(PREVIEW_FILE), decoded_preview_png(decoded.video, decoded.audio, title, SAMPLE_RATE, FPS, synthetic))
+    saved = folder.write(place(DECODED_FILE), _decoded_bytes(decoded)) if save_decoded else None
+    return DecodeFiles(video=str(video), preview=str(preview), decoded=str(saved) if saved else None)
 
 
 def _decoded_bytes(decoded: Decoded) -> bytes:
@@ -277,6 +291,7 @@ def decode_to_folder(
     transformer's normalized latents), stage video.mp4 + preview.png (+ decoded.safetensors) in
     `folder`, release the VAEs, and return the report. `vaes`: from `choose_vaes` (None: the
     variables, else the synthetic VAEs). `synthetic_label`: the latents came from synthetic weights."""
+    check_latents(latents, "the latents")  # before any VAE loads
     decoders = Decoders.load(vaes, device, on_phase)
     try:
         return decoders.to_folder(latents, folder, synthetic_label=synthetic_label, save_decoded=save_decoded, under=under, title=title, on_phase=on_phase)

@@ -17,7 +17,8 @@ Key layouts (what the tensor names say):
 - video `original`: `decoder.x_embedder.*`, `decoder.transformer_blocks.K.attn.to_qkv.*`, ... (the
   MiniMax module tree, which ComfyUI keeps); video `diffusers`: `decoder.proj_in.*`, `attn.to_q.*`;
 - audio `folded`: plain `*.weight` for the weight-normed convolutions (the Comfy file); audio
-  `weight-norm`: `*.weight_g` / `*.weight_v` (the original and diffusers files).
+  `weight-norm`: `*.weight_g` / `*.weight_v` (diffusers); audio `parametrized`:
+  `*.parametrizations.weight.original0/1` (MiniMax's source, `torch.nn.utils.parametrizations`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ KEY_LAYOUTS: dict[tuple[Role, str], str] = {
     ("video", "diffusers"): "decoder.proj_in.weight",
     ("audio", "folded"): "decoder.conv_pre.weight",
     ("audio", "weight-norm"): "decoder.conv_pre.weight_g",
+    ("audio", "parametrized"): "decoder.conv_pre.parametrizations.weight.original0",
 }
 # What a file that is not a VAE may be instead (for the error line).
 LOOKALIKES = {

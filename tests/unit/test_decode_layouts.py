@@ -51,6 +51,15 @@ def written(models, tmp_path_factory):
         "latents_mean": CONFIGS["video"]["latents_mean"], "latents_std": CONFIGS["video"]["latents_std"],
     }))
     paths["video", "minimax"] = minimax
+    audio = root / "audio_vae"  # MiniMax's source spells weight norm with torch.nn.utils.parametrizations
+    audio.mkdir()
+    spelled = {k.replace(".weight_g", ".parametrizations.weight.original0").replace(".weight_v", ".parametrizations.weight.original1"): v for k, v in models["audio"].state_dict().items()}
+    write_safetensors(audio / "model.safetensors", spelled)
+    (audio / "config.json").write_text(json.dumps({
+        "_class_name": "MiniMaxH3AudioVAE", "source_safetensors_path": "model.safetensors",
+        "latents_mean": CONFIGS["audio"]["latents_mean"], "latents_std": CONFIGS["audio"]["latents_std"],
+    }))
+    paths["audio", "minimax"] = audio
     return paths
 
 
@@ -71,13 +80,17 @@ def _assert_bitwise(ours: dict, reference: dict) -> None:
     assert unequal == []
 
 
-@pytest.mark.parametrize("role, layout", [("video", "comfy"), ("video", "diffusers"), ("video", "minimax"), ("audio", "comfy"), ("audio", "diffusers")])
+@pytest.mark.parametrize("role, layout", [("video", "comfy"), ("video", "diffusers"), ("video", "minimax"), ("audio", "comfy"), ("audio", "diffusers"), ("audio", "minimax")])
 def test_every_layout_loads_to_diffusers_own_weights(written, role, layout):
     files = find_vae_files(written[role, layout], role, "--test")
     loaded = load_vae(files, decoder_only=False)
     _assert_bitwise(loaded.model.state_dict(), _diffusers_own(role, written[role, "diffusers"]))
     assert loaded.model.config.latents_mean == pytest.approx(CONFIGS[role]["latents_mean"], rel=1e-7)
-    expected = {"comfy": ("single file", "original" if role == "video" else "folded"), "diffusers": ("diffusers folder", "diffusers" if role == "video" else "weight-norm"), "minimax": ("MiniMax folder", "original")}
+    expected = {
+        "comfy": ("single file", "original" if role == "video" else "folded"),
+        "diffusers": ("diffusers folder", "diffusers" if role == "video" else "weight-norm"),
+        "minimax": ("MiniMax folder", "original" if role == "video" else "parametrized"),
+    }
     assert (files.container, files.key_layout) == expected[layout]
 
 
