@@ -75,6 +75,9 @@ def decode_latents_file(job: DecodeJob, on_phase: Phase = no_phase) -> DecodeRun
     from h3core.reports.outputs import Outputs
     from h3core.reports.schema import Versions, report_json
 
+    from h3core.runtime.device import resolve_device
+
+    resolve_device(job.device)  # `--device cuda` without a GPU is one line before anything is read
     latents, metadata, geometry = read_latents(job.latents)
     vaes = choose_vaes(job.video_vae, job.audio_vae, settings.model_path(None))
     check_vaes(vaes)

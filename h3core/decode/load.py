@@ -97,16 +97,19 @@ def _add_latent_stats(config: dict[str, object], files: VaeFiles, where: str) ->
 def build_model(role: str, config: Mapping[str, object]) -> "torch.nn.Module":
     """diffusers' class for `role`, built from `config` with its weights left uninitialized
     (diffusers' `no_init_weights`; the weights come from a file next)."""
+    import inspect
     import warnings
 
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
     from diffusers.models.modeling_utils import no_init_weights
 
     cls = AutoencoderKLMiniMaxH3 if role == "video" else AutoencoderKLMiniMaxH3Audio
+    known = inspect.signature(cls.__init__).parameters
+    arguments = {k: v for k, v in config.items() if k in known}  # a config.json may carry keys of other diffusers versions
     with no_init_weights(), warnings.catch_warnings():
         # diffusers' audio VAE uses torch.nn.utils.weight_norm, which torch marks deprecated; h3 folds it anyway
         warnings.filterwarnings("ignore", message=".*weight_norm.*", category=FutureWarning)
-        return cls(**config)
+        return cls(**arguments)
 
 
 def _video_model(files: VaeFiles, config: dict, device, decoder_only: bool, where: str) -> "torch.nn.Module":
