@@ -19,7 +19,7 @@ from h3cli import options
 from h3cli.batch import run_batch_command
 from h3cli.output import Output, progress_bar
 from h3core.errors import ConfigError
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.units import format_bytes
 
 
@@ -28,8 +28,9 @@ def render_run(report, console: Console) -> None:
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     s = report.shape
-    table.add_row("request", f"{s.width}x{s.height}, {s.frames} frames, {s.steps} steps, seed {report.seed}, guidance {report.guidance_scale}")
-    table.add_row("sequence", f"{report.num_tokens} tokens · " + ", ".join(f"{g.kind} {g.stop - g.start}" for g in report.partition.segments))
+    snapped = f" (asked {s.frames_requested}: snapped up to 17n+5)" if s.frames != s.frames_requested else ""
+    table.add_row("request", f"{s.width}x{s.height}, {s.frames} frames{snapped}, {s.steps} sigma points ({s.steps - 1} forwards), seed {report.seed}, guidance {report.guidance_scale}")
+    table.add_row("sequence", f"{report.num_tokens} rows · " + ", ".join(f"{kind} {rows}" for kind, rows in report.rows.items() if rows))
     table.add_row("layout", layout_line(report.partition.layout))
     table.add_row("partition", f"heads {report.partition.heads} · tokens {report.partition.tokens}" + (" (each group)" if len(report.partition.layout.groups) > 1 else ""))
     table.add_row("compute", f"{report.device_name} · {report.dtype} · attention {report.attention_kernel} · NVFP4 {report.nvfp4_path}")

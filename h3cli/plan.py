@@ -10,8 +10,8 @@ from rich.table import Table
 
 from h3cli import options
 from h3cli.output import Output
-from h3core.nvfp4.layout import ColumnSlice
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode, mode_of
+from h3core.parallel.plan import ParallelPlan
 from h3core.reports.units import format_bytes
 
 
@@ -27,7 +27,7 @@ def _render(plan: ParallelPlan, console: Console) -> None:
     if w is not None:
         table.caption = (
             f"{plan.preset}: {w.parameters / 1e9:.2f} B weights, checkpoint {w.checkpoint_bytes:,} bytes "
-            f"({w.nvfp4_bytes:,} NVFP4); tensor mode splits the {w.block_linears_bytes:,} bytes of block linears"
+            f"({w.nvfp4_bytes:,} NVFP4), of which {w.block_linears_bytes:,} bytes of block linears (what tensor mode splits)"
         )
         table.caption_justify = "left"
     for col in ("rank" if not each else "local rank", "heads", "tokens", "local segments", "weights held"):
@@ -38,8 +38,13 @@ def _render(plan: ParallelPlan, console: Console) -> None:
             "  ".join(f"{s.kind}[{s.start}:{s.stop}]" for s in r.segments), format_bytes(w.per_rank[i]) if w else "",
         )
     console.print(table)
-    if plan.mode is Mode.TENSOR:
-        _render_shards(plan, console)
+    for title, columns, rows in mode_of(plan.mode).plan_tables(plan):
+        extra = Table(title=title, title_justify="left")
+        for column in columns:
+            extra.add_column(column)
+        for row in rows:
+            extra.add_row(*row)
+        console.print(extra)
 
 
 def _render_groups(plan: ParallelPlan, console: Console) -> None:
@@ -61,27 +66,9 @@ def _render_groups(plan: ParallelPlan, console: Console) -> None:
     console.print(table)
 
 
-def _render_shards(plan: ParallelPlan, console: Console) -> None:
-    shards = Table(
-        title="NVFP4 shards per block (rows of column-parallel weights; input columns as elements · packed bytes · scale columns)",
-        title_justify="left",
-    )
-    for col in ("rank", "QKV rows q | k | v", "attn-out columns", "FC1 rows gate | value", "FC2 columns"):
-        shards.add_column(col)
-
-    def cols(c: ColumnSlice) -> str:
-        return f"{c.elements} · {c.packed_bytes} · {c.scale_columns}"
-
-    for r in plan.ranks:
-        t = r.tensor
-        assert t is not None
-        shards.add_row(str(r.rank), " | ".join(map(str, t.qkv_rows)), cols(t.attn_out_columns), " | ".join(map(str, t.fc1_rows)), cols(t.fc2_columns))
-    console.print(shards)
-
-
 def plan(
     count: Annotated[Optional[int], typer.Argument(help="Number of ranks (GPUs). Default: H3_WORLD_SIZE, else every visible GPU, else 1.", show_default=False)] = None,
-    mode: Annotated[Mode, typer.Option("--mode", help="Distributed mode.")] = Mode.ULYSSES,
+    mode: Annotated[str, typer.Option("--mode", help=f"Distributed mode: {', '.join(Mode)}.")] = "ulysses",
     preset: options.Preset = "h3",
     width: options.Width = None,
     height: options.Height = None,
@@ -92,7 +79,7 @@ def plan(
     json: options.Json = False,
 ) -> None:
     """Print the rank layout's groups and, per rank of a group, the heads, token interval, clipped segments and (tensor mode) NVFP4 slices."""
-    result = ParallelPlan.for_preset(preset, count, mode, width=width, height=height, frames=frames, text_tokens=text_tokens,
+    result = ParallelPlan.for_preset(preset, count, Mode(mode), width=width, height=height, frames=frames, text_tokens=text_tokens,
                                      cfg_parallel=cfg_parallel, replicas=replicas)
     Output(json).result(result, lambda console: _render(result, console))
 

@@ -33,7 +33,7 @@ from rich.table import Table
 
 from h3core.generate.pipeline import RankPipeline, rank_generate
 from h3core.generate.request import GenerateRequest, resolve
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.units import format_bytes
 from h3core.runtime.device import cpu_threads, cpu_threads_per_rank, resolve_device
 from h3core.runtime.world import World

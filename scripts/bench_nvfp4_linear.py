@@ -29,11 +29,12 @@ from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import NVFP4Weight, dequantize
 from h3core.nvfp4.linear import NVFP4Linear
 
-# H3: hidden 7168 (56 heads x 128), SwiGLU width 10752.
+# MiniMax-H3's block linears: residual 5376, attention 56 x 128 = 7168, SwiGLU 14336 (fc1 = [gate; up]).
 H3_SHAPES: dict[str, tuple[int, int]] = {  # name: (out, in)
-    "qkv / fc1": (3 * 7168, 7168),
-    "attn out": (7168, 7168),
-    "fc2": (7168, 10752),
+    "qkv_proj": (3 * 7168, 5376),
+    "out_proj": (5376, 7168),
+    "fc1": (2 * 14336, 5376),
+    "fc2": (5376, 14336),
 }
 
 

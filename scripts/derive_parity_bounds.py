@@ -14,8 +14,8 @@ row-parallel partials in another order. Three measurements (docs/verify.md has t
 3. e_q: the fp4 path's activation quantization noise at the latents: the emulated fp4 run vs the
    weight-only run, one rank (what a single flipped fp4 code can grow into, see docs/verify.md).
 
-    python scripts/derive_parity_bounds.py                          # tiny and narrow, 2 and 4 steps
-    python scripts/derive_parity_bounds.py --presets tiny --steps 2 --json bounds.json
+    python scripts/derive_parity_bounds.py                          # tiny and narrow, 2 and 4 forwards
+    python scripts/derive_parity_bounds.py --presets tiny --steps 3 --json bounds.json
 
 Runs on the CPU at 1 thread (as every rank of an 8-rank CPU World does); about two minutes.
 """
@@ -37,9 +37,9 @@ from h3core.model.checkpoint import Checkpoint
 from h3core.model.config import preset
 from h3core.model.synthetic import synthetic_checkpoint
 from h3core.nvfp4.codec import dequantize
-from h3core.nvfp4.linear import NVFP4Linear
+from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
 from h3core.parallel.partition import nvfp4_column_slices, token_spans
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.schema import error_between
 
 NEGATIVE_PROMPT = "blurry, low quality, distorted"
@@ -52,7 +52,7 @@ PERTURBATION = 1e-6
 def linears(preset_name: str) -> list[tuple[str, torch.nn.Module]]:
     cfg = preset(preset_name)
     model = Checkpoint.open(synthetic_checkpoint(cfg)[0], cfg).load()
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, (NVFP4Linear, torch.nn.Linear))]
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, (NVFP4Linear, DenseLinear))]
 
 
 def _dense(module: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
@@ -96,7 +96,7 @@ def measure_delta(presets: list[str]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {m.value: {} for m in Mode}
     for name in presets:
         for layer, module in linears(name):
-            row_parallel = layer.endswith(("attn.out", "mlp.fc2"))  # the layers tensor mode splits by input column
+            row_parallel = layer.endswith(("attn.out_proj", "mlp.fc2"))  # the layers tensor mode splits by input column
             for key, dtype in DTYPES.items():
                 weight, eps = _dense(module, dtype), torch.finfo(dtype).eps
                 for length in LENGTHS:
@@ -122,7 +122,7 @@ def _perturbed(eps: float, seed: int):  # type: ignore[no-untyped-def]
             return y * (1 + eps * r)
 
         for module in model.modules():
-            if isinstance(module, (NVFP4Linear, torch.nn.Linear)):
+            if isinstance(module, (NVFP4Linear, DenseLinear)):
                 module.register_forward_hook(hook)
         return model
 
@@ -162,7 +162,7 @@ def measure_amplification(presets: list[str], steps: list[int], guidances: list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="tiny,narrow")
-    parser.add_argument("--steps", default="2,4")
+    parser.add_argument("--steps", default="3,5", help="sigma points (steps - 1 forwards)")
     parser.add_argument("--guidance", default="1,3")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -178,8 +178,8 @@ def main() -> None:
     print(f"\nmeasured: A <= {a_max:.2f} (assumed {parity.AMPLIFICATION:g}), e_q <= {e_q:.3f} (assumed {parity.FP4_QUANTIZATION_NOISE:g})")
     print("bounds (SAFETY x A x delta; fp4 with half-precision GEMM output: SAFETY x 2 x e_q):")
     ok = a_max <= parity.AMPLIFICATION and e_q <= parity.FP4_QUANTIZATION_NOISE
-    for (mode, dtype), ulps in parity.ROUNDING_ULPS.items():
-        name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    for mode, (name, dtype) in ((m, d) for m in Mode for d in DTYPES.items()):
+        ulps = parity.rounding_ulps(mode, dtype)
         measured = delta[mode.value].get(name, math.nan)
         ok &= measured <= ulps
         print(f"  {mode.value:<8} {name}: delta measured {measured:5.2f} eps, assumed {ulps:g} -> bound {parity.tolerance(mode, dtype):.3g}")

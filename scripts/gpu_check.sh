@@ -11,13 +11,18 @@
 #   5. NVFP4 linear benchmark at H3 shapes: bf16 GEMM vs the NVFP4 path, TFLOP/s
 #   6. h3 generate on the h3-2blocks preset (real widths and sequence, 2 of 50 blocks, synthetic
 #      weights), with --parity (at one GPU: Ulysses vs tensor mode, the identity path)
+#   7. h3's SDPA rule on this GPU for that run (sdpa-rule.json: the fused kernels allowed)
+#   8. the fp4 GEMM self-test in its own process (fp4-selftest.json: accepted, or the refused
+#      shape and the fallback; on a GPU without fp4 it says so and the check expects the bf16 path)
 # Sized to finish in under 8 minutes on one H200.
 #
 # JSON reports get stdout only (stderr, e.g. warnings, goes to the step's .log beside them), so
 # they always parse. The script exits 1 when a step failed or a check of the reports failed: SDPA
-# ran an unfused (math) kernel on any rank at H3's shapes, or an NVFP4 linear on any rank took
-# another path than the one this GPU should take (cuda-fp4-scaled-mm on compute capability >= 10
-# with a torch that has float4, else cuda-dequant-bf16).
+# ran an unfused (math) kernel on any rank at H3's shapes, or a fused kernel h3's rule does not
+# allow on this GPU at the run's length (sdpa-rule.json: e.g. cuDNN attention below cuDNN 9.15.1;
+# h3core.model.attention.choose_sdpa_backends), or an NVFP4 linear on any rank took another path
+# than the one this GPU should take (cuda-fp4-scaled-mm on compute capability >= 10 with a torch
+# that has float4 and an fp4 GEMM self-test that passed, fp4-selftest.json; else cuda-dequant-bf16).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-outputs/gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}
@@ -49,9 +54,23 @@ step_json verify "$out/verify.json" h3 verify --device cuda --output "$out/verif
 step_json bench-transport "$out/bench-transport.json" h3 bench-transport 1 sdpa --device cuda --width 864 --height 480 --frames 141 --iters 20 --json
 step nvfp4-linear "$out/nvfp4-linear.log" python scripts/bench_nvfp4_linear.py --device cuda --tokens 4096 --repeat 20 --json "$out/nvfp4-linear.json"
 step_json generate "$out/generate.json" h3 generate --device cuda --preset h3-2blocks --steps 4 --parity --no-save-latents --output "$out/generate" --json
+step_json sdpa-rule "$out/sdpa-rule.json" python -c 'import sys; from h3core.model.attention import sdpa_rule_for_report; print(sdpa_rule_for_report(sys.argv[1]))' "$out/generate.json"
+# H3's four block linears at one GPU's rows (14,855) and eight GPUs' (1,857), after the defaults
+h3_shapes="1,256,128;77,1024,512;128,512,1024;300,2048,5376;1857,5376,7168"
+for m in 14855 1857; do h3_shapes="$h3_shapes;$m,21504,5376;$m,5376,7168;$m,28672,5376;$m,5376,14336"; done
+step_json fp4-selftest "$out/fp4-selftest.json" python -m h3core.nvfp4.selftest --device cuda:0 --shapes "$h3_shapes"
 
-expected=$(python -c 'import torch; print("cuda-fp4-scaled-mm" if torch.cuda.get_device_capability(0) >= (10, 0) and hasattr(torch, "float4_e2m1fn_x2") else "cuda-dequant-bf16")')
-python -m h3core.verify.gpu_reports "$out" "$expected" | tee -a "$summary"
+expected=$(python - "$out/fp4-selftest.json" <<'PY'
+import json, sys, torch
+try:
+    accepted = json.load(open(sys.argv[1])).get("accepted", False)
+except (OSError, ValueError):  # no record: the step failed (summary.txt says so); expect the fallback
+    accepted = False
+fp4 = torch.cuda.get_device_capability(0) >= (10, 0) and hasattr(torch, "float4_e2m1fn_x2") and accepted
+print("cuda-fp4-scaled-mm" if fp4 else "cuda-dequant-bf16")
+PY
+)
+python -m h3core.verify.gpu_reports "$out" "$expected" "$out/sdpa-rule.json" | tee -a "$summary"
 [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 echo "reports in $out"
 exit "$failed"

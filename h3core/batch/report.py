@@ -9,7 +9,7 @@ from typing import Callable
 from pydantic import BaseModel, Field
 
 from h3core.errors import CheckFailed
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.schema import Versions
 
 REPORT_NAME = "batch.json"

@@ -34,7 +34,7 @@ from h3core.batch.report import REPORT_NAME, BatchProgress, BatchReport, Progres
 from h3core.errors import H3Error, Interrupted, OutputError
 from h3core.files.paths import os_error_reason
 from h3core.generate.files import output_bytes, write_outputs
-from h3core.generate.report import RankOutcome, StepDone, build_report
+from h3core.generate.report import RankReport, StepDone, build_report
 from h3core.generate.request import ResolvedRun
 from h3core.generate.resident import EncodedPrompts, denoise_round, drop_held, encode_prompts_once
 from h3core.reports.outputs import ResultsFolder, default_folder
@@ -61,7 +61,7 @@ def run_batch(job: BatchJob, on_progress: ProgressCallback | None = None) -> Bat
         return _Batch(job, planned, folder, on_progress).run()
 
 
-def run_round(world: World, runs: list[ResolvedRun | None], texts: EncodedPrompts | None, slots: list[int | None]) -> list[list[RankOutcome]] | None:
+def run_round(world: World, runs: list[ResolvedRun | None], texts: EncodedPrompts | None, slots: list[int | None]) -> list[list[RankReport]] | None:
     """One prompt per replica group on the ranks of `world` (`runs[r]`: replica r's, None when it
     idles; `slots[r]`: its place in `texts`). Per replica, its ranks' outcomes, its lead's (the
     latents) first; None on torchrun ranks other than 0."""
@@ -126,8 +126,7 @@ class _Batch:
         return self.world
 
     def _close_world(self) -> None:
-        drop_held()  # world size 1 and torchrun: the pipeline is held in this process
-        if self.world is not None:
+        if self.world is not None:  # what every rank held (its pipeline) ends with the World
             self.world.close()
             self.world = None
 
@@ -167,20 +166,20 @@ class _Batch:
                     self._failed(prompt, err, started)
             if settings.under_torchrun():
                 raise  # torchrun stops every rank: the batch ends here
-            if world.world_size == 1:
-                drop_held()  # a fault in this process: load afresh rather than reuse what it left
+            if world.world_size == 1 and not world.closed:
+                world.run(drop_held)  # a fault in this process: load afresh rather than reuse what it left
         finally:
             self.current = ""
             self._write()
 
-    def _publish_or_fail(self, prompt: PlannedPrompt, outcomes: list[RankOutcome], started: float) -> None:
+    def _publish_or_fail(self, prompt: PlannedPrompt, outcomes: list[RankReport], started: float) -> None:
         """A folder the file system refuses is that prompt's failure, not its round's."""
         try:
             self._publish(prompt, outcomes, started)
         except OutputError as err:
             self._failed(prompt, err, started)
 
-    def _publish(self, prompt: PlannedPrompt, outcomes: list[RankOutcome], started: float) -> None:
+    def _publish(self, prompt: PlannedPrompt, outcomes: list[RankReport], started: float) -> None:
         """Write the prompt's folder as `h3 generate` does, published whole; record it as done."""
         assert self.folder is not None and prompt.run is not None
         report = build_report(prompt.run, outcomes)

@@ -42,6 +42,7 @@ blocks written by RoPE arrive bit for bit as `seq_to_head` of the finished q|k|v
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -222,7 +223,7 @@ def _inputs(ctx: RankContext, cfg: TransportBenchConfig) -> _Inputs:
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator, device=ctx.device, dtype=dtype)
 
-    angles = torch.rand(local_tokens, cfg.head_dim // 2, generator=generator, device=ctx.device) * 6.3
+    angles = torch.rand(local_tokens, rotary_half(cfg.head_dim), generator=generator, device=ctx.device) * 6.3
     q, k, h = randn(local_tokens, cfg.heads, cfg.head_dim), randn(local_tokens, cfg.heads, cfg.head_dim), randn(local_tokens, V_INPUT_WIDTH)
     projected = ProjectedQKV(q, k, LinearHeads(_v_linear(ctx, cfg), h, 0, cfg.heads, cfg.head_dim), angles.cos(), angles.sin())
     qkv = torch.stack(projected.split(), dim=1)
@@ -253,7 +254,8 @@ def _wire(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs) -> dict[str, 
     }
 
 
-def _iteration(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs, wire: dict, stats: CommStats, timed: Callable, step: int) -> None:  # type: ignore[type-arg]
+def _iteration(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs, wire: dict, stats: CommStats, timed: Callable, step: int,  # type: ignore[type-arg]
+               kernels: Counter[str]) -> None:
     """One timed iteration of every phase, in the order of the module docstring, except that the two
     finishes swap places every other iteration: whichever runs second pays for writing back what the
     first left dirty in the cache (~15 ms at 4 ranks on the 2-core VM, either way round), so a fixed
@@ -265,7 +267,7 @@ def _iteration(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs, wire: di
         timed("finish_one_rank", x.projected.split)
         blocks = timed("finish_into_blocks", lambda: _write_blocks(x.projected, x.heads))
     by_head = timed("seq_to_head", lambda: exchange_blocks(blocks, x.tokens, x.heads, ctx.group, stats))
-    out = timed("attention", lambda: _attend(by_head, cfg.attention)) if cfg.time_attention else x.stand_in_out
+    out = timed("attention", lambda: _attend(by_head, cfg.attention, kernels)) if cfg.time_attention else x.stand_in_out
     by_head = None  # freed before head->seq, as in the model
     timed("head_to_seq", lambda: head_to_seq(out, x.tokens, x.heads, ctx.group, stats))
     timed("seq_to_head_packed", lambda: seq_to_head(x.qkv, x.tokens, x.heads, ctx.group))
@@ -281,16 +283,16 @@ def _bench_rank(ctx: RankContext, cfg: TransportBenchConfig) -> dict[str, Any]:
     wire = _wire(ctx, cfg, x)
     samples: dict[str, list[float]] = {phase: [] for phase in PHASES}
     stats, total = CommStats(), cfg.warmup + cfg.iters
-    attention.reset_kernel_record()
+    kernels: Counter[str] = Counter()  # the attention kernels this rank ran
     for step in range(total):
         maybe_inject_fault("iter", ctx.rank, step)
         keep = step >= cfg.warmup
-        _iteration(ctx, cfg, x, wire, stats, lambda phase, work: _timed(ctx, samples[phase], keep, work), step)
+        _iteration(ctx, cfg, x, wire, stats, lambda phase, work: _timed(ctx, samples[phase], keep, work), step, kernels)
         ctx.report(("iter", step + 1, total))
     if not cfg.time_attention:
         samples["attention"] = []
     return {
-        "identity": identity, "blocks_exact": blocks_exact, "attention_kernels": attention.kernels_run(),
+        "identity": identity, "blocks_exact": blocks_exact, "attention_kernels": dict(sorted(kernels.items())),
         "allocator": cpu_memory.policy() if ctx.device.type == "cpu" else "n/a", "samples": samples,
         "bytes": _bytes_per_call(stats, max(1, total)),
     }
@@ -306,6 +308,11 @@ def _bytes_per_call(stats: CommStats, calls: int) -> dict[str, int]:
     }
 
 
+def rotary_half(head_dim: int) -> int:
+    """Angles per row of H3's partial RoPE at this head width: 96 of 128 channels rotate (48 pairs)."""
+    return max(1, 3 * head_dim // 8)
+
+
 def _write_blocks(projected: ProjectedQKV, heads: list[Span]) -> SendBlocks:
     """Ulysses attention's producer step: RoPE of q, k and v's GEMM, into the send blocks."""
     local_tokens, _, head_dim = projected.q.shape
@@ -315,9 +322,9 @@ def _write_blocks(projected: ProjectedQKV, heads: list[Span]) -> SendBlocks:
     return blocks
 
 
-def _attend(by_head: torch.Tensor, backend: str) -> torch.Tensor:
+def _attend(by_head: torch.Tensor, backend: str, kernels: "Counter[str]") -> torch.Tensor:
     # by_head: [S, 3, H_loc, Dh] -> q, k, v: [S, H_loc, Dh] each -> out: [S, H_loc, Dh]
-    return attend(by_head[:, 0], by_head[:, 1], by_head[:, 2], backend)
+    return attend(by_head[:, 0], by_head[:, 1], by_head[:, 2], backend, kernels)
 
 
 def _all_to_all_of(ctx: RankContext, x: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]) -> tuple[Callable[[], Any], Callable[[], Any]]:

@@ -12,6 +12,7 @@ Ranges are anything with `start` and `stop` (h3's `Span`, or a `range`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import weakref
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from h3core.errors import CheckpointError
@@ -70,8 +70,8 @@ class _Entry:
 class SafetensorsReader:
     """Lazy reader over one safetensors file or the shards of one checkpoint.
 
-    Opening checks every file with `safe_open` (a truncated or corrupt file fails here, naming the
-    file) and keeps each header's tensor offsets. Data is read only when asked for, and only the
+    Opening checks every file's header (`read_header`: a truncated or corrupt file fails here,
+    naming the file) and keeps each header's tensor offsets. Data is read only when asked for, and only the
     requested byte ranges, with `pread` on a descriptor advised `POSIX_FADV_RANDOM`: the kernel then
     reads the pages asked for and no read-ahead around them. (Slicing through `safe_open`'s memory
     map lets the kernel read ahead around every touched region: with this project's 8 MiB windows,
@@ -105,14 +105,7 @@ class SafetensorsReader:
             kind = path_kind(path, follow=True)
             what = "does not exist" if kind == "nothing" else f"is {kind}, not a file"
             raise CheckpointError(f"checkpoint file {path} {what}; check the path (H3_MODEL_PATH)")
-        try:
-            with safe_open(str(path), framework="pt") as handle:  # validates header and data coverage
-                metadata = handle.metadata() or {}
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(
-                f"{path} is not a readable safetensors file ({err}); it may be truncated or corrupt: download it again"
-            ) from None
-        header, data_start = _read_header(path)
+        header, data_start, metadata = read_header(path)
         fd = os.open(path, os.O_RDONLY)
         self._fds.append(fd)
         if hasattr(os, "posix_fadvise"):
@@ -122,8 +115,7 @@ class SafetensorsReader:
                 raise CheckpointError(
                     f"tensor {name} is in both {self._entries[name].path} and {path}; use one checkpoint's shards"
                 )
-            begin = info["data_offsets"][0]
-            self._entries[name] = _Entry(path, fd, info["dtype"], tuple(info["shape"]), data_start + begin)
+            self._entries[name] = _Entry(path, fd, info["dtype"], tuple(info["shape"]), data_start + info["data_offsets"][0])
         for key, value in metadata.items():
             self._metadata.setdefault(key, value)
 
@@ -164,6 +156,11 @@ class SafetensorsReader:
             raise CheckpointError(f"tensor {name} in {entry.path} has dtype {entry.dtype}, which h3 does not read")
         return _DTYPES[entry.dtype]
 
+    def nbytes(self, name: str) -> int:
+        """Bytes of a tensor's data."""
+        entry = self._entry(name)
+        return math.prod(entry.shape) * _ITEM_BYTES[entry.dtype]
+
     def get(self, name: str) -> torch.Tensor:
         """The whole tensor."""
         entry = self._entry(name)
@@ -203,6 +200,21 @@ class SafetensorsReader:
         self._fill(name, _bytes_of(out), reads)
         return out
 
+    def get_bytes(self, name: str, ranges: Sequence[Range]) -> torch.Tensor:
+        """Byte ranges `[start, stop)` of a tensor's data, concatenated: a flat uint8 tensor (one read
+        per range). What a reader of a tiled layout (the 128x4 swizzled NVFP4 scales) slices with."""
+        entry = self._entry(name)
+        total = math.prod(entry.shape) * _ITEM_BYTES[entry.dtype]
+        for span in ranges:
+            self._check_span(name, span, total, "bytes")
+        out = torch.empty(sum(s.stop - s.start for s in ranges), dtype=torch.uint8)
+        reads, at = [], 0
+        for span in ranges:
+            reads.append((entry.offset + span.start, at, span.stop - span.start))
+            at += span.stop - span.start
+        self._fill(name, _bytes_of(out), reads)
+        return out
+
     def _entry(self, name: str) -> _Entry:
         if not self._finalizer.alive:  # its descriptor numbers may belong to other files by now
             raise ValueError(f"reading {name} from a closed SafetensorsReader")
@@ -236,13 +248,72 @@ class SafetensorsReader:
             )
 
 
-def _read_header(path: Path) -> tuple[dict[str, Any], int]:
-    """The tensors of a safetensors header (already validated by `safe_open`) and where data starts."""
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-    header.pop("__metadata__", None)
-    return header, 8 + size
+MAX_HEADER_BYTES = 100_000_000
+"""safetensors' own cap on the JSON header (100 MB)."""
+
+_ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def read_header(path: Path) -> tuple[dict[str, Any], int, dict[str, str]]:
+    """The tensors of a safetensors file's header, where its data starts, and its `__metadata__`.
+
+    Checked as the format says (a JSON object of `{dtype, shape, data_offsets}`, known dtypes,
+    offsets that tile the data from 0 without gaps or overlaps, each tensor's bytes its shape's)
+    and that the file holds every byte the header points at. Bytes *after* the last tensor are
+    accepted: the seed's NVFP4 checkpoint carries 65 of them, which `safe_open` refuses.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+            if not 2 <= length <= min(MAX_HEADER_BYTES, size - 8):
+                raise ValueError("the header length is not valid")
+            header = json.loads(f.read(length))
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({err}); it may be truncated or corrupt: download it again") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: its safetensors header is not a JSON object; the file is corrupt")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"{path}: its safetensors __metadata__ is not a map of strings; the file is corrupt")
+    extents = []
+    for name, info in header.items():
+        problem = _entry_problem(info)
+        if problem:
+            raise CheckpointError(f"{path}: tensor {name!r} in the header {problem}; the file is corrupt or not safetensors")
+        extents.append((info["data_offsets"][0], info["data_offsets"][1], name))
+    end = 0
+    for start, stop, name in sorted(extents):
+        if start != end:
+            raise CheckpointError(f"{path}: tensor {name!r} starts at byte {start} of the data, expected {end} (a gap or an overlap); the file is corrupt")
+        end = stop
+    data_start = 8 + length
+    if data_start + end > size:
+        raise CheckpointError(
+            f"{path} holds {size - data_start} data bytes but its header points at {end}; the file is truncated: download it again"
+        )
+    return header, data_start, metadata
+
+
+def _entry_problem(info: Any) -> str | None:
+    """Why one header entry is not a safetensors tensor (None when it is)."""
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        return "is not {dtype, shape, data_offsets}"
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if dtype not in _ITEM_BYTES:
+        return f"has an unknown dtype {dtype!r}"
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        return f"has an invalid shape {shape!r}"
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(n, int) and not isinstance(n, bool) for n in offsets)):
+        return f"has invalid data_offsets {offsets!r}"
+    count = 1
+    for n in shape:
+        count *= n
+    if not 0 <= offsets[0] <= offsets[1] or offsets[1] - offsets[0] != count * _ITEM_BYTES[dtype]:
+        return f"holds {offsets[1] - offsets[0]} bytes, not the {count * _ITEM_BYTES[dtype]} of {dtype} {shape}"
+    return None
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
@@ -255,15 +326,29 @@ def _close_all(fds: list[int]) -> None:
         os.close(fds.pop())
 
 
-def shard_files(folder: Path) -> list[Path]:
-    """The shard files of a checkpoint folder: those its `model.safetensors.index.json` names, else every `*.safetensors`."""
-    index = folder / INDEX_FILE
+def shard_files(folder: Path, index_name: str = INDEX_FILE) -> list[Path]:
+    """The shard files of a checkpoint folder: those its index (`index_name`) names, else every `*.safetensors`.
+
+    The index is checked: a JSON object whose `weight_map` maps names to file names inside the
+    folder (no absolute paths, no `..`), every one of which exists.
+    """
+    index = folder / index_name
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as err:
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise TypeError("weight_map is not a map of file names")
+        except (ValueError, KeyError, TypeError, OSError) as err:
             raise CheckpointError(f"{index} is not a valid safetensors index ({err}); download it again") from None
-        return [folder / name for name in dict.fromkeys(weight_map.values())]
+        files = []
+        for name in dict.fromkeys(weight_map.values()):
+            shard = Path(name)
+            if shard.is_absolute() or ".." in shard.parts or not name:
+                raise CheckpointError(f"{index} points at {name!r}, outside its folder; the index is corrupt or hostile: download it again")
+            if not (folder / shard).is_file():
+                raise CheckpointError(f"{index} names the shard {name}, which is not in {folder}; the download is incomplete")
+            files.append(folder / shard)
+        return files
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{folder} holds no *.safetensors files; point H3_MODEL_PATH at a checkpoint")

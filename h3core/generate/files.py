@@ -6,14 +6,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from h3core.generate.report import RankOutcome, RunFiles, RunReport
+from h3core.generate.report import RankReport, RunFiles, RunReport
 from h3core.generate.request import ResolvedRun
 from h3core.reports.outputs import FileInFolder, OutputFile, OutputFolder
 from h3core.reports.preview import preview_png
 
 
 def write_outputs(
-    report: RunReport, outcome: RankOutcome, folder: OutputFolder, save_latents: bool, benchmark: OutputFile | FileInFolder | None, under: str = ""
+    report: RunReport, outcome: RankReport, folder: OutputFolder, save_latents: bool, benchmark: OutputFile | FileInFolder | None, under: str = ""
 ) -> RunFiles:
     """Stage the latents (unless not saved), a preview PNG and the report in `folder` (in its
     subfolder `under`), and the report copy in `benchmark`; they appear when the caller publishes
@@ -35,14 +35,14 @@ def write_outputs(
     return report.files
 
 
-def _latents(report: RunReport, outcome: RankOutcome, folder: OutputFolder, name: str) -> Path:
+def _latents(report: RunReport, outcome: RankReport, folder: OutputFolder, name: str) -> Path:
     from safetensors.torch import save as save_tensors
 
     tensors = {k: t.contiguous() for k, t in outcome.latents.items() if t is not None}
     return folder.write(name, save_tensors(tensors, metadata={"seed": str(report.seed)}))
 
 
-def _preview(report: RunReport, outcome: RankOutcome, folder: OutputFolder, name: str) -> Path | None:
+def _preview(report: RunReport, outcome: RankReport, folder: OutputFolder, name: str) -> Path | None:
     if outcome.video is None:
         return None
     title = f"h3 {report.mode.value} x{report.world_size} · seed {report.seed} · weights: {report.weights}"

@@ -1,4 +1,8 @@
-"""The denoising loop on one rank: the velocity of this rank's rows, guidance, the float32 Euler step.
+"""The denoising loop on one rank: the velocity of this rank's rows, guidance, the float32 Euler steps.
+
+One forward per step serves both modalities at their own noise levels (`Clocks`: text and video rows
+at the video schedule's t, audio rows at the audio schedule's); video and audio then step on their
+own schedules (`FlowMatchH3`, shift 12 and 3) at the same index.
 
 The latent state is this rank's rows of the prompt's sequence (`Latent`, float32) for the whole
 loop. With guidance the negative prompt's sequence splits the same latent rows differently (its
@@ -22,9 +26,9 @@ import torch
 
 from h3core.generate.profile import Profiler, step_context
 from h3core.generate.sequences import Latent, Sequence, latent_kinds
-from h3core.model.dit import H3Model
-from h3core.model.sampler import FlowMatchEuler, check_finite, guided_velocity
-from h3core.model.sequence import SegmentKind
+from h3core.model.dit import Clocks, H3Model
+from h3core.model.sampler import FlowMatchH3, check_finite, guided_velocity
+from h3core.model.sequence import AUDIO_CLOCK, VIDEO_CLOCK, SegmentKind
 from h3core.parallel.collectives import exchange_halves, repartition_rows
 from h3core.parallel.layout import CfgHalf
 from h3core.parallel.runtime import ParallelRuntime
@@ -38,14 +42,23 @@ StepDoneCallback = Callable[[int, int, float], None]
 @dataclass
 class Denoiser:
     """One request's loop state on one rank: the parallelized model, the runtime, the request's
-    sequences (the prompt's first), guidance, the sampler, and with CFG parallel this rank's half."""
+    sequences (the prompt's first), guidance, the two schedules, and with CFG parallel this rank's half."""
 
     model: H3Model
     runtime: ParallelRuntime
     sequences: list[Sequence]
     guidance_scale: float
-    sampler: FlowMatchEuler
+    schedules: dict[SegmentKind, FlowMatchH3]
     cfg: CfgHalf | None = None
+
+    @property
+    def num_steps(self) -> int:
+        return self.schedules[SegmentKind.VIDEO].num_steps
+
+    def clocks(self, index: int, device: torch.device) -> Clocks:
+        """Step `index`'s timesteps: the video schedule's for text and video rows, the audio one's for audio rows."""
+        times = {VIDEO_CLOCK: self.schedules[SegmentKind.VIDEO].timesteps[index], AUDIO_CLOCK: self.schedules[SegmentKind.AUDIO].timesteps[index]}
+        return Clocks.of(times).to(device)
 
     @property
     def kinds(self) -> list[SegmentKind]:
@@ -62,31 +75,31 @@ class Denoiser:
         own = {k: self.sequences[self.own].kind_spans(k)[self.runtime.rank] for k in self.kinds}
         return {k: noise[k][own[k].start : own[k].stop].to(device) for k in self.kinds}
 
-    def velocity(self, index: int, latent: Latent, sigma: torch.Tensor) -> Latent:
+    def velocity(self, index: int, latent: Latent, clocks: Clocks) -> Latent:
         """The model's velocity for this rank's rows of sequence `index` (an empty tensor for a kind it holds none of)."""
         sequence, rt = self.sequences[index], self.runtime
         with rt.sequence(sequence.plan):
-            out = self.model(sequence.local_inputs(rt.rank, latent), sigma)
-        return {k: out.get(k, latent[k][:0].to(self.model.dtype)) for k in self.kinds}
+            out = self.model(sequence.local_inputs(rt.rank, latent), clocks)
+        return {k: out.get(k, latent[k][:0].float()) for k in self.kinds}
 
     def moved(self, latent: Latent, src: int, dst: int) -> Latent:
         """Latent rows re-split from sequence `src`'s partition to sequence `dst`'s."""
         a, b, rt = self.sequences[src], self.sequences[dst], self.runtime
         return {k: repartition_rows(latent[k], a.kind_spans(k), b.kind_spans(k), rt.group, rt.stats) for k in self.kinds}
 
-    def guided(self, latent: Latent, sigma: torch.Tensor) -> Latent:
+    def guided(self, latent: Latent, clocks: Clocks) -> Latent:
         """The velocity of one step: the prompt's, with guidance against the negative prompt's."""
         if self.cfg is not None:
-            return self.guided_in_halves(latent, sigma)
-        v = self.velocity(0, latent, sigma)
+            return self.guided_in_halves(latent, clocks)
+        v = self.velocity(0, latent, clocks)
         if len(self.sequences) == 1:
             return v
-        v_neg = self.moved(self.velocity(1, self.moved(latent, 0, 1), sigma), 1, 0)
+        v_neg = self.moved(self.velocity(1, self.moved(latent, 0, 1), clocks), 1, 0)
         return {k: guided_velocity(v[k], v_neg[k], self.guidance_scale) for k in self.kinds}
 
-    def guided_in_halves(self, latent: Latent, sigma: torch.Tensor) -> Latent:
+    def guided_in_halves(self, latent: Latent, clocks: Clocks) -> Latent:
         """CFG parallel: this branch's velocity, the other's by one exchange, then the same guidance."""
-        mine = self.velocity(self.own, latent, sigma)
+        mine = self.velocity(self.own, latent, clocks)
         other = self.other_half(mine)
         cond, uncond = (mine, other) if self.own == 0 else (other, mine)
         return {k: guided_velocity(cond[k], uncond[k], self.guidance_scale) for k in self.kinds}
@@ -97,28 +110,28 @@ class Denoiser:
         parts = [(v[k], own.kind_spans(k), other.kind_spans(k)) for k in self.kinds]
         return dict(zip(self.kinds, exchange_halves(parts, self.cfg.group, rt.stats)))  # type: ignore[union-attr]
 
-    def step(self, index: int, sigma: torch.Tensor, latent: Latent) -> Latent:
-        """One Euler step of this rank's rows, in float32 (`sigma` on the rank's device)."""
-        v = self.guided(latent, sigma)
-        return {k: self.sampler.step(v[k], index, latent[k]) for k in self.kinds}
+    def step(self, index: int, latent: Latent, device: torch.device) -> Latent:
+        """One step of this rank's rows: one forward (guided), then each kind's Euler step on its own schedule, float32."""
+        v = self.guided(latent, self.clocks(index, device))
+        return {k: self.schedules[k].step(v[k], index, latent[k]) for k in self.kinds}
 
     def gather(self, latent: Latent) -> Latent:
         """Every rank's rows of the final latent (on every rank of its group): one gather per kind."""
         return {k: self.runtime.gather(latent[k], self.sequences[self.own].kind_spans(k)) for k in self.kinds}
 
 
-def denoise(denoiser: Denoiser, latent: Latent, sigmas: torch.Tensor, device: torch.device,
+def denoise(denoiser: Denoiser, latent: Latent, device: torch.device,
             profiler: Profiler | None, on_step: StepDoneCallback) -> tuple[Latent, list[float]]:
-    """Every step of the schedule on this rank's rows; the final rows and each step's seconds.
+    """Every step of the schedules on this rank's rows; the final rows and each step's seconds.
 
     A NaN or inf in the latent stops the run at that step; `H3_INJECT_FAULT` can fail a chosen step.
     """
-    rank, seconds = denoiser.runtime.rank, []
-    for i, sigma in enumerate(sigmas):
+    rank, seconds, steps = denoiser.runtime.rank, [], denoiser.num_steps
+    for i in range(steps):
         maybe_inject_fault("step", rank, index=i)
         with dev.Stopwatch(device) as watch, step_context(profiler):
-            latent = denoiser.step(i, sigma.to(device), latent)
+            latent = denoiser.step(i, latent, device)
         seconds.append(watch.seconds)
-        check_finite({k.value: x for k, x in latent.items()}, step=i + 1, steps=len(sigmas))
-        on_step(i + 1, len(sigmas), watch.seconds)
+        check_finite({k.value: x for k, x in latent.items()}, step=i + 1, steps=steps)
+        on_step(i + 1, steps, watch.seconds)
     return latent, seconds

@@ -4,13 +4,15 @@ A lower bound (`h3core.runtime.limits`): what is counted, per rank (the largest 
 unless said otherwise:
 
 - `weights`: the bytes the rank holds (the plan's `weights.per_rank`: all of them in Ulysses mode,
-  its shards in tensor mode), dense tensors at the compute dtype's width;
+  its shards in tensor mode), 16-bit dense tensors at the compute dtype's width;
 - `latents`: the seeded noise of the whole latent and its patchified copy, float32 (every rank
   draws the same noise, whatever the world size);
-- `rope`: the RoPE table of the whole packed sequence (cos and sin, float32);
+- `rope`: the RoPE table of the whole packed sequence (cos and sin of the rotated channels, float32)
+  and its float64 positions;
 - `activations`: the larger of one block's attention and MLP working set: Ulysses holds its own
-  rows at model width plus q|k|v and the output of its heads over the whole sequence; tensor mode
-  all-gathers the whole sequence at model width and projects it to its shard;
+  rows at the residual width plus q|k|v (attention width) and the output of its heads over the
+  whole sequence; tensor mode all-gathers the whole sequence at the residual width and projects it
+  to its shard;
 - `attention scores`: the [heads, S, S] scores and their softmax, where the attention call
   materialises them (`h3core.model.attention.scores_bytes`);
 - `steps`: the sigma schedule (computed in float64) and the per-step timings, per step;
@@ -27,9 +29,9 @@ from typing import TYPE_CHECKING
 
 from h3core import settings
 from h3core.model.attention import scores_bytes
-from h3core.model.checkpoint import DENSE_BYTES
 from h3core.model.config import ModelConfig
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import mode_of
+from h3core.parallel.plan import ParallelPlan
 from h3core.runtime.limits import PROCESS_BYTES, MemoryNeed, capacity, check_cpu_ranks, check_memory
 
 if TYPE_CHECKING:
@@ -59,7 +61,7 @@ def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int,
         "weights": held_weight_bytes(plan, dtype.itemsize),
         "activations": activation_elements(config, plan, s) * dtype.itemsize,
         "attention scores": scores_bytes(attention, device, dtype, h_loc, s, config.head_dim),
-        "rope": s * config.head_dim * 4,
+        "rope": s * config.rotary_dim * 4 + s * 3 * 8,
     }
     on_host = {"latents": 2 * latent_elements * 4, "steps": steps * STEP_BYTES}
     if spawned:
@@ -68,26 +70,14 @@ def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int,
 
 
 def held_weight_bytes(plan: ParallelPlan, dtype_bytes: int) -> int:
-    """The largest rank's weights: its stored bytes, dense tensors (stored as bf16) at the compute dtype."""
+    """The largest rank's weights: its stored bytes, 16-bit dense tensors at the compute dtype."""
     weights = plan.weights
     assert weights is not None, "ParallelPlan.build counts the weights"
-    dense_elements = (weights.checkpoint_bytes - weights.nvfp4_bytes) // DENSE_BYTES
-    return max(weights.per_rank) + dense_elements * max(0, dtype_bytes - DENSE_BYTES)
+    dense16 = weights.dense16_per_rank or [0] * len(weights.per_rank)
+    return max(held + d16 // 2 * max(0, dtype_bytes - 2) for held, d16 in zip(weights.per_rank, dense16))
 
 
 def activation_elements(config: ModelConfig, plan: ParallelPlan, s: int) -> int:
     """Elements of the larger of one block's attention and MLP working sets on the largest rank
-    (`s`: tokens of the longest sequence)."""
-    s_loc = max(len(t) for seq in plan.sequences for t in seq.tokens)
-    h_loc, n = max(plan.heads), plan.world_size
-    d, dh, f = config.hidden, config.head_dim, config.mlp_width
-    x = s_loc * d  # the residual stream rows, alive through the block
-    if plan.mode is Mode.TENSOR:
-        gathered = s * d if n > 1 else 0  # the all-gathered sequence (one rank: the identity, no copy)
-        attn = x + gathered + s * 3 * h_loc * dh + s * h_loc * dh  # + q|k|v of its heads, their output
-        mlp = x + gathered + s * 3 * -(-f // n)  # + its FC1 rows' output [S, 2F/N] and activation [S, F/N]
-    else:
-        received = s * 3 * h_loc * dh if n > 1 else 0  # q|k|v of its heads over the whole sequence (one rank: the identity)
-        attn = x + s_loc * 3 * d + received + s * h_loc * dh  # + its q|k|v rows, the attention output
-        mlp = x + s_loc * 3 * f  # + FC1 output [S_loc, 2F] and activation [S_loc, F]
-    return max(attn, mlp)
+    (`s`: tokens of the longest sequence): the plan's mode says (`ParallelMode.activation_elements`)."""
+    return mode_of(plan.mode).activation_elements(config, plan, s)

@@ -28,39 +28,24 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from h3core.generate.loop import Denoiser, denoise
-from h3core.generate.profile import RankProfile, profiling
-from h3core.generate.report import HeldWeights, RankOutcome, StepDone
+from h3core.generate.profile import profiling
+from h3core.generate.report import HeldWeights, RankReport, StepDone
 from h3core.generate.request import ResolvedRun
-from h3core.generate.sequences import Latent, build_sequence, noise_tokens
-from h3core.model import attention
+from h3core.generate.sequences import Latent, build_sequence, noise_rows
 from h3core.model.checkpoint import Checkpoint
-from h3core.model.dit import H3Model, tensor_parallel_prefixes, unpatchify_audio, unpatchify_video
-from h3core.model.sampler import FlowMatchEuler
+from h3core.model.dit import H3Model, tensor_parallel_prefixes, unpack_audio, unpatchify_video
+from h3core.model.sampler import FlowMatchH3
 from h3core.model.sequence import SegmentKind
-from h3core.nvfp4 import matmul as nvfp4_matmul
 from h3core.parallel.collectives import broadcast_tensors
 from h3core.parallel.layout import RankGroups
 from h3core.parallel.parallelize import left_out_at_load, parallelize
 from h3core.parallel.runtime import ParallelRuntime
-from h3core.parallel.tensor import block_linears
+from h3core.parallel.modes.tensor import block_linears
 from h3core.runtime import cpu_memory, device as dev
 from h3core.runtime.context import RankContext
 
 if TYPE_CHECKING:
     from h3core.text import TextEncoder
-
-
-@dataclass
-class Denoised:
-    """What denoising one request gave on one rank: the whole latent tokens (every rank), times, records."""
-
-    latent: Latent
-    step_seconds: list[float]
-    timings: dict[str, float]
-    peak_memory: int
-    nvfp4_paths: dict[str, int]
-    attention_kernels: dict[str, int]
-    profile: RankProfile | None = None
 
 
 @dataclass
@@ -93,40 +78,39 @@ class RankPipeline:
             checkpoint = Checkpoint.open(run.checkpoint, run.config)
             skip = left_out_at_load(run.plan, run.config.num_blocks) if parallel else ()
             model = checkpoint.load(device=device, dtype=dtype, skip=skip)
-            for block in model.blocks:
+            for block in [*model.blocks, *model.token_refiner.blocks]:
                 block.attn.core.backend = run.request.attention
-            loaded = checkpoint.reader.bytes_read
+            loaded = checkpoint.bytes_read
             if parallel:
-                parallelize(model, runtime, checkpoint.weight_source(device))
-        weights = _held_weights(model, checkpoint, shards_read=checkpoint.reader.bytes_read - loaded if skip else None)
+                parallelize(model, runtime, checkpoint.weight_source(device, dtype))
+            runtime.record.attach(model)
+        weights = _held_weights(model, checkpoint, shards_read=checkpoint.bytes_read - loaded if skip else None)
+        checkpoint.file.reader.close()
         return cls(model, runtime, device, dtype, weights, {"load": watch.seconds})
 
-    def denoise(self, run: ResolvedRun, texts: list[torch.Tensor], report: Any = None) -> Denoised:
-        """Denoise one request of `run` (its sequences' text hidden states `texts`) on this rank."""
-        sequences = [build_sequence(run.config, plan, text, run.shape.video_grid, self.device) for plan, text in zip(run.plan.sequences, texts)]
-        sampler = FlowMatchEuler(run.shape.shift)
-        denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, sampler, self.runtime.cfg)
-        latent = denoiser.own_rows(noise_tokens(run.config, run.shape, run.request.seed), self.device)  # float32
-        sigmas = sampler.set_timesteps(run.shape.steps)
-        _reset_records(self.device)
+    def denoise(self, run: ResolvedRun, texts: list[torch.Tensor], record: RankReport, report: Any = None) -> Latent:
+        """Denoise one request of `run` (its sequences' text hidden states `texts`) on this rank,
+        recording what ran into `record`; the whole latent rows (gathered on branch 0, else {})."""
+        with torch.inference_mode():
+            sequences = [build_sequence(self.model, plan, text, run.shape, self.device) for plan, text in zip(run.plan.sequences, texts)]
+        schedules = {SegmentKind.VIDEO: FlowMatchH3(run.shape.video_shift), SegmentKind.AUDIO: FlowMatchH3(run.shape.audio_shift)}
+        for schedule in schedules.values():
+            schedule.set_timesteps(run.shape.steps)
+        denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, schedules, self.runtime.cfg)
+        latent = denoiser.own_rows(noise_rows(run.shape, run.request.seed), self.device)  # float32
+        dev.reset_peak_memory(self.device)  # the sampling phase's peak-memory window
+        self.runtime.record.clear()
         on_step = (lambda step, steps, seconds: report(StepDone(step=step, steps=steps, seconds=seconds))) if report else (lambda *a: None)
-        with torch.inference_mode(), profiling(self.model, self.device, self.runtime.rank, run.request.profile) as profiler:
-            latent, step_seconds = denoise(denoiser, latent, sigmas, self.device, profiler, on_step)
+        with torch.inference_mode(), profiling(self.model, self.device, self.runtime.rank, run.request.profile, self.runtime.stats) as profiler:
+            latent, step_seconds = denoise(denoiser, latent, self.device, profiler, on_step)
             peak = dev.peak_memory_bytes(self.device)
             with dev.Stopwatch(self.device) as watch:  # branch 1 holds the same values: branch 0 gathers
                 whole = denoiser.gather(latent) if denoiser.own == 0 else {}
-        return Denoised(
-            latent=whole, step_seconds=step_seconds, timings={"sampling": sum(step_seconds), "gather": watch.seconds},
-            peak_memory=peak, nvfp4_paths=nvfp4_matmul.paths_run(), attention_kernels=attention.kernels_run(),
-            profile=profiler.result() if profiler is not None else None,
-        )
-
-
-def _reset_records(device: torch.device) -> None:
-    """Start the sampling phase's peak-memory window and the records of what ran."""
-    dev.reset_peak_memory(device)
-    attention.reset_kernel_record()
-    nvfp4_matmul.reset_path_record()
+        record.step_seconds, record.peak_memory_sampling_bytes = step_seconds, peak
+        record.timings.update(sampling=sum(step_seconds), gather=watch.seconds)
+        record.nvfp4_paths, record.attention_kernels = self.runtime.record.paths(), self.runtime.record.kernels()
+        record.profile = profiler.result() if profiler is not None else None
+        return whole
 
 
 def _held_weights(model: H3Model, checkpoint: Checkpoint, shards_read: int | None) -> HeldWeights:
@@ -135,7 +119,7 @@ def _held_weights(model: H3Model, checkpoint: Checkpoint, shards_read: int | Non
     full = checkpoint.bytes_under(tensor_parallel_prefixes(checkpoint.config.num_blocks))
     return HeldWeights(
         resident=dev.resident_bytes(model),
-        read=checkpoint.reader.bytes_read,
+        read=checkpoint.bytes_read,
         block_linears_resident=sum(dev.resident_bytes(m) for m in block_linears(model)),
         block_linears_read=full if shards_read is None else shards_read,
         block_linears_full=full,
@@ -145,14 +129,15 @@ def _held_weights(model: H3Model, checkpoint: Checkpoint, shards_read: int | Non
 # --- the whole run on one rank ----------------------------------------------------------------------------
 
 
-def encode_prompts(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime) -> tuple[list[torch.Tensor], dict | None, float, int]:
+def encode_prompts(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, record: RankReport) -> list[torch.Tensor]:
     """Rank 0 encodes the request's prompts (and releases the encoder); every rank of the run gets
-    the hidden states by broadcast. Returns them, rank 0's encoder info, the seconds and the peak memory."""
+    the hidden states by broadcast. The time, peak memory and (rank 0) the encoder's info go to `record`."""
     dev.reset_peak_memory(ctx.device)
     with dev.Stopwatch(ctx.device) as watch:
         texts, info = _encode_on_rank_zero(run, ctx.device) if ctx.rank == 0 else (None, None)
         texts = broadcast_tensors(texts, src=0, group=ctx.group, device=ctx.device, stats=runtime.stats)
-    return texts, info, watch.seconds, dev.peak_memory_bytes(ctx.device)
+    record.timings["text_encode"], record.peak_memory_text_bytes, record.text_encoder = watch.seconds, dev.peak_memory_bytes(ctx.device), info
+    return texts
 
 
 def _encode_on_rank_zero(run: ResolvedRun, device: torch.device) -> tuple[list[torch.Tensor], dict]:
@@ -178,14 +163,16 @@ def encode_request(encoder: "TextEncoder", run: ResolvedRun) -> list[torch.Tenso
     return [encoder.encode(p, run.config.max_text_tokens).float().cpu() for p in run.request.prompts]
 
 
-def rank_generate(ctx: RankContext, run: ResolvedRun, load=RankPipeline.load) -> RankOutcome:  # type: ignore[no-untyped-def]
-    """The whole run on one rank (module docstring); `load` builds the pipeline (the baseline passes
-    `RankPipeline.unparallelized`)."""
+def rank_generate(ctx: RankContext, run: ResolvedRun, load=RankPipeline.load) -> RankReport:  # type: ignore[no-untyped-def]
+    """The whole run on one rank (module docstring): this rank's report, filled as the run goes;
+    `load` builds the pipeline (the baseline passes `RankPipeline.unparallelized`)."""
+    record = new_record(ctx)
     runtime = rank_runtime(ctx, run)
-    texts, encoder_info, encode_seconds, peak_text = encode_prompts(ctx, run, runtime)
+    texts = encode_prompts(ctx, run, runtime, record)
     pipeline = load(ctx, run, runtime)
-    done = pipeline.denoise(run, texts, ctx.report)
-    return rank_outcome(ctx, run, runtime, pipeline, done, encoder_info, {"text_encode": encode_seconds, **pipeline.timings}, peak_text)
+    record.timings.update(pipeline.timings)
+    whole = pipeline.denoise(run, texts, record, ctx.report)
+    return finish_record(record, run, pipeline, whole)
 
 
 def rank_runtime(ctx: RankContext, run: ResolvedRun) -> ParallelRuntime:
@@ -203,26 +190,25 @@ def rank_runtime(ctx: RankContext, run: ResolvedRun) -> ParallelRuntime:
     return ParallelRuntime(run.plan, groups.coords.local, groups.sequence, groups.cfg_half)
 
 
-def rank_outcome(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, pipeline: RankPipeline, done: Denoised,
-                 encoder_info: dict | None, timings: dict[str, float], peak_text: int) -> RankOutcome:
-    """What this rank sends back for one request (each replica's lead carries the latents and the encoder's info)."""
-    outcome = RankOutcome(
-        rank=ctx.rank, timings={**timings, **done.timings}, step_seconds=done.step_seconds,
-        peak_memory_text=peak_text, peak_memory_sampling=done.peak_memory, weights=pipeline.weights, comm=runtime.stats,
-        nvfp4_paths=done.nvfp4_paths, attention_kernels=done.attention_kernels, used=runtime.used,
-        cpu_allocator=cpu_memory.policy() if ctx.device.type == "cpu" else "n/a", profile=done.profile,
-    )
-    if runtime.rank == 0 and done.latent:  # the lead of each replica (local rank 0 of branch 0)
-        outcome.text_encoder = encoder_info
-        outcome.video, outcome.audio = _unpatchified(run, done.latent)
-    return outcome
+def new_record(ctx: RankContext) -> RankReport:
+    """The report this rank fills for one request."""
+    return RankReport(rank=ctx.rank, cpu_allocator=cpu_memory.policy() if ctx.device.type == "cpu" else "n/a")
+
+
+def finish_record(record: RankReport, run: ResolvedRun, pipeline: RankPipeline, whole: Latent) -> RankReport:
+    """The rank's report once its request is done: what it holds, moved and used; the lead of each
+    replica (local rank 0 of branch 0) carries the latents."""
+    record.weights, record.comm, record.used = pipeline.weights, pipeline.runtime.stats, pipeline.runtime.used
+    if pipeline.runtime.rank == 0 and whole:
+        record.carry(*_unpatchified(run, whole))
+    return record
 
 
 def _unpatchified(run: ResolvedRun, latent: Latent) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The whole latent tokens as `[C, T, H, W]` video and `[C, L]` audio (None for a kind the run has none of)."""
-    shape, cfg = run.shape, run.config
+    """The whole latent as `[24, T, H/16, W/16]` video and `[2, 32, T_a]` audio (None for a kind the run has none of)."""
+    shape = run.shape
     video, audio = latent.get(SegmentKind.VIDEO), latent.get(SegmentKind.AUDIO)
     return (
-        unpatchify_video(video.cpu(), shape.video_latent, cfg.video_patch) if video is not None else None,
-        unpatchify_audio(audio.cpu(), shape.audio_latent, cfg.audio_patch) if audio is not None else None,
+        unpatchify_video(video.cpu(), shape.video_latent, shape.patch) if video is not None else None,
+        unpack_audio(audio.cpu()) if audio is not None else None,
     )

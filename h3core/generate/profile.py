@@ -6,7 +6,7 @@ on the dequant paths), one per collective kind (`seq_to_head`, `head_to_seq`, `g
 `reduce_scatter_rows`, `repartition_rows`, `cfg_exchange`, `broadcast`; waiting for a late peer counts there), and
 `rest`: the step's time minus all of them (norms, RoPE, modulation, residuals, the sampler, Python).
 
-How: forward hooks on those modules and `collectives.set_region_timer`, applied to a finished model
+How: forward hooks on those modules and the rank's `CommStats.timer`, applied to a finished model
 from outside (the model file stays as it is); nothing is registered when profiling is off. Regions
 nest (a collective inside a hooked module, a collective calling another): each region's time counts
 once, in the innermost category it belongs to (exclusive time). On the CPU the clock is
@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.parallel import collectives
+from h3core.parallel.collectives import CommStats
 
 ATTENTION, LINEARS, REST = "attention", "nvfp4_linears", "rest"
 COLLECTIVES = (
@@ -105,8 +106,9 @@ class Profiler:
 
     # -- wiring -----------------------------------------------------------------------------------
 
-    def attach(self, model: torch.nn.Module) -> "Profiler":
-        """Hook every NVFP4 linear and every innermost attention core of `model`, and the collectives."""
+    def attach(self, model: torch.nn.Module, stats: "CommStats | None" = None) -> "Profiler":
+        """Hook every NVFP4 linear and every innermost attention core of `model`, and the collectives
+        that count into `stats` (the rank's counters: their `timer`)."""
         from h3core.model.dit import AttentionCore
 
         for module in model.modules():
@@ -114,14 +116,17 @@ class Profiler:
             if name is not None:
                 self._handles.append(module.register_forward_pre_hook(lambda m, a, n=name: self._enter(n)))
                 self._handles.append(module.register_forward_hook(lambda m, a, o: self._exit()))
-        collectives.set_region_timer(self.region)
+        self._stats = stats
+        if stats is not None:
+            stats.timer = self.region
         return self
 
     def detach(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        collectives.set_region_timer(None)
+        if getattr(self, "_stats", None) is not None:
+            self._stats.timer = None
 
     def result(self) -> RankProfile:
         return RankProfile(rank=self.rank, clock="cuda events" if self.cuda else "perf_counter", steps=self.steps)
@@ -188,12 +193,13 @@ class Profiler:
 
 
 @contextmanager
-def profiling(model: torch.nn.Module, device: torch.device, rank: int, enabled: bool) -> Iterator[Profiler | None]:
-    """A `Profiler` attached to `model` for the block (None when not enabled: nothing is registered)."""
+def profiling(model: torch.nn.Module, device: torch.device, rank: int, enabled: bool, stats: "CommStats | None" = None) -> Iterator[Profiler | None]:
+    """A `Profiler` attached to `model` and the collectives counting into `stats` for the block
+    (None when not enabled: nothing is registered)."""
     if not enabled:
         yield None
         return
-    profiler = Profiler(device, rank).attach(model)
+    profiler = Profiler(device, rank).attach(model, stats)
     try:
         yield profiler
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, computed_field
 
 from h3core.errors import CheckFailed
 from h3core.generate.parity import LatentParity
@@ -13,8 +13,10 @@ from h3core.generate.profile import RankProfile, RunProfile
 from h3core.generate.request import ResolvedRun, RunShape
 from h3core.model.checkpoint import SYNTHETIC
 from h3core.model.config import ModelConfig
+from h3core.model.sequence import KINDS, kind_length
 from h3core.parallel.collectives import CommStats
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 from h3core.parallel.runtime import RankUsage
 from h3core.reports.schema import TensorChecksum, Versions, timestamp
 from h3core.runtime import device as dev
@@ -43,41 +45,66 @@ class HeldWeights(BaseModel):
         return self.block_linears_resident / self.block_linears_full if self.block_linears_full else 1.0
 
 
-class RankOutcome(BaseModel):
-    """What one rank reports back to the launching process."""
+class RankReport(BaseModel):
+    """What one rank ran and measured for one request: produced on the rank (`rank_generate`), sent
+    back as it is, and embedded as it is in the run's report (`RunReport.ranks`). The lead of each
+    replica also carries the final latents (`latents`, not serialised: they go to latents.safetensors)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     rank: int
-    timings: dict[str, float]
-    step_seconds: list[float]
-    peak_memory_text: int
-    peak_memory_sampling: int
-    weights: HeldWeights
-    comm: CommStats
-    nvfp4_paths: dict[str, int]  # NVFP4 matmul path -> forward calls in the denoising loop (what ran)
-    attention_kernels: dict[str, int]  # attention kernel -> calls in the denoising loop (what ran)
-    used: RankUsage  # the spans and shards this rank ran with
-    cpu_allocator: str = "n/a"  # h3core.runtime.cpu_memory policy of this rank (CPU runs)
-    profile: RankProfile | None = None  # with request.profile
-    text_encoder: dict | None = None  # rank 0
-    video: torch.Tensor | None = None  # rank 0: [C, T, H, W] float32
-    audio: torch.Tensor | None = None  # rank 0: [C, L] float32
+    timings: dict[str, float] = Field(default_factory=dict, description="Seconds per phase on this rank (text_encode, load, sampling, gather).")
+    step_seconds: list[float] = Field(default_factory=list, description="Seconds per denoising step on this rank.")
+    peak_memory_text_bytes: int = Field(0, description="Peak device memory while the text encoder ran (rank 0).")
+    peak_memory_sampling_bytes: int = Field(0, description="Peak device memory of the denoising loop (CPU: the process's peak RSS).")
+    weights: HeldWeights | None = None
+    comm: CommStats = Field(default_factory=CommStats)
+    nvfp4_paths: dict[str, int] = Field(default_factory=dict, description="NVFP4 matmul path -> GEMM calls this rank ran in the denoising loop.")
+    attention_kernels: dict[str, int] = Field(default_factory=dict, description="Attention kernel -> calls this rank ran in the denoising loop.")
+    used: RankUsage | None = Field(None, description="The heads, rows of each sequence and tensor-mode shards this rank ran with (the run's `partition` planned them).")
+    cpu_allocator: str = Field("n/a", description="CPU runs: this rank's allocator policy (h3core.runtime.cpu_memory).")
+    profile: RankProfile | None = Field(None, description="With --profile: where each step's time went on this rank.")
+    text_encoder: dict | None = Field(None, description="Rank 0: what the text encoder loaded and read.")
+    _video: torch.Tensor | None = PrivateAttr(default=None)  # [24, T, H/16, W/16] float32, a replica's lead
+    _audio: torch.Tensor | None = PrivateAttr(default=None)  # [2, 32, T_a] float32
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def sampling_seconds(self) -> float:
+        return self.timings.get("sampling", 0.0)
+
+    @property
+    def video(self) -> torch.Tensor | None:
+        return self._video
+
+    @property
+    def audio(self) -> torch.Tensor | None:
+        return self._audio
 
     @property
     def latents(self) -> dict[str, torch.Tensor | None]:
-        return {"video": self.video, "audio": self.audio}
+        return {"video": self._video, "audio": self._audio}
+
+    def carry(self, video: torch.Tensor | None, audio: torch.Tensor | None) -> None:
+        """Attach the final latents (the lead of a replica)."""
+        self._video, self._audio = video, audio
 
 
-class RankStats(BaseModel):
-    rank: int
-    peak_memory_text_bytes: int
-    peak_memory_sampling_bytes: int
-    weights: HeldWeights
-    comm: CommStats
-    sampling_seconds: float
-    nvfp4_paths: dict[str, int] = Field(default_factory=dict, description="NVFP4 matmul path -> forward calls this rank ran in the denoising loop.")
-    attention_kernels: dict[str, int] = Field(default_factory=dict, description="Attention kernel -> calls this rank ran in the denoising loop.")
-    used: RankUsage | None = Field(None, description="The heads, rows of each sequence and tensor-mode shards this rank ran with (the run's `partition` planned them).")
+class Schedules(BaseModel):
+    """The two sigma schedules a run sampled with (`h3core.model.sampler`): the model is fed 1 - sigma."""
+
+    points: int = Field(description="Sigma points of each schedule, terminal 0 included (points - 1 forwards).")
+    video_shift: float
+    audio_shift: float
+    video_sigmas: list[float]
+    audio_sigmas: list[float]
+
+    @classmethod
+    def of(cls, shape: RunShape) -> "Schedules":
+        from h3core.model.sampler import shifted_sigmas
+
+        return cls(points=shape.steps, video_shift=shape.video_shift, audio_shift=shape.audio_shift,
+                   video_sigmas=shifted_sigmas(shape.steps, shape.video_shift).tolist(),
+                   audio_sigmas=shifted_sigmas(shape.steps, shape.audio_shift).tolist())
 
 
 class RunFiles(BaseModel):
@@ -88,9 +115,15 @@ class RunFiles(BaseModel):
     benchmark: str | None = None
 
 
+SCHEMA = 2
+"""The shape of `RunReport`: 2 (MiniMax-H3's shapes and schedules; `ranks[]` is each rank's own
+`RankReport`); 1 (unversioned) before."""
+
+
 class RunReport(BaseModel):
     """Everything about one `h3 generate` run (DESIGN.md §6)."""
 
+    schema_version: int = Field(SCHEMA, description="The shape of this report (h3core.generate.report.SCHEMA).")
     command: str = "generate"
     created: str
     mode: Mode
@@ -112,11 +145,13 @@ class RunReport(BaseModel):
     guidance_scale: float
     seed: int
     shape: RunShape
+    schedules: Schedules
     num_tokens: int
+    rows: dict[str, int] = Field(description="Rows of the prompt's packed sequence per modality: text, audio, video.")
     partition: ParallelPlan
     timings: dict[str, float]  # per phase, the slowest rank
     step_seconds: list[float]  # per step, the slowest rank
-    ranks: list[RankStats]
+    ranks: list[RankReport] = Field(description="Every rank's own report, as the rank made it.")
     comm_total: CommStats
     video: TensorChecksum | None
     audio: TensorChecksum | None
@@ -157,7 +192,7 @@ def per_rank_summary(records: list[dict[str, int]]) -> str:
     return "; ".join(f"rank {rank}: {name}" for rank, name in enumerate(names))
 
 
-def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
+def build_report(run: ResolvedRun, outcomes: list[RankReport]) -> RunReport:
     """The run's report from every rank's outcome (rank 0's first: it carries the latents)."""
     req, first = run.request, outcomes[0]
     return RunReport(
@@ -170,9 +205,10 @@ def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
         weights=SYNTHETIC if run.synthetic else f"{run.checkpoint} ({run.checkpoint.stat().st_size:,} bytes)",
         checkpoint=str(run.checkpoint), config=run.config, text_encoder=first.text_encoder or {},
         prompt=req.prompt, negative_prompt=req.negative_prompt, guidance_scale=req.guidance_scale, seed=req.seed,
-        shape=run.shape, num_tokens=run.plan.num_tokens, partition=run.plan,
+        shape=run.shape, schedules=Schedules.of(run.shape), num_tokens=run.plan.num_tokens,
+        rows={kind.value: kind_length(run.plan.segments, kind) for kind in KINDS}, partition=run.plan,
         timings=_slowest_phases(outcomes), step_seconds=_slowest_steps(outcomes),
-        ranks=[_rank_stats(o) for o in outcomes], comm_total=CommStats.total(o.comm for o in outcomes),
+        ranks=outcomes, comm_total=CommStats.total(o.comm for o in outcomes),
         video=TensorChecksum.of(first.video) if first.video is not None else None,
         audio=TensorChecksum.of(first.audio) if first.audio is not None else None,
         cpu_allocator=first.cpu_allocator,
@@ -181,20 +217,12 @@ def build_report(run: ResolvedRun, outcomes: list[RankOutcome]) -> RunReport:
     )
 
 
-def _slowest_phases(outcomes: list[RankOutcome]) -> dict[str, float]:
+def _slowest_phases(outcomes: list[RankReport]) -> dict[str, float]:
     """Per phase, the slowest rank's seconds."""
     phases = sorted({k for o in outcomes for k in o.timings})
     return {p: max(o.timings.get(p, 0.0) for o in outcomes) for p in phases}
 
 
-def _slowest_steps(outcomes: list[RankOutcome]) -> list[float]:
+def _slowest_steps(outcomes: list[RankReport]) -> list[float]:
     """Per denoising step, the slowest rank's seconds."""
     return [max(o.step_seconds[i] for o in outcomes) for i in range(len(outcomes[0].step_seconds))]
-
-
-def _rank_stats(o: RankOutcome) -> RankStats:
-    return RankStats(
-        rank=o.rank, peak_memory_text_bytes=o.peak_memory_text, peak_memory_sampling_bytes=o.peak_memory_sampling,
-        weights=o.weights, comm=o.comm, sampling_seconds=o.timings.get("sampling", 0.0),
-        nvfp4_paths=o.nvfp4_paths, attention_kernels=o.attention_kernels, used=o.used,
-    )

@@ -19,9 +19,10 @@ from h3core import settings
 from h3core.errors import ConfigError
 from h3core.generate.memory import check_limits
 from h3core.model.checkpoint import SYNTHETIC, Checkpoint
-from h3core.model.config import ModelConfig, preset as get_preset
+from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
 from h3core.parallel.layout import RankLayout
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 from h3core.runtime.device import compute_dtype
 from h3core.settings import UserRequest
 
@@ -47,10 +48,11 @@ class GenerateRequest(UserRequest):
     preset: str | None = Field(None, description="Model preset; default tiny without a checkpoint, h3 with one.")
     width: int | None = Field(None, ge=1, description="Pixels (default: the preset's).")
     height: int | None = Field(None, ge=1, description="Pixels (default: the preset's).")
-    frames: int | None = Field(None, ge=1, description="Video frames, 4k+1 (default: the preset's).")
-    steps: int | None = Field(None, ge=1)
+    frames: int | None = Field(None, ge=1, description="Video frames; snapped up to the next 17n + 5 (default: the preset's).")
+    steps: int | None = Field(None, ge=2, description="Sigma points of the schedule, terminal 0 included: steps - 1 forwards (default: the preset's; H3's official 50).")
     seed: int = Field(settings.DEFAULT_SEED, ge=0, le=MAX_SEED)
-    shift: float | None = Field(None, gt=0, allow_inf_nan=False, description="Sampler sigma shift (default: the preset's).")
+    video_shift: float | None = Field(None, gt=0, allow_inf_nan=False, description="Flow shift of the video schedule (default: the preset's, 12).")
+    audio_shift: float | None = Field(None, gt=0, allow_inf_nan=False, description="Flow shift of the audio schedule (default: the preset's, 3).")
     mode: Mode = Mode.ULYSSES
     world_size: int = Field(1, ge=1, description="Every rank of the run: replicas x CFG halves x ranks per sequence.")
     cfg_parallel: bool = Field(False, description="With guidance: half the ranks run the prompt's sequence, half the negative prompt's; one exchange per step.")
@@ -100,30 +102,27 @@ class GenerateJob(BaseModel):
         )
 
 
-class RunShape(BaseModel):
-    """The resolved geometry of a run (what every rank agrees on before spawning)."""
+class RunShape(VideoShape):
+    """The resolved geometry and schedules of a run (what every rank agrees on before spawning)."""
 
     model_config = ConfigDict(frozen=True)
-    width: int
-    height: int
-    frames: int
-    steps: int
-    shift: float
-    video_latent: tuple[int, int, int, int]
-    audio_latent: tuple[int, int]
-    video_grid: tuple[int, int, int]
+    steps: int = Field(description="Sigma points of each schedule, terminal 0 included (steps - 1 forwards).")
+    video_shift: float
+    audio_shift: float
 
     @classmethod
-    def of(cls, config: ModelConfig, request: GenerateRequest) -> "RunShape":
+    def of(cls, config: ModelConfig, request: GenerateRequest) -> "RunShape":  # type: ignore[override]
         """The request's sizes, the config's where the request gives none; raises on sizes the VAE cannot take."""
         width, height = _given(request.width, config.width), _given(request.height, config.height)
-        frames = _given(request.frames, config.frames)
+        video = config.video_shape(width, height, _given(request.frames, config.frames))
         return cls(
-            width=width, height=height, frames=frames, steps=_given(request.steps, config.steps), shift=_given(request.shift, config.shift),
-            video_latent=config.video_latent_shape(width, height, frames),
-            audio_latent=config.audio_latent_shape(frames),
-            video_grid=config.video_grid(width, height, frames),
+            **video.model_dump(), steps=_given(request.steps, config.steps),
+            video_shift=_given(request.video_shift, config.video_shift), audio_shift=_given(request.audio_shift, config.audio_shift),
         )
+
+    @property
+    def forwards(self) -> int:
+        return self.steps - 1
 
 
 class ResolvedRun(BaseModel):
@@ -149,7 +148,7 @@ def resolve(request: GenerateRequest) -> ResolvedRun:
     config = checkpoint.config if checkpoint else base
     shape = RunShape.of(config, request)
     _check_backends(request, config)
-    plan = build_plan(request, config, shape)
+    plan = build_plan(request, config, shape, specs=checkpoint.specs() if checkpoint else None)
     elements = math.prod(shape.video_latent) + math.prod(shape.audio_latent)
     dtype = compute_dtype(request.device, request.dtype)
     check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention)
@@ -167,16 +166,17 @@ def _check_backends(request: GenerateRequest, config: ModelConfig) -> None:
     settings.emulate_fp4()
 
 
-def build_plan(request: GenerateRequest, config: ModelConfig, shape: RunShape) -> ParallelPlan:
+def build_plan(request: GenerateRequest, config: ModelConfig, shape: RunShape, specs=None) -> ParallelPlan:  # type: ignore[no-untyped-def]
     """The plan of every sequence the ranks will run, from the prompts' real token counts, for the
-    request's layout of ranks (checked first: a count that does not split is one line)."""
+    request's layout of ranks (checked first: a count that does not split is one line); `specs`:
+    the checkpoint's tensors (None: the synthetic layout) for the bytes each rank holds."""
     from h3core.text import check_text_encoder
 
     layout = rank_layout(request)
     tokenizer = check_text_encoder(request.text_encoder_path, hidden_size=config.text_dim)
-    lengths = [min(len(tokenizer.encode(p)), config.max_text_tokens) for p in request.prompts]
+    lengths = [len(tokenizer.encode(p)) for p in request.prompts]
     sequences = [config.segments(shape.width, shape.height, shape.frames, n) for n in lengths]
-    return ParallelPlan.for_layout(config, layout, request.mode, *sequences)
+    return ParallelPlan.for_layout(config, layout, request.mode, *sequences, specs=specs)
 
 
 def rank_layout(request: GenerateRequest) -> RankLayout:
@@ -192,6 +192,7 @@ def _weights(request: GenerateRequest, checkpoint: Checkpoint | None, base: Mode
     if checkpoint is None:
         return synthetic_checkpoint(base, seed=0)[0], True
     checkpoint.validate()
+    checkpoint.file.reader.close()
     return Path(request.model_path), checkpoint.weights == SYNTHETIC  # type: ignore[arg-type]
 
 

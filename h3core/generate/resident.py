@@ -2,8 +2,8 @@
 
 A World's ranks outlive its `World.run` calls (spawned workers serve task after task; at world
 size 1 and under torchrun the task runs in the calling process), so a rank keeps its loaded
-`RankPipeline` in its own process between calls, in `_HELD`, keyed by everything that decides the
-load (`LoadKey`: checkpoint, config, mode, rank layout, this rank's heads and tensor shards, device,
+`RankPipeline` between calls on its own context (`RankContext.held`, which lives as long as the
+World), keyed by everything that decides the load (`LoadKey`: checkpoint, config, mode, rank layout, this rank's heads and tensor shards, device,
 dtype, attention backend, process group). A request's token spans are not in the key: they depend
 on its size and text length, and `RankPipeline.denoise` takes them from the request's own plan.
 
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from h3core.generate.pipeline import RankPipeline, encode_request, open_text_encoder, rank_outcome, rank_runtime
-from h3core.generate.report import RankOutcome
+from h3core.generate.pipeline import RankPipeline, encode_request, finish_record, new_record, open_text_encoder, rank_runtime
+from h3core.generate.report import RankReport
 from h3core.generate.request import ResolvedRun
 from h3core.parallel.collectives import broadcast_tensors
 from h3core.parallel.layout import RankGroups
@@ -74,26 +74,27 @@ class EncodedPrompts(BaseModel):
         return {"info": self.info, "peak_memory": self.peak_memory}
 
 
-_HELD: dict[LoadKey, RankPipeline] = {}
+HELD = "pipeline"
+"""The key of the loaded pipeline in `RankContext.held`: (LoadKey, RankPipeline)."""
 
 
 def held_pipeline(ctx: RankContext, run: ResolvedRun) -> tuple[RankPipeline, float]:
     """This rank's pipeline for `run` and the seconds loading it cost now (0 when it was held)."""
     key = LoadKey.of(ctx, run)
-    if key in _HELD:
-        return _HELD[key], 0.0
+    held = ctx.held.get(HELD)
+    if held is not None and held[0] == key:
+        return held[1], 0.0
     drop_held(ctx)
     pipeline = RankPipeline.load(ctx, run, rank_runtime(ctx, run))
-    _HELD[key] = pipeline
+    ctx.held[HELD] = (key, pipeline)
     return pipeline, pipeline.timings["load"]
 
 
-def drop_held(ctx: RankContext | None = None) -> None:
-    """Forget the held pipeline and hand its memory back (a task, and a plain call in this process)."""
-    if _HELD:
-        device = next(iter(_HELD.values())).device
-        _HELD.clear()
-        dev.release_memory(device.type)
+def drop_held(ctx: RankContext) -> None:
+    """Forget the held pipeline and hand its memory back (a World task on every rank)."""
+    held = ctx.held.pop(HELD, None)
+    if held is not None:
+        dev.release_memory(held[1].device.type)
 
 
 def encode_prompts_once(ctx: RankContext, runs: list[ResolvedRun]) -> EncodedPrompts | None:
@@ -118,7 +119,7 @@ def encode_prompts_once(ctx: RankContext, runs: list[ResolvedRun]) -> EncodedPro
 
 
 def denoise_round(ctx: RankContext, runs: list[ResolvedRun | None], texts: list[list[torch.Tensor]] | None,
-                  seconds: list[float], encoded: dict[str, Any]) -> RankOutcome | None:
+                  seconds: list[float], encoded: dict[str, Any]) -> RankReport | None:
     """One request per replica group, all at once (module docstring): `runs[r]` is replica r's request
     (None: that group idles this round); `texts[r]` its hidden states (rank 0 has them all; the
     other ranks get them by one broadcast over the world); `seconds[r]` its encode time; `encoded`:
@@ -138,9 +139,11 @@ def denoise_round(ctx: RankContext, runs: list[ResolvedRun | None], texts: list[
     received = broadcast_tensors(flat, src=0, group=ctx.group, device=ctx.device, stats=stats)
     if run is None or pipeline is None:
         return None
-    done = pipeline.denoise(run, _texts_of(runs, received, replica), ctx.report)
-    timings = {"text_encode": seconds[replica], "load": load_seconds}
-    return rank_outcome(ctx, run, pipeline.runtime, pipeline, done, encoded.get("info"), timings, encoded.get("peak_memory", 0))
+    record = new_record(ctx)
+    record.timings.update(text_encode=seconds[replica], load=load_seconds)
+    record.peak_memory_text_bytes, record.text_encoder = encoded.get("peak_memory", 0), encoded.get("info") if ctx.rank == 0 else None
+    whole = pipeline.denoise(run, _texts_of(runs, received, replica), record, ctx.report)
+    return finish_record(record, run, pipeline, whole)
 
 
 def _texts_of(runs: list[ResolvedRun | None], received: list[torch.Tensor], replica: int) -> list[torch.Tensor]:

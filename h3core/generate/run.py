@@ -19,9 +19,9 @@ from h3core.errors import ConfigError
 from h3core.generate.files import output_bytes, write_outputs
 from h3core.generate.parity import LatentParity, latent_parity, run_tolerance
 from h3core.generate.pipeline import rank_generate
-from h3core.generate.report import RankOutcome, RunReport, StepDone, build_report
+from h3core.generate.report import RankReport, RunReport, StepDone, build_report
 from h3core.generate.request import GenerateJob, GenerateRequest, ResolvedRun, build_plan, check_torchrun_parity, resolve
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.outputs import Outputs
 from h3core.runtime import device as dev
 from h3core.runtime.world import World
@@ -29,7 +29,7 @@ from h3core.runtime.world import World
 StepCallback = Callable[[StepDone], None]
 
 
-def execute(run: ResolvedRun, on_step: StepCallback | None = None) -> list[RankOutcome] | None:
+def execute(run: ResolvedRun, on_step: StepCallback | None = None) -> list[RankReport] | None:
     """Run every rank of `run` in a fresh World; rank 0's outcome (first) carries the latents.
 
     Under torchrun every process calls this; only rank 0 gets the outcomes, the others None.
@@ -60,10 +60,10 @@ def one_rank_latents(
     return outcome.latents
 
 
-def reference_parity(run: ResolvedRun, outcome: RankOutcome) -> LatentParity:
+def reference_parity(run: ResolvedRun, outcome: RankReport) -> LatentParity:
     """Compare with the single-rank reference (at one rank: the other mode, the identity path)."""
     req = run.request
-    other = Mode.TENSOR if req.mode is Mode.ULYSSES else Mode.ULYSSES
+    other = next(m for m in Mode if m != req.mode)
     mode = other if req.world_size == 1 else req.mode
     name = f"1 rank, {mode.value} mode" + (" (the identity path)" if req.world_size == 1 else "")
     threads = dev.cpu_threads_per_rank(req.world_size) if req.device == "cpu" else None

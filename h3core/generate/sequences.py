@@ -1,9 +1,11 @@
-"""A request's packed sequences on one rank: the prompt's (and guidance's negative prompt's) text
-hidden states with their plan and RoPE table, this rank's rows of them, and the seeded noise.
+"""A request's packed sequences on one rank: the prompt's (and guidance's negative prompt's) refined
+text rows with their plan and RoPE table, this rank's rows of them, and the seeded noise.
 
-Noise depends only on the seed and the shapes (`h3core.model.sampler.initial_noise`), so every rank draws
-the same whole latent and keeps its own rows of it: the latent state stays token-sharded, in the
-rows the prompt's sequence gives this rank, for the whole loop.
+The token refiner depends on the text only, so each sequence's text rows are refined once per
+request (`H3Model.refine_text`, on every rank: two blocks over the L text rows, against fifty over
+the whole sequence per step), and every forward takes its rows of them. Noise depends only on the
+seed and the shapes (`h3core.model.sampler.initial_noise`), so every rank draws the same whole
+latent and keeps its own rows: the latent state stays token-sharded for the whole loop.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from h3core.generate.request import RunShape
-from h3core.model.config import ModelConfig
-from h3core.model.dit import PackedSequence, Rope, patchify_audio, patchify_video, rope_table, token_positions
+from h3core.model.dit import H3Model, PackedSequence, Rope, rope_table
+from h3core.model.positions import position_ids
 from h3core.model.sampler import initial_noise
 from h3core.model.sequence import LATENT_KINDS, Segment, SegmentKind
 from h3core.parallel import partition
@@ -22,15 +24,15 @@ from h3core.parallel.plan import SequencePlan
 from h3core.span import Span
 
 Latent = dict[SegmentKind, torch.Tensor]
-"""Latent patch tokens by kind (video, audio): the whole latent, or one rank's rows of it."""
+"""Latent rows by kind (video, audio): the whole latent, or one rank's rows of it."""
 
 
 @dataclass
 class Sequence:
-    """One packed sequence of a request on one rank: its plan, text hidden states and RoPE table."""
+    """One packed sequence of a request on one rank: its plan, refined text rows and RoPE table."""
 
     plan: SequencePlan
-    text: torch.Tensor  # [L, text_dim]
+    text: torch.Tensor  # [L, D]: the refined text rows
     rope: Rope
 
     @property
@@ -51,13 +53,14 @@ class Sequence:
         return PackedSequence(segments=partition.clip_segments(self.plan.segments, rows), features=features, rope=self.rope.select(rows))
 
 
-def build_sequence(config: ModelConfig, plan: SequencePlan, text: torch.Tensor, video_grid: tuple[int, int, int], device: torch.device) -> Sequence:
-    """The sequence of `plan` with its text hidden states (whose length must be the plan's) on `device`."""
+def build_sequence(model: H3Model, plan: SequencePlan, states: torch.Tensor, shape: RunShape, device: torch.device) -> Sequence:
+    """The sequence of `plan` with its text encoder states (whose length must be the plan's), refined, on `device`."""
     planned = sum(len(s) for s in plan.segments if s.kind is SegmentKind.TEXT)
-    if text.shape[0] != planned:
-        raise RuntimeError(f"the {plan.name} encodes to {text.shape[0]} tokens but the plan has {planned}: the tokenizer changed between resolve and encode")
-    rope = rope_table(config, token_positions(plan.segments, video_grid)).to(device)
-    return Sequence(plan=plan, text=text.to(device), rope=rope)
+    if states.shape[0] != planned:
+        raise RuntimeError(f"the {plan.name} encodes to {states.shape[0]} tokens but the plan has {planned}: the tokenizer changed between resolve and encode")
+    rope = rope_table(model.config, position_ids(plan.segments, shape)).to(device)
+    text = model.refine_text(states.to(device)) if planned else states.new_zeros(0, model.config.hidden).to(device, model.dtype)
+    return Sequence(plan=plan, text=text, rope=rope)
 
 
 def latent_kinds(segments: list[Segment]) -> list[SegmentKind]:
@@ -65,10 +68,6 @@ def latent_kinds(segments: list[Segment]) -> list[SegmentKind]:
     return [k for k in LATENT_KINDS if any(seg.kind is k for seg in segments)]
 
 
-def noise_tokens(config: ModelConfig, shape: RunShape, seed: int) -> Latent:
-    """Seeded noise as patch tokens: {video: [Nv, Pv], audio: [Na, Pa]}, float32, identical on every rank."""
-    noise = initial_noise(seed, {"video": shape.video_latent, "audio": shape.audio_latent})
-    return {
-        SegmentKind.VIDEO: patchify_video(noise["video"], config.video_patch),
-        SegmentKind.AUDIO: patchify_audio(noise["audio"], config.audio_patch),
-    }
+def noise_rows(shape: RunShape, seed: int) -> Latent:
+    """Seeded noise as packed rows: {video: [Nv, 96], audio: [2 T_a, 32]}, float32, identical on every rank."""
+    return initial_noise(seed, shape)

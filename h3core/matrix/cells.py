@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from h3core.errors import LayoutError, PartitionError, ResourceLimit
 from h3core.generate.request import ResolvedRun, resolve
 from h3core.matrix.request import MatrixRequest
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 
 
 @dataclass(frozen=True)

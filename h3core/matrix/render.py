@@ -7,7 +7,7 @@ import io
 
 from h3core.generate.profile import COLLECTIVES
 from h3core.matrix.report import CHART_NAME, CellStatus, MatrixCell, MatrixReport, cell_name, mode_label
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.units import format_bytes
 
 COLUMNS = (
@@ -153,7 +153,7 @@ def markdown(report: MatrixReport) -> str:
 
 
 def _series(report: MatrixReport, mode: Mode, value, cfg_parallel: bool = False) -> tuple[list[int], list[float]]:
-    cells = [c for c in report.cells if c.mode is mode and c.cfg_parallel == cfg_parallel and c.status is CellStatus.OK and value(c) is not None]
+    cells = [c for c in report.cells if c.mode == mode and c.cfg_parallel == cfg_parallel and c.status is CellStatus.OK and value(c) is not None]
     return [c.count for c in cells], [value(c) for c in cells]
 
 

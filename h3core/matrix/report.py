@@ -11,7 +11,7 @@ from h3core.errors import CheckFailed
 from h3core.generate.parity import LatentParity
 from h3core.generate.request import RunShape
 from h3core.matrix.request import MatrixRequest
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.schema import Versions
 
 REPORT_NAME, MARKDOWN_NAME, CHART_NAME = "matrix.json", "matrix.md", "matrix.png"
@@ -85,7 +85,7 @@ class MatrixReport(BaseModel):
     versions: Versions
 
     def cell(self, mode: Mode, count: int, cfg_parallel: bool = False) -> MatrixCell | None:
-        return next((c for c in self.cells if c.mode is mode and c.count == count and c.cfg_parallel == cfg_parallel), None)
+        return next((c for c in self.cells if c.mode == mode and c.count == count and c.cfg_parallel == cfg_parallel), None)
 
     def problems(self) -> list[str]:
         """Every failed cell, failed or unmeasured parity, and a 1-rank identity that does not hold."""

@@ -10,12 +10,12 @@ from h3core import settings
 from h3core.generate.request import GenerateRequest
 from h3core.errors import LayoutError
 from h3core.parallel.layout import CFG_NEEDS_GUIDANCE
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.outputs import default_folder
 from h3core.runtime import device as dev
 
 DEFAULT_COUNTS = (1, 2, 4, 6, 8)  # the seed's matrix
-DEFAULT_MODES = (Mode.ULYSSES, Mode.TENSOR)
+DEFAULT_MODES = tuple(Mode)  # every registered mode
 
 
 class MatrixRequest(BaseModel):

@@ -20,7 +20,7 @@ from h3core.matrix.files import write_matrix_files
 from h3core.matrix.report import REPORT_NAME, SINGLE_STEP_NOTE, CellStatus, cell_name, MatrixCell, MatrixProgress, MatrixReport, ProgressCallback
 from h3core.matrix.request import MatrixRequest
 from h3core.matrix.summary import initial_cell, ranks_note, steady_step_seconds, summarise
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.outputs import FileInFolder, OutputFile, OutputFolder, Outputs, publish_on_interrupt
 from h3core.reports.schema import Versions, timestamp
 from h3core.runtime import device as dev

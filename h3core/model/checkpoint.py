@@ -1,289 +1,294 @@
-"""The H3 checkpoint: its contract and the loader (the synthetic checkpoint's writer: `h3core.model.synthetic`).
+"""Loading an H3 transformer from any checkpoint layout (`h3core.checkpoints`), and its config.
 
-The contract (docs/checkpoint.md has the table) is the state dict of `H3Model` itself: every
-module's tensor names and shapes, NVFP4 linears under ModelOpt names (`<layer>.weight` uint8
-`[out, in/2]`, `.weight_scale` fp8 `[out, in/16]`, `.weight_scale_2` fp32 `[]`, `.bias`), dense
-tensors in bf16/fp16/fp32. A file carries, in its safetensors metadata, `format` = `h3-nvfp4`,
-`format_version`, `config` (the `ModelConfig` as JSON) and `weights` (`synthetic` or a free-form
-origin). A file without `config` metadata has its dimensions inferred from its shapes; when both
-exist they must agree.
+`Checkpoint.open(path, base)` detects the layout from the contents (a Comfy single file, bf16 or
+NVFP4, full or AdaLN-pruned; the official shards; the diffusers `transformer/` folder; the ModelOpt
+NVFP4 layout), infers the model's dimensions from the tensor shapes (a diffusers `config.json`
+supplies what shapes cannot: RoPE base, epsilon) and takes what no file says (the run's default
+resolution and steps) from `base`, the preset. `load` builds the model on the meta device and fills
+every slot from the file: there is never a second copy of a weight. Dense tensors load in the
+stream dtype except the float32 islands (`H3Model.fp32_module`); NVFP4 linears keep their packed
+format, each prepared for its device's matmul path once, here.
 
-Loading builds the model on the meta device and assigns each tensor read from disk straight into
-it (`load_state_dict(assign=True)`): there is never a second copy of a weight. Parts can be left
-out (`skip`) so that tensor mode reads only its own slices of the big per-block linears.
+Tensor mode leaves its block linears out of `load` (`skip`) and reads its shards through
+`weight_source` (only their rows or columns, in any layout).
 
-Every NVFP4 linear may also carry ModelOpt's optional `.input_scale` (F32 `[]`, the static
-activation global scale `amax / (6 * 448)` the fp4 GEMM quantizes its input with); the loader
-keeps it, and prepares each linear for its device's matmul path (`NVFP4Linear.prepare`) once,
-at load.
+`load_transformer(path, dtype=None, device="cpu")` is the public entry point outside checks call
+(docs/checkpoint.md): the model, whose forward also takes diffusers' argument names.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from pydantic import ValidationError
 
+from h3core.checkpoints.file import TransformerFile, open_transformer
 from h3core.errors import CheckpointError
-from h3core.files.paths import path_kind
-from h3core.files.safetensors import SafetensorsReader
 from h3core.model.config import ModelConfig
-from h3core.model.dit import H3Model
-from h3core.nvfp4 import layout
-from h3core.nvfp4.io import CheckpointWeights
-from h3core.nvfp4.linear import NVFP4Linear
+from h3core.model.dit import H3Model, rope_inv_freq
+from h3core.nvfp4.layout import ColumnSlice
+from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
+from h3core.span import Span
 
-FORMAT = "h3-nvfp4"
-FORMAT_VERSION = "1"
 SYNTHETIC = "synthetic"
-_DENSE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_NVFP4_EXTRAS = ("input_scale", "pre_quant_scale")
-"""Optional per-linear tensors of a ModelOpt export, outside the model's own state dict."""
-
-
-def nvfp4_prefixes(model: torch.nn.Module) -> list[str]:
-    """Module names of every NVFP4 linear in `model`."""
-    return [name for name, module in model.named_modules() if isinstance(module, NVFP4Linear)]
+WEIGHTS_KEY = "h3_weights"
+"""Metadata key of h3's synthetic files (`synthetic`); any other file reports its own path."""
 
 
 @dataclass(frozen=True)
 class TensorSpec:
+    """One stored tensor: its (original) name, stored shape and safetensors dtype, and its bytes."""
+
     name: str
     shape: tuple[int, ...]
-    dtype: torch.dtype  # the exact dtype for NVFP4 tensors; for dense ones, "some float dtype"
-    nvfp4: bool
+    dtype: str
+    nbytes: int
+
+    @property
+    def prefix(self) -> str:
+        return self.name.rsplit(".", 1)[0]
+
+    @property
+    def parameters(self) -> int:
+        """Weights it holds: packed NVFP4 bytes hold two each, scales and markers none."""
+        if self.name.endswith((".weight_scale", ".weight_scale_2", ".input_scale", ".comfy_quant")):
+            return 0
+        n = math.prod(self.shape)
+        return 2 * n if self.dtype == "U8" and self.name.endswith(".weight") else n
 
 
-@functools.lru_cache(maxsize=16)
-def schema(config: ModelConfig) -> tuple[TensorSpec, ...]:
-    """Every tensor an H3 checkpoint for `config` holds, in state-dict order (built once per config)."""
-    model = H3Model(config)
-    quantized = tuple(f"{p}." for p in nvfp4_prefixes(model))
-    specs = []
-    for name, tensor in model.state_dict().items():
-        packed = name.startswith(quantized) and not name.endswith(".bias")
-        specs.append(TensorSpec(name, tuple(tensor.shape), tensor.dtype, packed))
-    return tuple(specs)
+def linear_slots(model: torch.nn.Module) -> list[tuple[str, DenseLinear]]:
+    """Every linear slot of a freshly built model (name, module), in module order."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, DenseLinear)]
 
 
-DENSE_BYTES = 2
-"""Dense tensors are stored in bf16 (what `stored_bytes` counts; a file may also hold fp16 or fp32)."""
+# --- the config a file describes -------------------------------------------------------------------
 
 
-def stored_bytes(spec: TensorSpec) -> int:
-    """Bytes of a tensor as the contract stores it (dense ones in bf16)."""
-    return math.prod(spec.shape) * (spec.dtype.itemsize if spec.nvfp4 else DENSE_BYTES)
+def infer_config(file: TransformerFile, base: ModelConfig) -> ModelConfig:
+    """Dimensions from tensor shapes (and a diffusers config.json); the run's defaults from `base`.
 
-
-def parameters(spec: TensorSpec) -> int:
-    """Weights a tensor holds: packed NVFP4 bytes hold two each, scales hold none."""
-    if spec.name.endswith(("weight_scale", "weight_scale_2")):
-        return 0
-    n = math.prod(spec.shape)
-    return layout.unpacked_width(n) if spec.nvfp4 else n
-
-
-# --- config in metadata --------------------------------------------------------------------------
-
-
-def infer_config(reader: SafetensorsReader, base: ModelConfig, source: Path) -> ModelConfig:
-    """Dimensions from tensor shapes; everything shapes cannot tell (geometry, defaults) from `base`.
-
-    Every shape is checked before it is used (rank, non-empty dimensions, exact divisions), and the
-    result is validated as a `ModelConfig`: a crafted or damaged file is one CheckpointError line.
+    Every shape is checked before it is used and the result is validated as a `ModelConfig`: a
+    crafted or damaged file is one CheckpointError line.
     """
-    hidden = _dim(reader, source, "kind_embed", 1, 2)
-    head_dim = _dim(reader, source, "blocks.0.attn.norm_q.weight", 0, 1)
-    pt, ph, pw = base.video_patch
-    fields = dict(
-        name="checkpoint",
-        num_heads=_exact(source, hidden, head_dim, "the model width"),
-        head_dim=head_dim,
-        num_blocks=_block_count(reader.keys(), source),
-        mlp_width=layout.unpacked_width(_dim(reader, source, "blocks.0.mlp.fc2.weight", 1, 2)),
-        text_dim=layout.unpacked_width(_dim(reader, source, "text_embed.weight", 1, 2)),
-        time_embed_dim=layout.unpacked_width(_dim(reader, source, "time_in.weight", 1, 2)),
-        video_channels=_exact(source, _dim(reader, source, "video_embed.weight", 1, 2), pt * ph * pw, "the video patch width"),
-        audio_channels=_exact(source, _dim(reader, source, "audio_embed.weight", 1, 2), base.audio_patch, "the audio patch width"),
+    hidden, patch_dim = _dims(file, "video_patch_proj.weight", 2)
+    head_dim = _dims(file, "blocks.0.attn.q_norm.weight", 1)[0]
+    attention = _linear_in(file, "blocks.0.attn.out_proj")
+    pt, ph, pw = base.patch
+    fields: dict = dict(
+        name="checkpoint", hidden=hidden, head_dim=head_dim, num_heads=_exact(file, attention, head_dim, "the attention width"),
+        num_blocks=_count(file, "blocks."), refiner_blocks=_count(file, "token_refiner.blocks."),
+        ffn_dim=_linear_in(file, "blocks.0.mlp.fc2"), text_dim=_dims(file, "condition_proj.weight", 2)[1],
+        video_channels=_exact(file, patch_dim, pt * ph * pw, "the video patch width"),
+        audio_channels=_dims(file, "audio_patch_proj.weight", 2)[1],
     )
+    if "adaln_t_table" in file:
+        rows, rank = _dims(file, "adaln_t_table", 2)
+        fields.update(pruned=True, table_rows=rows, time_embed_dim=rank, time_hidden=base.time_hidden)
+    else:
+        time_hidden, freq_dim = _dims(file, "time_embedder.proj_in.weight", 2)
+        fields.update(pruned=False, time_embed_dim=_dims(file, "time_embedder.proj_out.weight", 2)[0], time_hidden=time_hidden, freq_dim=freq_dim)
+    if "rope.inv_freq" in file:
+        fields["rope_freq_dim"] = _dims(file, "rope.inv_freq", 1)[0]
+    extra = file.config_json or {}
+    for ours, theirs in (("rope_freq_dim", "rope_freq_dim"), ("rope_theta", "rope_theta"), ("norm_eps", "norm_eps")):
+        if theirs in extra:
+            fields[ours] = extra[theirs]
     try:
-        return ModelConfig.model_validate({**base.model_dump(), **fields})
+        config = ModelConfig.model_validate({**base.model_dump(), **fields})
     except ValidationError as err:
-        raise CheckpointError(f"{source}: its tensor shapes describe no valid H3 model ({err.errors()[0]['msg']})") from None
+        raise CheckpointError(f"{file.path}: its tensor shapes describe no valid H3 model ({err.errors()[0]['msg']})") from None
+    _check_rope(file, config)
+    return config
 
 
-def _dim(reader: SafetensorsReader, source: Path, name: str, axis: int, ndim: int) -> int:
-    """Dimension `axis` of tensor `name`, which must exist, be `ndim`-D and non-empty there."""
-    if name not in reader:
-        raise CheckpointError(f"{source} has no tensor {name!r}: not an H3 checkpoint (see docs/checkpoint.md)")
-    shape = tuple(reader.shape(name))
-    if len(shape) != ndim or shape[axis] < 1:
-        raise CheckpointError(
-            f"{source}: tensor {name!r} has shape {list(shape)}, not a {ndim}-D tensor with a non-empty dimension {axis}; "
-            "the file is damaged or not an H3 checkpoint"
-        )
-    return shape[axis]
+def _dims(file: TransformerFile, name: str, ndim: int) -> tuple[int, ...]:
+    if name not in file:
+        raise CheckpointError(f"{file.path} has no tensor {name!r}: not an H3 transformer checkpoint (see docs/checkpoint.md)")
+    shape = file.shape(name)
+    if len(shape) != ndim or not all(shape):
+        raise CheckpointError(f"{file.path}: tensor {name!r} has shape {list(shape)}, not a non-empty {ndim}-D tensor; the file is damaged")
+    return shape
 
 
-def _exact(source: Path, total: int, part: int, what: str) -> int:
+def _linear_in(file: TransformerFile, prefix: str) -> int:
+    _dims(file, f"{prefix}.weight", 2)
+    return file.linear_shape(prefix)[1]
+
+
+def _exact(file: TransformerFile, total: int, part: int, what: str) -> int:
     if total % part:
-        raise CheckpointError(f"{source}: {what} ({total}) is not a multiple of {part}; the file is damaged or not an H3 checkpoint")
+        raise CheckpointError(f"{file.path}: {what} ({total}) is not a multiple of {part}; the file is damaged or not an H3 checkpoint")
     return total // part
 
 
-def _block_count(names: list[str], source: Path) -> int:
-    """1 + the largest `i` of `blocks.<i>.…`; a name under `blocks.` that is not numbered is refused."""
-    indices = []
-    for name in names:
-        if name.startswith("blocks."):
-            index = name.split(".")[1]
+def _count(file: TransformerFile, under: str) -> int:
+    """1 + the largest `i` of `<under><i>.…` (0 when none); a name there that is not numbered is refused."""
+    indices = set()
+    for name in file.keys():
+        if name.startswith(under):
+            index = name[len(under):].split(".")[0]
             if not index.isdigit():
-                raise CheckpointError(f"{source}: tensor {name!r} is not under a numbered block (blocks.<i>.…); not an H3 checkpoint")
-            indices.append(int(index))
-    if not indices:
-        raise CheckpointError(f"{source} has no blocks.<i>.… tensors: not an H3 checkpoint (see docs/checkpoint.md)")
-    return 1 + max(indices)
+                raise CheckpointError(f"{file.path}: tensor {name!r} is not under a numbered block ({under}<i>.…); not an H3 checkpoint")
+            indices.add(int(index))
+    if indices and indices != set(range(max(indices) + 1)):
+        raise CheckpointError(f"{file.path}: blocks {sorted(set(range(max(indices) + 1)) - indices)[:5]} under {under!r} are missing; the file is incomplete")
+    return 1 + max(indices) if indices else 0
 
 
-def _config_from(reader: SafetensorsReader, base: ModelConfig, source: Path) -> ModelConfig:
-    meta = reader.metadata or {}
-    inferred = infer_config(reader, base, source)
-    if "config" not in meta:
-        return inferred
-    try:
-        declared = ModelConfig.model_validate_json(meta["config"])
-    except ValidationError as err:
-        raise CheckpointError(f"{source}: its config metadata is invalid ({err.errors()[0]['msg']})") from None
-    for field in ("num_heads", "head_dim", "num_blocks", "mlp_width", "text_dim", "time_embed_dim", "video_channels", "audio_channels"):
-        if getattr(declared, field) != getattr(inferred, field):
-            raise CheckpointError(
-                f"{source}: metadata says {field}={getattr(declared, field)} but the tensor shapes "
-                f"give {getattr(inferred, field)}; the file is inconsistent, re-export it"
-            )
-    return declared
+def _check_rope(file: TransformerFile, config: ModelConfig) -> None:
+    if "rope.inv_freq" not in file:
+        return
+    stored = file.tensor("rope.inv_freq").float()
+    if not torch.allclose(stored, rope_inv_freq(config), rtol=1e-6, atol=0):
+        raise CheckpointError(f"{file.path}: rope.inv_freq is not 10000^(-j/{config.rope_freq_dim}) (theta {config.rope_theta}); not an H3 checkpoint h3 knows")
 
 
-# --- the loader ----------------------------------------------------------------------------------
+# --- the loader ----------------------------------------------------------------------------------------
 
 
 class Checkpoint:
-    """An opened H3 checkpoint: its reader, config and identity. Reads lazily."""
+    """An opened H3 checkpoint: its file (any layout), config and identity. Reads lazily."""
 
-    def __init__(self, reader: SafetensorsReader, config: ModelConfig, weights: str, path: Path):
-        self.reader = reader
+    def __init__(self, file: TransformerFile, config: ModelConfig):
+        self.file = file
         self.config = config
-        self.weights = weights
-        self.path = path
 
     @classmethod
     def open(cls, path: str | Path, base: ModelConfig) -> "Checkpoint":
-        """Open and check a checkpoint; `base` supplies what the shapes cannot (resolution defaults)."""
-        path = Path(path)
-        kind = path_kind(path, follow=True)
-        if kind == "nothing":
-            raise CheckpointError(f"H3 checkpoint not found: {path}; set --model or H3_MODEL_PATH to an existing .safetensors file")
-        if kind != "a file":
-            raise CheckpointError(f"H3 checkpoint {path} is {kind}, not a file; set --model or H3_MODEL_PATH to the checkpoint's .safetensors file")
-        reader = SafetensorsReader([path])
-        meta = reader.metadata or {}
-        if meta.get("format", FORMAT) != FORMAT:
-            raise CheckpointError(f"{path} is a {meta['format']!r} file, not an H3 checkpoint ({FORMAT})")
-        config = _config_from(reader, base, path)
-        return cls(reader, config, meta.get("weights", "checkpoint"), path)
+        """Open a checkpoint of any layout; `base` supplies what the shapes cannot (resolution defaults)."""
+        file = open_transformer(path)
+        return cls(file, infer_config(file, base))
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
+
+    @property
+    def weights(self) -> str:
+        """`synthetic` for h3's synthetic files, else `checkpoint`."""
+        return SYNTHETIC if self.file.metadata.get(WEIGHTS_KEY) == SYNTHETIC else "checkpoint"
 
     @property
     def size_bytes(self) -> int:
-        return self.path.stat().st_size
+        return self.file.size_bytes
+
+    @property
+    def bytes_read(self) -> int:
+        return self.file.bytes_read
+
+    def specs(self) -> list[TensorSpec]:
+        """Every stored tensor, by original name (a diffusers folder's to_q/k/v counted as its qkv_proj)."""
+        reader = self.file.reader
+        out = []
+        for name in self.file.keys():
+            out.append(TensorSpec(name, self.file.shape(name), self.file.dtype_name(name), self.file.tensor_bytes(name)))
+        markers = [n for n in reader.keys() if n.endswith(".comfy_quant")]
+        out.extend(TensorSpec(n, reader.shape(n), "U8", reader.nbytes(n)) for n in markers)
+        return out
 
     def bytes_under(self, prefixes: tuple[str, ...]) -> int:
         """Stored bytes of every tensor whose name starts with one of `prefixes`."""
-        return sum(
-            math.prod(self.reader.shape(name)) * self.reader.dtype(name).itemsize
-            for name in self.reader.keys()
-            if name.startswith(prefixes)
-        )
+        return sum(spec.nbytes for spec in self.specs() if spec.name.startswith(prefixes))
 
-    def validate(self) -> tuple[TensorSpec, ...]:
-        """Check every tensor of the contract against the file; raise on the first missing or mismatched one."""
-        specs = schema(self.config)
-        keys = set(self.reader.keys())
-        for spec in specs:
-            if spec.name not in keys:
-                raise CheckpointError(f"{self.path}: missing tensor {spec.name!r} (expected {list(spec.shape)}); the file is incomplete or not an H3 checkpoint")
-            found_shape, found_dtype = tuple(self.reader.shape(spec.name)), self.reader.dtype(spec.name)
-            if found_shape != spec.shape:
-                raise CheckpointError(f"{self.path}: tensor {spec.name!r} has shape {list(found_shape)}, expected {list(spec.shape)}")
-            if spec.nvfp4 and found_dtype != spec.dtype or not spec.nvfp4 and found_dtype not in _DENSE_DTYPES:
-                raise CheckpointError(f"{self.path}: tensor {spec.name!r} has dtype {found_dtype}, expected {spec.dtype if spec.nvfp4 else 'bf16/fp16/fp32'}")
-        self._validate_extras(specs)
-        return specs
+    def validate(self) -> None:
+        """Check every tensor the model needs against the file (names, shapes, dtypes); raise on the first problem."""
+        model = H3Model(self.config)
+        for prefix, slot in linear_slots(model):
+            self._check_linear(prefix, slot)
+        for name, buf in _plain_tensors(model):
+            if name not in self.file:
+                raise CheckpointError(f"{self.path}: missing tensor {name!r} (expected {list(buf.shape)}); the file is incomplete or not an H3 checkpoint")
+            if self.file.shape(name) != tuple(buf.shape):
+                raise CheckpointError(f"{self.path}: tensor {name!r} has shape {list(self.file.shape(name))}, expected {list(buf.shape)}")
+            if self.file.dtype_name(name) not in ("BF16", "F16", "F32"):
+                raise CheckpointError(f"{self.path}: tensor {name!r} is {self.file.dtype_name(name)}, expected bf16/fp16/fp32")
 
-    def _validate_extras(self, specs: tuple[TensorSpec, ...]) -> None:
-        """Optional `input_scale` (F32 scalar) and `pre_quant_scale` (float `[in]`) of the NVFP4 linears."""
-        for spec in specs:
-            if not spec.name.endswith(".weight_scale_2"):
-                continue
-            prefix = spec.name.removesuffix(".weight_scale_2")
-            in_features = layout.unpacked_width(self.reader.shape(f"{prefix}.weight")[1])
-            wanted = {"input_scale": ((torch.float32,), ((), (1,))), "pre_quant_scale": (_DENSE_DTYPES, ((in_features,),))}
-            for extra, (dtypes, shapes) in wanted.items():
-                name = f"{prefix}.{extra}"
-                if name in self.reader and (self.reader.dtype(name) not in dtypes or tuple(self.reader.shape(name)) not in shapes):
-                    raise CheckpointError(
-                        f"{self.path}: tensor {name!r} is {self.reader.dtype(name)} {list(self.reader.shape(name))}, "
-                        f"expected {'float32 []' if extra == 'input_scale' else f'a float vector of {in_features}'}"
-                    )
+    def _check_linear(self, prefix: str, slot: DenseLinear) -> None:
+        if f"{prefix}.weight" not in self.file:
+            raise CheckpointError(f"{self.path}: missing tensor {prefix}.weight; the file is incomplete or not an H3 checkpoint")
+        shape = (slot.out_features, slot.in_features)
+        stored = self.file.linear_shape(prefix)
+        if self.file.storage(prefix) == "nvfp4-comfy":
+            wanted = (-(-shape[0] // 16) * 16, -(-shape[1] // 16) * 16)
+        else:
+            wanted = shape
+        if stored != wanted:
+            raise CheckpointError(f"{self.path}: linear {prefix} is {list(stored)}, the model needs {list(shape)}; the file does not match its own config")
+        if (slot.bias is not None) != (f"{prefix}.bias" in self.file):
+            raise CheckpointError(f"{self.path}: linear {prefix} {'lacks' if slot.bias is not None else 'has'} a bias; not an H3 checkpoint layout h3 knows")
 
     def load(self, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, skip: tuple[str, ...] = ()) -> H3Model:
-        """Build the model and assign its weights from disk; names under any `skip` prefix stay on meta."""
-        specs = self.validate()
+        """Build the model and fill it from disk; linears under a `skip` prefix stay empty slots."""
+        self.validate()
         model = H3Model(self.config)
-        state = {}
-        for spec in specs:
-            if spec.name.startswith(skip):
-                continue
-            tensor = self.reader.get(spec.name).to(device)
-            state[spec.name] = tensor if spec.nvfp4 else tensor.to(dtype)
-        model.load_state_dict(state, strict=False, assign=True)
-        self._load_nvfp4_extras(model, device, skip)
-        prepare_nvfp4(model)
-        return model.eval()
-
-    def _load_nvfp4_extras(self, model: H3Model, device: torch.device | str, skip: tuple[str, ...]) -> None:
-        """Each NVFP4 linear's optional `input_scale` / `pre_quant_scale`, where the file has them."""
-        for prefix in nvfp4_prefixes(model):
+        source = self.weight_source(device, dtype, model)
+        plain = _plain_tensors(model)  # before the slots are filled: then every linear is still a slot
+        for prefix, slot in linear_slots(model):
             if f"{prefix}.".startswith(skip):
                 continue
-            linear = model.get_submodule(prefix)
-            for extra in _NVFP4_EXTRAS:
-                if f"{prefix}.{extra}" in self.reader:
-                    setattr(linear, extra, self._extra(prefix, extra).to(device))
+            _set_module(model, prefix, source.linear(prefix))
+        for name, _ in plain:
+            _set_buffer(model, name, source.tensor(name))
+        return model.eval()
 
-    def _extra(self, prefix: str, extra: str) -> torch.Tensor:
-        tensor = self.reader.get(f"{prefix}.{extra}")
-        if extra == "input_scale":
-            value = tensor.float().reshape(())
-            if not (0 < float(value) < math.inf):
-                raise CheckpointError(f"{self.path}: {prefix}.input_scale is {float(value)}; it must be positive and finite (corrupt file?)")
-            return value
-        return tensor
-
-    def weight_source(self, device: torch.device | str) -> CheckpointWeights:
-        """This file as a `WeightSource` (tensor mode reads its shards through it: only their slices)."""
-        return CheckpointWeights(self.reader, device)
+    def weight_source(self, device: torch.device | str, dtype: torch.dtype, model: H3Model | None = None) -> "CheckpointWeights":
+        """This file as a `WeightSource` in the stream dtype `dtype` (tensor mode reads its shards through it)."""
+        return CheckpointWeights(self.file, model or H3Model(self.config), torch.device(device), dtype)
 
 
-def metadata(config: ModelConfig, weights: str, **extra: str) -> dict[str, str]:
-    """The safetensors metadata of an H3 checkpoint of `config` (`weights`: 'synthetic' or an origin)."""
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "config": config.model_dump_json(), "weights": weights, **extra}
+def _plain_tensors(model: H3Model) -> list[tuple[str, torch.Tensor]]:
+    """The tensors that are not linears: norm weights and the pruned variant's table."""
+    linear_names = {name for name, _ in linear_slots(model)}
+    return [(name, buf) for name, buf in model.named_buffers() if name.rsplit(".", 1)[0] not in linear_names]
 
 
-def prepare_nvfp4(model: torch.nn.Module) -> None:
-    """Build every NVFP4 linear's matmul operands for its device's path (once, at load)."""
-    for module in model.modules():
-        if isinstance(module, NVFP4Linear):
-            module.prepare()
+def _set_module(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, module)
+
+
+def _set_buffer(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+    parent, _, leaf = name.rpartition(".")
+    (model.get_submodule(parent) if parent else model).register_buffer(leaf, tensor)
+
+
+class CheckpointWeights:
+    """A `WeightSource` over a checkpoint file for a model skeleton: linears (whole or a tensor-parallel
+    shard, any layout) and plain tensors on `device`, dense ones in the stream dtype or float32 where
+    the model keeps them so (`H3Model.fp32_module`). `kinds` records the storage of what was read."""
+
+    def __init__(self, file: TransformerFile, skeleton: H3Model, device: torch.device, dtype: torch.dtype):
+        self.file, self.skeleton, self.device, self.dtype = file, skeleton, device, dtype
+        self.shapes = {prefix: (slot.out_features, slot.in_features) for prefix, slot in linear_slots(skeleton)}
+        self.kinds: set[str] = set()
+
+    def dtype_of(self, name: str) -> torch.dtype:
+        return torch.float32 if self.skeleton.fp32_module(name) else self.dtype
+
+    def has(self, name: str) -> bool:
+        return name in self.file
+
+    def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self.file.tensor(name, self.device).to(dtype or self.dtype_of(name))
+
+    def linear(self, prefix: str, *, rows: Sequence[Span] | None = None, columns: ColumnSlice | None = None) -> DenseLinear | NVFP4Linear:
+        linear = self.file.linear(prefix, shape=self.shapes[prefix], rows=rows, columns=columns, device=self.device)
+        self.kinds.add("dense" if isinstance(linear, DenseLinear) else "nvfp4")
+        return linear.to(self.dtype_of(prefix))
+
+
+def load_transformer(path: str | Path, *, dtype: torch.dtype | None = None, device: torch.device | str = "cpu") -> H3Model:
+    """The transformer at `path` (any layout h3 reads), on `device`, streaming in `dtype` (default:
+    bf16 on CUDA, float32 elsewhere). Its forward takes diffusers' argument names for one packed
+    sequence and returns `(video, audio)` velocities (docs/checkpoint.md)."""
+    from h3core.model.config import preset
+
+    device = torch.device(device)
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    return Checkpoint.open(path, preset("h3")).load(device=device, dtype=dtype)
+

@@ -1,25 +1,30 @@
-"""Model dimensions and named presets, plus the latent/patch arithmetic that turns a video request
-(width, height, frames) into packed-sequence token counts.
+"""MiniMax-H3's dimensions, the named presets, and the frame/latent arithmetic of a request.
 
-Latent arithmetic (the contract `h3 plan`, the model and the checkpoint share):
+Facts (../shared/MINIMAX_H3.md §1.1, §2.5; diffusers 0.42.1 `MiniMaxH3Transformer3DModel`'s
+config and `modular_pipelines/minimax_h3/modular_pipeline.py`):
 
-- Video VAE: 4x temporal, 16x spatial compression, causal in time, so `frames = 4k + 1` gives
-  `T = (frames - 1) / 4 + 1` latent frames of `height/16 x width/16`, `video_channels` deep.
-- Video patchify `(1, 2, 2)`: `T x (height/32) x (width/32)` tokens of `video_channels*4` features.
-  Width and height must therefore be multiples of 32.
-- Audio: a latent at `audio_latent_hz` frames per second of video time; the video runs at `fps`,
-  so `L = ceil(frames * audio_latent_hz / fps)` latent frames, patchified `audio_patch` at a time.
-- Text: one token per prompt token (no padding), at most `max_text_tokens`.
+- The residual stream is `hidden` wide (5376) while attention is `num_heads x head_dim` wide
+  (56 x 128 = 7168): qkv is `[3 * 7168, 5376]`, out `[5376, 7168]`, fc1 `[2 * 14336, 5376]` (SwiGLU,
+  `[gate; up]`), fc2 `[5376, 14336]`.
+- Video: the VAE compresses 16x in space and 4x in time, causally in 17-frame chunks, so a video
+  of `F = 17n + 5` frames has `T = 5n + 2` latent frames of `H/16 x W/16` (24 channels); the patch
+  `(1, 2, 2)` makes `T x H/32 x W/32` rows of 96 features. Width and height are multiples of 32.
+  A request for another frame count is snapped *up* to the next `17n + 5` (as the reference does).
+- Audio: 40 latents per second per channel (32 features each, no patching), two channels packed
+  channel-major: `2 * round(F / 24 * 40)` rows.
+- Text: one row per prompt token (the reference never truncates).
 
-H3 at 864x480, 141 frames: T = 36, 15 x 27 patches per frame -> 14,580 video tokens;
-ceil(141 * 25 / 24) = 147 audio tokens; with a 128-token prompt the packed sequence is 14,855.
+At 864x480, 141 frames: T = 42, 15 x 27 patches per frame -> 17,010 video rows; round(141 / 24 *
+40) = 235 latents per channel -> 470 audio rows; the packed sequence is L + 17,480 rows.
 
-Pure pydantic, no torch (`h3core.model.sequence` imports torch only for its tensor helpers): `h3 plan` and the partition checks use it before any heavy import.
+Two variants of the timestep path (§1.5): **full** (sinusoid -> `time_embedder` MLP -> SiLU ->
+`adaln_proj` from 2688 features) and **pruned** (`adaln_t_table [1025, 8]`, lerp, rank-8
+`adaln_proj`, no SiLU): `time_embed_dim` is 2688 or 8 and `pruned` says which.
+
+Pure pydantic (no torch): `h3 plan` and the partition checks use it before anything heavy loads.
 """
 
 from __future__ import annotations
-
-import math
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -27,156 +32,242 @@ from h3core.errors import ConfigError
 from h3core.model.sequence import Segment, SegmentKind, pack_segments
 from h3core.nvfp4 import layout
 
+FPS = 24
+"""Video frames per second (the official outputs and every reference)."""
+
+AUDIO_LATENTS_PER_SECOND = 40
+"""Audio latents per second per channel: 32 kHz / hop 800."""
+
+AUDIO_STEREO = 2
+"""Audio channels, packed channel-major (row = channel * T_a + latent)."""
+
+FRAMES_PER_CHUNK = 17
+"""Pixel frames the video VAE encodes per chunk (its clip length)."""
+
+LATENTS_PER_CHUNK = 5
+"""Latent frames a chunk keeps (the VAE's token chunk size): F = 17n + 5 -> T = 5n + 2."""
+
+SPATIAL_STRIDE = 16
+"""Pixels per latent pixel on each spatial axis."""
+
 
 class ModelConfig(BaseModel):
-    """Dimensions of the H3 denoiser and the defaults of a run that suit them."""
+    """Dimensions of an H3 transformer and the defaults of a run that suit them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="Preset name, or 'checkpoint' when read from a file.")
+    hidden: int = Field(gt=0, description="Residual stream width (H3: 5376); a multiple of 16.")
     num_heads: int = Field(gt=0, description="Attention heads (H3: 56).")
     head_dim: int = Field(gt=0, description="Width of one head (H3: 128); a multiple of 16.")
     num_blocks: int = Field(gt=0, description="Transformer blocks (H3: 50).")
-    mlp_width: int = Field(gt=0, description="SwiGLU hidden width F: FC1 is [2F, D], FC2 is [D, F].")
-    text_dim: int = Field(gt=0, description="Width of the text encoder's hidden states.")
-    video_channels: int = Field(gt=0, description="Channels of the video latent.")
-    audio_channels: int = Field(gt=0, description="Channels of the audio latent.")
-    video_patch: tuple[int, int, int] = Field((1, 2, 2), description="Patch (t, h, w) of the video latent.")
-    audio_patch: int = Field(1, gt=0, description="Audio latent frames per token.")
-    vae_time_stride: int = Field(4, gt=0, description="Video frames per latent frame (after the first).")
-    vae_space_stride: int = Field(16, gt=0, description="Pixels per latent pixel, each spatial axis.")
-    fps: int = Field(24, gt=0, description="Video frame rate.")
-    audio_latent_hz: int = Field(25, gt=0, description="Audio latent frames per second.")
-    time_embed_dim: int = Field(256, gt=0, description="Width of the sinusoidal timestep embedding.")
+    refiner_blocks: int = Field(2, ge=0, description="Token-refiner blocks over the text rows (H3: 2).")
+    ffn_dim: int = Field(gt=0, description="SwiGLU inner width F (H3: 14336): fc1 is [2F, hidden], fc2 [hidden, F].")
+    text_dim: int = Field(gt=0, description="Width of the text encoder's states (H3: 5120).")
+    video_channels: int = Field(24, gt=0, description="Channels of the video latent.")
+    audio_channels: int = Field(32, gt=0, description="Channels of the audio latent (one row's features).")
+    patch: tuple[int, int, int] = Field((1, 2, 2), description="Video patch (t, h, w).")
+    freq_dim: int = Field(256, gt=0, description="Sinusoidal timestep features (full variant).")
+    time_hidden: int = Field(gt=0, description="Inner width of the timestep MLP (H3: 5376; full variant).")
+    time_embed_dim: int = Field(gt=0, description="Input width of every AdaLN projection: 2688 (full) or the curve rank 8 (pruned).")
+    pruned: bool = Field(description="AdaLN-pruned ('curve') variant: `adaln_t_table` instead of the timestep MLP.")
+    table_rows: int = Field(1025, ge=2, description="Rows of `adaln_t_table` (pruned variant): t in [0, 1] on a grid of rows - 1 steps.")
+    rope_freq_dim: int = Field(16, gt=0, description="RoPE frequencies per (t, h, w) axis: 2 * 3 * this many head channels rotate.")
     rope_theta: float = Field(10000.0, gt=0, description="RoPE base.")
-    norm_eps: float = Field(1e-6, gt=0, description="Epsilon of LayerNorm and RMSNorm.")
-    max_text_tokens: int = Field(512, gt=0, description="Longest prompt kept (tokens beyond are dropped).")
+    norm_eps: float = Field(1e-5, gt=0, description="Epsilon of every RMSNorm (blocks, q/k, refiner, final).")
     # Defaults of a run with this preset.
     width: int = Field(gt=0, description="Default video width in pixels.")
     height: int = Field(gt=0, description="Default video height in pixels.")
-    frames: int = Field(gt=0, description="Default number of video frames.")
-    steps: int = Field(gt=0, description="Default denoising steps.")
+    frames: int = Field(gt=0, description="Default number of video frames (17n + 5).")
+    steps: int = Field(ge=2, description="Default sigma points of the schedule, terminal 0 included (steps - 1 forwards).")
+    video_shift: float = Field(12.0, gt=0, description="Flow shift of the video schedule.")
+    audio_shift: float = Field(3.0, gt=0, description="Flow shift of the audio schedule.")
     text_tokens: int = Field(gt=0, description="Prompt length assumed when planning without a prompt.")
-    shift: float = Field(5.0, gt=0, description="Flow-matching sigma shift of the sampler.")
+    max_text_tokens: int = Field(8192, gt=0, description="Longest prompt h3 accepts (refused beyond, never truncated).")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
-        if not layout.is_block_aligned(self.head_dim):
-            raise ValueError(f"head_dim {self.head_dim} must be a multiple of {layout.BLOCK_ELEMENTS} (NVFP4 blocks follow heads)")
-        if not layout.is_block_aligned(self.mlp_width):
-            raise ValueError(f"mlp_width {self.mlp_width} must be a multiple of {layout.BLOCK_ELEMENTS} (NVFP4 blocks)")
-        if self.head_dim % 2 or min(self.rope_axes) <= 0:
-            raise ValueError(f"head_dim {self.head_dim} too small for 3-axis RoPE")
+        for what, width in (("hidden", self.hidden), ("head_dim", self.head_dim), ("ffn_dim", self.ffn_dim)):
+            if not layout.is_block_aligned(width):
+                raise ValueError(f"{what} {width} must be a multiple of {layout.BLOCK_ELEMENTS} (NVFP4 blocks)")
+        if self.rotary_dim > self.head_dim:
+            raise ValueError(f"rope_freq_dim {self.rope_freq_dim} rotates {self.rotary_dim} channels, more than head_dim {self.head_dim}")
+        if self.patch[0] != 1:
+            raise ValueError("only a temporal patch of 1 is supported (H3's is (1, 2, 2))")
         return self
 
     @property
-    def hidden(self) -> int:
-        """Model width D = heads x head_dim."""
+    def attention_width(self) -> int:
+        """Width of q, k, v and of the attention output: heads x head_dim (H3: 7168, not `hidden`)."""
         return self.num_heads * self.head_dim
 
     @property
-    def rope_axes(self) -> tuple[int, int, int]:
-        """Head-dim split between the (t, h, w) RoPE axes; each part even. 128 -> (44, 42, 42)."""
-        side = 2 * (self.head_dim // 6)
-        return (self.head_dim - 2 * side, side, side)
+    def rotary_dim(self) -> int:
+        """Head channels RoPE rotates (the rest pass through): 2 * 3 axes * rope_freq_dim (H3: 96 of 128)."""
+        return 2 * 3 * self.rope_freq_dim
 
     @property
     def video_patch_dim(self) -> int:
-        pt, ph, pw = self.video_patch
+        """Features of one video row: channels x patch volume (H3: 96)."""
+        pt, ph, pw = self.patch
         return self.video_channels * pt * ph * pw
 
     @property
-    def audio_patch_dim(self) -> int:
-        return self.audio_channels * self.audio_patch
+    def pixel_multiple(self) -> int:
+        """Width and height must be multiples of this: the VAE's stride x the spatial patch (32)."""
+        return SPATIAL_STRIDE * self.patch[1]
 
-    # --- latent arithmetic ---------------------------------------------------------------------
+    # --- frame and latent arithmetic -----------------------------------------------------------
 
-    def video_latent_shape(self, width: int, height: int, frames: int) -> tuple[int, int, int, int]:
-        """`[C, T, H, W]` of the video latent for a request; raises on sizes the VAE cannot take."""
-        pt, ph, pw = self.video_patch
-        px_h, px_w = self.vae_space_stride * ph, self.vae_space_stride * pw
-        if width <= 0 or height <= 0 or width % px_w or height % px_h:
+    def video_shape(self, width: int, height: int, frames: int) -> "VideoShape":
+        """The latent geometry of a request; raises on sizes the VAE cannot take (frames snapped up)."""
+        step = self.pixel_multiple
+        if width <= 0 or height <= 0 or width % step or height % step:
             raise ConfigError(
-                f"{width}x{height} is not a multiple of {px_w}x{px_h} pixels "
-                f"(VAE {self.vae_space_stride}x and patch {ph}x{pw}); try e.g. "
-                f"{max(px_w, width // px_w * px_w)}x{max(px_h, height // px_h * px_h)}"
+                f"{width}x{height} is not a multiple of {step} pixels on both axes (the VAE's {SPATIAL_STRIDE}x and "
+                f"the {self.patch[1]}x{self.patch[2]} patch); try {max(step, round(width / step) * step)}x{max(step, round(height / step) * step)}"
             )
-        if frames < 1 or (frames - 1) % self.vae_time_stride:
-            k = max(0, (frames - 1) // self.vae_time_stride)
-            raise ConfigError(
-                f"{frames} frames is not {self.vae_time_stride}k+1; try {self.vae_time_stride * k + 1}"
-            )
-        t = (frames - 1) // self.vae_time_stride + 1
-        if t % pt:
-            raise ConfigError(f"{t} latent frames do not divide by the temporal patch {pt}")
-        return (self.video_channels, t, height // self.vae_space_stride, width // self.vae_space_stride)
-
-    def video_grid(self, width: int, height: int, frames: int) -> tuple[int, int, int]:
-        """Token grid `(t, h, w)` of the patchified video latent."""
-        _, t, h, w = self.video_latent_shape(width, height, frames)
-        pt, ph, pw = self.video_patch
-        return (t // pt, h // ph, w // pw)
-
-    def audio_latent_shape(self, frames: int) -> tuple[int, int]:
-        """`[C, L]` of the audio latent covering the video's duration (rounded up to whole patches)."""
-        length = math.ceil(frames * self.audio_latent_hz / self.fps)
-        length = math.ceil(length / self.audio_patch) * self.audio_patch
-        return (self.audio_channels, length)
+        ratio = width / height
+        if not 0.25 <= ratio <= 4.0:
+            raise ConfigError(f"{width}x{height} has an aspect ratio of {ratio:.3g}; H3 takes 1:4 to 4:1")
+        return VideoShape.of(width, height, frames, self)
 
     def segments(self, width: int, height: int, frames: int, text_tokens: int) -> list[Segment]:
-        """The packed `text | video | audio` layout of one run."""
+        """The packed `text | audio | video` rows of one t2va request (frames snapped up first)."""
         if not 0 <= text_tokens <= self.max_text_tokens:
-            raise ConfigError(f"text length {text_tokens} is outside 0..{self.max_text_tokens}")
-        t, h, w = self.video_grid(width, height, frames)
-        audio_tokens = self.audio_latent_shape(frames)[1] // self.audio_patch
+            raise ConfigError(
+                f"the prompt has {text_tokens} tokens; h3 takes at most {self.max_text_tokens} "
+                "(the reference never truncates, so neither does h3): shorten the prompt"
+            )
+        shape = self.video_shape(width, height, frames)
         return pack_segments(
-            [(SegmentKind.TEXT, text_tokens), (SegmentKind.VIDEO, t * h * w), (SegmentKind.AUDIO, audio_tokens)]
+            [(SegmentKind.TEXT, text_tokens), (SegmentKind.AUDIO, shape.audio_rows), (SegmentKind.VIDEO, shape.video_rows)]
         )
 
     def num_tokens(self, width: int, height: int, frames: int, text_tokens: int) -> int:
-        """Length of the packed sequence of one run."""
+        """Rows of the packed sequence of one request."""
         return self.segments(width, height, frames, text_tokens)[-1].stop
 
 
-_NARROW = ModelConfig(
-    name="narrow", num_heads=56, head_dim=16, num_blocks=2, mlp_width=1184, text_dim=64,
-    video_channels=4, audio_channels=4, max_text_tokens=64,
-    width=256, height=160, frames=9, steps=4, text_tokens=17,
+def snap_frames(frames: int) -> int:
+    """The smallest `17n + 5 >= frames` (the reference snaps a request up to what the VAE can encode)."""
+    if frames < 1:
+        raise ConfigError(f"frames must be at least 1, got {frames}")
+    if frames <= LATENTS_PER_CHUNK:
+        return LATENTS_PER_CHUNK
+    n = -(-(frames - LATENTS_PER_CHUNK) // FRAMES_PER_CHUNK)
+    return FRAMES_PER_CHUNK * n + LATENTS_PER_CHUNK
+
+
+def latent_frames(frames: int) -> int:
+    """Latent frames of `17n + 5` video frames: `5n + 2`."""
+    if frames % FRAMES_PER_CHUNK != LATENTS_PER_CHUNK:
+        raise ConfigError(f"{frames} frames is not of the form {FRAMES_PER_CHUNK}n + {LATENTS_PER_CHUNK}")
+    return (frames - LATENTS_PER_CHUNK) // FRAMES_PER_CHUNK * LATENTS_PER_CHUNK + 2
+
+
+def audio_latents(frames: int) -> int:
+    """Audio latents per channel covering `frames` video frames: round(frames / 24 * 40)."""
+    return int(round(frames / FPS * AUDIO_LATENTS_PER_SECOND))
+
+
+class VideoShape(BaseModel):
+    """The latent geometry of one request (what the packed sequence and the VAEs agree on)."""
+
+    model_config = ConfigDict(frozen=True)
+    width: int
+    height: int
+    frames_requested: int = Field(description="The frame count asked for.")
+    frames: int = Field(description="The frame count generated: the request snapped up to 17n + 5.")
+    latent_frames: int = Field(description="T = 5n + 2.")
+    latent_height: int = Field(description="H / 16.")
+    latent_width: int = Field(description="W / 16.")
+    audio_latents: int = Field(description="T_a per channel: round(frames / 24 * 40).")
+    video_channels: int
+    audio_channels: int
+    patch: tuple[int, int, int]
+
+    @classmethod
+    def of(cls, width: int, height: int, frames: int, config: ModelConfig) -> "VideoShape":
+        snapped = snap_frames(frames)
+        return cls(
+            width=width, height=height, frames_requested=frames, frames=snapped, latent_frames=latent_frames(snapped),
+            latent_height=height // SPATIAL_STRIDE, latent_width=width // SPATIAL_STRIDE, audio_latents=audio_latents(snapped),
+            video_channels=config.video_channels, audio_channels=config.audio_channels, patch=config.patch,
+        )
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """Video rows as `(t, h, w)` patches: `T x H/32 x W/32`."""
+        pt, ph, pw = self.patch
+        return (self.latent_frames // pt, self.latent_height // ph, self.latent_width // pw)
+
+    @property
+    def rows_per_frame(self) -> int:
+        return self.grid[1] * self.grid[2]
+
+    @property
+    def video_rows(self) -> int:
+        t, h, w = self.grid
+        return t * h * w
+
+    @property
+    def audio_rows(self) -> int:
+        return AUDIO_STEREO * self.audio_latents
+
+    @property
+    def video_latent(self) -> tuple[int, int, int, int]:
+        """`[C, T, H/16, W/16]` of the video latent (what `latents.safetensors` holds as `video`)."""
+        return (self.video_channels, self.latent_frames, self.latent_height, self.latent_width)
+
+    @property
+    def audio_latent(self) -> tuple[int, int, int]:
+        """`[2, C, T_a]` of the audio latent (what `latents.safetensors` holds as `audio`)."""
+        return (AUDIO_STEREO, self.audio_channels, self.audio_latents)
+
+    @property
+    def seconds(self) -> float:
+        return self.frames / FPS
+
+
+# --- presets ---------------------------------------------------------------------------------------
+
+_H3 = ModelConfig(
+    name="h3", hidden=5376, num_heads=56, head_dim=128, num_blocks=50, ffn_dim=14336, text_dim=5120,
+    time_hidden=5376, time_embed_dim=8, pruned=True,
+    width=864, height=480, frames=141, steps=50, text_tokens=128,
 )
-_NARROW_1K = _NARROW.model_copy(update={"name": "narrow-1k", "width": 448, "height": 320, "frames": 25})
+"""The seed's checkpoint: MiniMax-H3 FL2VA, AdaLN-pruned (rank 8), at the seed's 864x480x141 and
+the official 50 sigma points (`--steps 12` for the seed's runs)."""
+
+_NARROW = ModelConfig(
+    name="narrow", hidden=640, num_heads=56, head_dim=16, num_blocks=2, ffn_dim=1184, text_dim=64,
+    time_hidden=640, time_embed_dim=8, pruned=True, rope_freq_dim=2,
+    width=128, height=96, frames=22, steps=5, text_tokens=17,
+)
 
 PRESETS: dict[str, ModelConfig] = {
-    # The real model. mlp_width 10752 (= 1.5 x 7168) is inferred from the checkpoint's size;
-    # see docs/checkpoint.md for the arithmetic.
-    "h3": ModelConfig(
-        name="h3", num_heads=56, head_dim=128, num_blocks=50, mlp_width=10752, text_dim=5120,
-        video_channels=48, audio_channels=64,
-        width=864, height=480, frames=141, steps=12, text_tokens=128,
-    ),
+    # The real model, the seed's file.
+    "h3": _H3,
     # The real widths, sequence and resolution with 2 of the 50 blocks: per-block time and memory
-    # on a GPU without the 12.5 GB checkpoint (its synthetic checkpoint is about 0.7 GB).
-    "h3-2blocks": ModelConfig(
-        name="h3-2blocks", num_heads=56, head_dim=128, num_blocks=2, mlp_width=10752, text_dim=5120,
-        video_channels=48, audio_channels=64,
-        width=864, height=480, frames=141, steps=12, text_tokens=128,
-    ),
-    # The real 56 heads on a narrow width: ragged heads (56 over 6) and ragged NVFP4 blocks
-    # (74 over 6) on a CPU. Its default token count, 120 video + 10 audio + 17 text = 147,
-    # divides by none of 2, 4, 6, 8.
+    # on a GPU without the 12.5 GB checkpoint.
+    "h3-2blocks": _H3.model_copy(update={"name": "h3-2blocks", "num_blocks": 2}),
+    # H3's 56 heads at head width 16 and a residual width (640) that is not heads x head_dim: ragged
+    # heads (56 over 6), ragged NVFP4 blocks (hidden 40 and F 74 blocks over 6) on a CPU. Its default
+    # sequence (84 video + 74 audio rows + the prompt) divides by none of 2, 4, 6, 8 for most prompts.
     "narrow": _NARROW,
-    # narrow's model on a ~1,000-token sequence (980 video + 27 audio + the prompt): one denoising
-    # step takes about 1-2 s on one CPU thread, enough compute per step for rank scaling to show on
-    # CPU ranks (narrow's 194 tokens measure overheads only). 56 heads keep partitions ragged.
-    "narrow-1k": _NARROW_1K,
-    # H3's 56 heads at head width 32 (hidden 1792) and a 169-block MLP (2704: ragged over every
-    # count) on narrow-1k's ~1,070 tokens: about 2 s per denoising step on one CPU thread, so that
-    # 2 ranks x 1 thread vs 1 rank x 1 thread measures scaling, not overheads (scripts/bench_distributed.py).
-    "wide-1k": _NARROW_1K.model_copy(update={"name": "wide-1k", "head_dim": 32, "mlp_width": 2704}),
+    # narrow's model on a ~1,100-row sequence (980 video + 74 audio + the prompt): enough compute per
+    # step for rank scaling to show on CPU ranks.
+    "narrow-1k": _NARROW.model_copy(update={"name": "narrow-1k", "width": 448, "height": 320}),
+    # H3's 56 heads at head width 32 (attention 1792, residual 1344) and a 169-block MLP on narrow-1k's
+    # sequence: about 2 s per forward on one CPU thread (scripts/bench_distributed.py).
+    "wide-1k": _NARROW.model_copy(update={"name": "wide-1k", "hidden": 1344, "time_hidden": 1344, "head_dim": 32,
+                                          "rope_freq_dim": 4, "ffn_dim": 2704, "width": 448, "height": 320}),
     # Seconds on a CPU; 8 heads so that every count up to 8 is possible.
     "tiny": ModelConfig(
-        name="tiny", num_heads=8, head_dim=16, num_blocks=2, mlp_width=352, text_dim=64,
-        video_channels=4, audio_channels=4, max_text_tokens=64,
-        width=256, height=128, frames=9, steps=4, text_tokens=16,
+        name="tiny", hidden=96, num_heads=8, head_dim=16, num_blocks=2, ffn_dim=352, text_dim=64,
+        time_hidden=96, time_embed_dim=8, pruned=True, rope_freq_dim=2,
+        width=256, height=128, frames=22, steps=5, text_tokens=16,
     ),
 }
 

@@ -1,31 +1,38 @@
-"""The H3 denoiser (DESIGN.md §2): a single-stream joint DiT over one packed sequence.
+"""The MiniMax-H3 transformer (../shared/MINIMAX_H3.md §1), h3's own implementation, with no parallelism.
 
-This file holds no parallel code. It works on "some rows of a packed sequence": a
-`PackedSequence` says which segments those rows hold (`text | video | audio`, in local
-coordinates) and carries the RoPE table of the whole sequence with the rows it covers. On one
-rank the rows are the whole sequence; a parallel plan (h3core.parallel) feeds each rank its own
-rows and reshapes the modules from outside. Which linears tensor mode splits, and whether by rows or
-columns, the model declares (`TENSOR_PARALLEL`, as Hugging Face models declare a tp plan).
+It works on "some rows of a packed sequence": a `PackedSequence` says which segments those rows
+hold (`text | audio | video`, local coordinates, each with its AdaLN tag and clock) and carries the
+RoPE table of the whole sequence with the rows it covers. On one rank the rows are the whole
+sequence; a parallel plan (h3core.parallel) feeds each rank its rows and reshapes modules from outside.
 
-Block, per segment `s` with modulation `shift/scale/gate`:
-    h = LN(x) * (1 + scale1_s) + shift1_s
-    x = x + gate1_s * Out(Attn(RoPE(RMSNorm(q)), RoPE(RMSNorm(k)), v)),   q|k|v = QKV(h)
-    h = LN(x) * (1 + scale2_s) + shift2_s
-    x = x + gate2_s * FC2(silu(gate) * value),                            gate|value = FC1(h)
+Per forward (diffusers 0.42.1 `MiniMaxH3Transformer3DModel` is the specification; `forward` also
+takes its argument names, see `forward_diffusers`):
 
-Conditioning: `sigma` -> sinusoidal -> MLP -> `cond_kind` (+ a learned embedding per segment kind;
-text is clean, so its timestep is 0) -> `time_proj` -> 6 modulation vectors per kind, added to each
-block's learned table `[3, 6, D]`.
+    text   = final_norm(refiner(condition_proj(states)))           once per request (`refine_text`)
+    x      = [text rows | video_patch_proj(video rows) | audio_patch_proj(audio rows)]   in packed order
+    cond   = full:   time_embedder(sinusoid_cos_first(t))           [M, 2688] fp32
+             pruned: lerp(adaln_t_table, t * 1024)                  [M, 8]    fp32
+    block: mod = adaln_proj(cond) -> [M * 3, 6, D]: row tidx * 3 + tag; shift, scale, gate (msa), (mlp)
+           x += gate_msa * out_proj(SDPA(rope(q_norm(q)), rope(k_norm(k)), v)),  q|k|v = qkv_proj(RMS(x)*(1+scale)+shift)
+           x += gate_mlp * fc2(silu(g) * u),                                     g|u = fc1(RMS(x)*(1+scale)+shift)
+    out:   RMS(x) * (1 + scale[tidx]) + shift[tidx] -> fp32 -> video_out / audio_out
 
-Dtypes: NVFP4 linears keep packed weights and dequantize in `forward`; dense parameters are
-loaded in the compute dtype. Never call `model.to(dtype)`: it would cast the fp8 block scales.
+Numerics (§1.6): the patch projections, the timestep path and the output heads are float32 (and,
+pruned, the AdaLN projections); everything else runs in the stream dtype (bf16 on a GPU, float32 on
+the CPU by default). The full variant's SiLU(e) is taken in float32 and then cast to the AdaLN
+projection's dtype, as the reference does.
+
+Linears are `DenseLinear` or `NVFP4Linear` slots that the loader fills from the checkpoint
+(`h3core.model.checkpoint`); which block linears tensor mode splits, and how, the model declares
+(`TENSOR_PARALLEL`).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass
 from enum import Enum
 
 import torch
@@ -33,95 +40,52 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from h3core.model.attention import attend
+from h3core.model.inputs import (  # noqa: F401 - the model's inputs, importable from here too
+    Clocks,
+    PackedSequence,
+    Rope,
+    pack_audio,
+    patchify_video,
+    rope_inv_freq,
+    rope_table,
+    unpack_audio,
+    unpatchify_video,
+)
 from h3core.model.config import ModelConfig
-from h3core.model.sequence import KIND_INDEX, KINDS, Segment, SegmentKind
-from h3core.nvfp4.linear import NVFP4Linear
-from h3core.span import Span
+from h3core.model.packing import diffusers_sequence
+from h3core.model.sequence import MODALITIES, Segment, SegmentKind
+from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
+
+Linear = DenseLinear | NVFP4Linear
+
+# --- RoPE -----------------------------------------------------------------------------------------
+
 
 # --- positions -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Rope:
-    """RoPE angles of a whole packed sequence, and the rows of it that the activations hold."""
-
-    cos: torch.Tensor  # [N, Dh/2]
-    sin: torch.Tensor  # [N, Dh/2]
-    rows: Span
-
-    @property
-    def num_tokens(self) -> int:
-        return self.cos.shape[0]
-
-    def local(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for `rows` only: [rows, Dh/2] each."""
-        return self.cos[self.rows.start : self.rows.stop], self.sin[self.rows.start : self.rows.stop]
-
-    def whole(self) -> "Rope":
-        return replace(self, rows=Span(0, self.num_tokens))
-
-    def select(self, rows: Span) -> "Rope":
-        return replace(self, rows=rows)
-
-    def to(self, device: torch.device | str) -> "Rope":
-        return replace(self, cos=self.cos.to(device), sin=self.sin.to(device))
-
-
-def token_positions(segments: list[Segment], video_grid: tuple[int, int, int]) -> torch.Tensor:
-    """Positions `(t, h, w)` of every token, float32 `[N, 3]`.
-
-    Video tokens get their 3-D grid position; text and audio tokens are 1-D: position `p` on all
-    three axes, which makes the 3-axis rotation an ordinary 1-D RoPE over the whole head.
-    """
-    parts = []
-    for seg in segments:
-        n = len(seg)
-        if seg.kind is SegmentKind.VIDEO:
-            t, h, w = video_grid
-            if n != t * h * w:
-                raise ValueError(f"video segment of {n} tokens does not match grid {video_grid}")
-            grid = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij"), -1)
-            parts.append(grid.reshape(n, 3))
-        else:
-            parts.append(torch.arange(n)[:, None].expand(n, 3))
-    return torch.cat(parts).to(torch.float32)
-
-
-def rope_table(config: ModelConfig, positions: torch.Tensor) -> Rope:
-    """Angles for positions `[N, 3]`: axis `a` owns `rope_axes[a] / 2` frequency bands of the half head."""
-    angles = []
-    for axis, dim in enumerate(config.rope_axes):
-        freqs = config.rope_theta ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # [dim/2]
-        angles.append(positions[:, axis, None].double() * freqs[None])  # [N, dim/2]
-    theta = torch.cat(angles, dim=-1)  # [N, Dh/2]
-    return Rope(cos=theta.cos().float(), sin=theta.sin().float(), rows=Span(0, positions.shape[0]))
-
-
 ROPE_CHUNK_BYTES = 1 << 20
-"""On the CPU, RoPE over more than 4 x this many bytes of float32 input runs over row chunks of
-about this size, so that its passes (rotate, two products, sum, write) stay in cache instead of each
-streaming the whole activation through memory: ~1.6x faster at H3's 56 x 128 heads (1 MiB was the
-fastest of 0.1-7 MiB on 2-rank to 8-rank shapes; docs/performance.md). Smaller inputs stay in cache
-anyway and run in one pass, as every input does on a GPU."""
+"""On the CPU, RoPE over more than 4 x this many bytes of input runs over row chunks of about this
+size, so that its passes stay in cache instead of each streaming the whole activation through
+memory (docs/performance.md). Smaller inputs, and every input on a GPU, run in one pass."""
 
 
 def rope_chunk_rows(x: torch.Tensor) -> int:
     """Rows of x that `apply_rope` takes per pass: every row on a GPU or for a small x, else ~ROPE_CHUNK_BYTES."""
     rows = x.shape[0]
-    row_bytes = 4 * math.prod(x.shape[1:])  # computed in float32 whatever x's dtype
+    row_bytes = x.element_size() * math.prod(x.shape[1:])
     if x.device.type != "cpu" or rows * row_bytes <= 4 * ROPE_CHUNK_BYTES:
         return max(rows, 1)
     return max(1, ROPE_CHUNK_BYTES // max(row_bytes, 1))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rotate-half RoPE, computed in float32. x: [S, *heads, Dh] (e.g. [S, H, Dh]); cos, sin: [S, Dh/2].
+    """Partial rotate-half RoPE. x: [S, *heads, Dh]; cos, sin: [S, R/2] -> rotates channels [0, R), keeps the rest.
 
-    `x * [cos, cos] + [x2, x1] * [-sin, sin]`: per element the same two products and one sum as
-    `[x1 cos - x2 sin, x2 cos + x1 sin]`, so the same bits. With `out` (x's shape, any dtype, any
-    strides) the result is written there instead of into a new tensor; in float32 straight into it,
-    whole head rows at a time (what lets Ulysses attention skip its pack copy). Every element is
-    computed alone, so the chunks of rows (`rope_chunk_rows`) give the same bits as one pass.
+    `out[:R] = x[:R] * [cos, cos] + [-x2, x1] * [sin, sin]` (pairs `i, i + R/2`) in x's dtype with
+    cos and sin cast to it: the reference's products and sum, so the same bits. With `out` (x's
+    shape, any strides) the result is written there (what lets Ulysses attention skip its pack copy).
+    Every element is computed alone, so row chunks (`rope_chunk_rows`) give the same bits as one pass.
     """
     step = rope_chunk_rows(x)
     if step >= x.shape[0]:
@@ -135,116 +99,81 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch
 
 def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """`apply_rope` in one pass over x's rows (see there)."""
-    half = x.shape[-1] // 2
-    xf = x.float()
-    broadcast = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)  # [S, 1.., Dh/2]
-    c, s = cos.reshape(broadcast), sin.reshape(broadcast)
-    cos2, sin2 = torch.cat([c, c], dim=-1), torch.cat([-s, s], dim=-1)  # [S, 1.., Dh]
-    rotated = torch.cat([xf[..., half:], xf[..., :half]], dim=-1).mul_(sin2)  # [x2, x1] * [-sin, sin]
+    half = cos.shape[-1]
+    rotary = 2 * half
+    broadcast = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)  # [S, 1.., R/2]
+    c, s = cos.to(x.dtype).reshape(broadcast), sin.to(x.dtype).reshape(broadcast)
+    cos2, sin2 = torch.cat([c, c], dim=-1), torch.cat([-s, s], dim=-1)  # [S, 1.., R]
+    xr = x[..., :rotary]
+    rotated = torch.cat([xr[..., half:], xr[..., :half]], dim=-1).mul_(sin2)  # [x2, x1] * [-sin, sin] = [-x2, x1] * sin
     if out is None:
-        return torch.mul(xf, cos2).add_(rotated).to(x.dtype)
-    return torch.add(torch.mul(xf, cos2), rotated, out=out)  # summed in float32, written once in out's dtype
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    torch.add(torch.mul(xr, cos2), rotated, out=out[..., :rotary])
+    if rotary < x.shape[-1]:
+        out[..., rotary:].copy_(x[..., rotary:])
+    return out
 
 
-# --- packed inputs -------------------------------------------------------------------------------
+# --- timesteps -------------------------------------------------------------------------------------
 
 
-@dataclass
-class PackedSequence:
-    """Rows of a packed `text | video | audio` sequence, as one rank (or the only rank) holds them.
-
-    `features[kind]` holds that kind's rows in order: text `[n, text_dim]` hidden states, video
-    `[n, video_patch_dim]` and audio `[n, audio_patch_dim]` latent patches. `segments` are in local
-    row coordinates (0 = first row held); `rope.rows` says where those rows sit in the sequence.
-    """
-
-    segments: list[Segment]
-    features: dict[SegmentKind, torch.Tensor]
-    rope: Rope
+def sinusoid(t: torch.Tensor, channels: int) -> torch.Tensor:
+    """`[cos(t f), sin(t f)]` with `f_i = 10000 ** (-i / (channels / 2))`, float32: t [M] -> [M, channels]
+    (diffusers' `Timesteps(flip_sin_to_cos=True, downscale_freq_shift=0)`, same operations in order)."""
+    half = channels // 2
+    exponent = -math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half
+    args = t.float()[:, None] * torch.exp(exponent)[None]
+    return torch.cat([args.cos(), args.sin()], dim=-1)
 
 
-# --- patches -------------------------------------------------------------------------------------
-
-
-def patchify_video(latent: torch.Tensor, patch: tuple[int, int, int]) -> torch.Tensor:
-    """[C, T, H, W] -> [T/pt * H/ph * W/pw, C*pt*ph*pw], tokens in (t, h, w) order."""
-    c, t, h, w = latent.shape
-    pt, ph, pw = patch
-    x = latent.reshape(c, t // pt, pt, h // ph, ph, w // pw, pw)
-    return x.permute(1, 3, 5, 0, 2, 4, 6).reshape((t // pt) * (h // ph) * (w // pw), c * pt * ph * pw)
-
-
-def unpatchify_video(tokens: torch.Tensor, shape: tuple[int, int, int, int], patch: tuple[int, int, int]) -> torch.Tensor:
-    """Inverse of `patchify_video`: [N, C*pt*ph*pw] -> [C, T, H, W]."""
-    c, t, h, w = shape
-    pt, ph, pw = patch
-    x = tokens.reshape(t // pt, h // ph, w // pw, c, pt, ph, pw)
-    return x.permute(3, 0, 4, 1, 5, 2, 6).reshape(c, t, h, w)
-
-
-def patchify_audio(latent: torch.Tensor, patch: int) -> torch.Tensor:
-    """[C, L] -> [L/p, C*p]."""
-    c, length = latent.shape
-    return latent.reshape(c, length // patch, patch).permute(1, 0, 2).reshape(length // patch, c * patch)
-
-
-def unpatchify_audio(tokens: torch.Tensor, shape: tuple[int, int], patch: int) -> torch.Tensor:
-    c, length = shape
-    return tokens.reshape(length // patch, c, patch).permute(1, 0, 2).reshape(c, length)
+def curve(table: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The pruned variant's timestep features: `table` `[G, E]` read at `clamp(t, 0, 1) * (G - 1)`,
+    linearly between the two nearest rows (ComfyUI's `torch.lerp`): t [M] -> [M, E] float32."""
+    position = t.float().clamp(0.0, 1.0) * (table.shape[0] - 1)
+    lower = position.floor().long().clamp(max=table.shape[0] - 2)
+    return torch.lerp(table[lower], table[lower + 1], (position - lower).unsqueeze(1))
 
 
 # --- layers --------------------------------------------------------------------------------------
 
 
-def layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """LayerNorm without affine parameters (AdaLN supplies them), computed in float32."""
-    return F.layer_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
-
-
-def modulate(x: torch.Tensor, segments: list[Segment], shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Per-segment `x * (1 + scale_k) + shift_k`. x: [S, D]; shift, scale: [3, D] indexed by kind."""
-    out = torch.empty_like(x)
-    for seg in segments:
-        k = KIND_INDEX[seg.kind]
-        out[seg.start : seg.stop] = torch.addcmul(shift[k], x[seg.start : seg.stop], 1 + scale[k])
-    return out
-
-
-def add_gated(x: torch.Tensor, y: torch.Tensor, segments: list[Segment], gate: torch.Tensor) -> torch.Tensor:
-    """Per-segment residual `x += gate_k * y`, in place. x, y: [S, D]; gate: [3, D]."""
-    for seg in segments:
-        x[seg.start : seg.stop].addcmul_(y[seg.start : seg.stop], gate[KIND_INDEX[seg.kind]])
-    return x
-
-
-def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sinusoidal embedding. t: [n] -> [n, dim] float32 (cos half, then sin half)."""
-    half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
-    args = t.float()[:, None] * freqs[None]
-    return torch.cat([args.cos(), args.sin()], dim=-1)
-
-
 class RMSNorm(nn.Module):
+    """RMSNorm with a learned weight (`torch.nn.functional.rms_norm`, as the reference's `nn.RMSNorm`)."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.empty(dim, device="meta"), requires_grad=False)
+        self.register_buffer("weight", torch.empty(dim, device="meta"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).to(x.dtype)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def nvfp4_linear(out_features: int, in_features: int, bias: bool = True) -> NVFP4Linear:
-    """An NVFP4 linear skeleton on the meta device; the checkpoint loader fills it."""
-    return NVFP4Linear.skeleton(out_features, in_features, bias=bias, device="meta")
+def linear_slot(out_features: int, in_features: int, bias: bool) -> DenseLinear:
+    """A linear of the right shape on the meta device; the loader replaces it with the checkpoint's
+    (dense or NVFP4) linear."""
+    weight = torch.empty(out_features, in_features, device="meta")
+    return DenseLinear(weight, torch.empty(out_features, device="meta") if bias else None)
 
 
-def dense_linear(out_features: int, in_features: int) -> nn.Linear:
-    """A small unquantized linear (patch embeddings and output projections stay dense)."""
-    return nn.Linear(in_features, out_features, device="meta").requires_grad_(False)
+def io_dtype(linear: nn.Module, default: torch.dtype) -> torch.dtype:
+    """The dtype a linear computes in: a dense weight's own dtype, else `default` (NVFP4 follows its input)."""
+    return linear.weight.dtype if isinstance(linear, DenseLinear) else default
+
+
+def modulate(x: torch.Tensor, segments: list[Segment], rows: list[int], shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Per segment `x * (1 + scale[row]) + shift[row]`. x: [S, D]; shift, scale: [M * 3, D]."""
+    out = torch.empty_like(x)
+    for seg, row in zip(segments, rows):
+        out[seg.start : seg.stop] = x[seg.start : seg.stop] * (1.0 + scale[row]) + shift[row]
+    return out
+
+
+def add_gated(x: torch.Tensor, y: torch.Tensor, segments: list[Segment], rows: list[int], gate: torch.Tensor) -> torch.Tensor:
+    """Per segment residual `x + gate[row] * y` (the gate raw: no tanh, no 1 +), in place. x, y: [S, D]."""
+    for seg, row in zip(segments, rows):
+        x[seg.start : seg.stop] += gate[row] * y[seg.start : seg.stop]
+    return x
 
 
 @dataclass(frozen=True)
@@ -287,30 +216,34 @@ class LinearHeads:
 @dataclass
 class ProjectedQKV:
     """Attention inputs of some rows one step before they are final: q and k normalised, not yet
-    rotated; v a tensor, or `LinearHeads` still to be computed.
+    rotated; v a tensor, or `LinearHeads` still to be computed. `cos`/`sin` None: no RoPE (the refiner).
 
-    `split()` finishes them (RoPE on q and k, v computed) into q, k, v: [S, H, Dh] each, what a rank
-    attends over. `write(heads, out)` writes the same values for a range of heads into a destination
-    laid out differently, e.g. an all-to-all's send buffer, so that nothing is copied on the way out.
+    `split()` finishes them into q, k, v: [S, H, Dh] each, what a rank attends over. `write(heads,
+    out)` writes the same values for a range of heads into a destination laid out differently, e.g.
+    an all-to-all's send buffer, so that nothing is copied on the way out.
     """
 
     q: torch.Tensor  # [S, H, Dh], RMS-normalised
     k: torch.Tensor  # [S, H, Dh], RMS-normalised
     v: torch.Tensor | LinearHeads  # [S, H, Dh]
-    cos: torch.Tensor  # [S, Dh/2]
-    sin: torch.Tensor  # [S, Dh/2]
+    cos: torch.Tensor | None  # [S, R/2]
+    sin: torch.Tensor | None
+
+    def _rope(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if self.cos is None:
+            return x if out is None else out.copy_(x)
+        return apply_rope(x, self.cos, self.sin, out=out)
 
     def split(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         v = self.v.compute() if isinstance(self.v, LinearHeads) else self.v
-        return apply_rope(self.q, self.cos, self.sin), apply_rope(self.k, self.cos, self.sin), v
+        return self._rope(self.q), self._rope(self.k), v
 
     def write(self, heads: slice, out: torch.Tensor) -> None:
         """Heads `heads` of q, k (rotated) and v into out: [S, 3, *group, Dh], any strides, with the
-        heads grouped as `group` (e.g. `(peers, heads_per_peer)`); bit-identical to `split()`.
-        A lazy v is computed by its GEMM straight into `out[:, 2]`."""
+        heads grouped as `group` (e.g. `(peers, heads_per_peer)`); bit-identical to `split()`."""
         group = tuple(out.shape[2:-1])
-        apply_rope(self.q[:, heads].unflatten(1, group), self.cos, self.sin, out=out[:, 0])
-        apply_rope(self.k[:, heads].unflatten(1, group), self.cos, self.sin, out=out[:, 1])
+        self._rope(self.q[:, heads].unflatten(1, group), out=out[:, 0])
+        self._rope(self.k[:, heads].unflatten(1, group), out=out[:, 1])
         if isinstance(self.v, LinearHeads):
             self.v.into(heads, out[:, 2])
         else:
@@ -318,14 +251,16 @@ class ProjectedQKV:
 
 
 class AttentionCore(nn.Module):
-    """Attention of q, k, v: [S, H, Dh] -> [S, H, Dh] with a named backend (a parallel plan wraps it)."""
+    """Attention of q, k, v: [S, H, Dh] -> [S, H, Dh] with a named backend (a parallel plan wraps it).
+    `record`: the rank's kernel record, attached by its runtime (None: not counted)."""
 
     def __init__(self, backend: str = "sdpa"):
         super().__init__()
         self.backend = backend
+        self.record: Counter[str] | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return attend(q, k, v, self.backend)
+        return attend(q, k, v, self.backend, self.record)
 
     def attend_projected(self, qkv: ProjectedQKV) -> torch.Tensor:
         """Attention of a projection still to be finished (a wrapper may finish it where it needs it)."""
@@ -333,63 +268,163 @@ class AttentionCore(nn.Module):
 
 
 class Attention(nn.Module):
+    """Fused qkv (no bias), per-head q/k RMSNorm, partial RoPE, SDPA, out_proj (no bias)."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
-        d = config.hidden
         self.head_dim = config.head_dim
-        self.qkv = nvfp4_linear(3 * d, d)  # rows: [q | k | v], head-major inside each third
-        self.norm_q = RMSNorm(config.head_dim, config.norm_eps)
-        self.norm_k = RMSNorm(config.head_dim, config.norm_eps)
+        self.qkv_proj = linear_slot(3 * config.attention_width, config.hidden, bias=False)  # rows [q | k | v]
+        self.q_norm = RMSNorm(config.head_dim, config.norm_eps)
+        self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
         self.core = AttentionCore()
-        self.out = nvfp4_linear(d, d)
+        self.out_proj = linear_slot(config.hidden, config.attention_width, bias=False)
 
-    def forward(self, h: torch.Tensor, rope: Rope) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rope: Rope | None) -> torch.Tensor:
         # h: [S, D] -> [S, D]. The head count comes from the qkv weight, so a head-sharded qkv just works.
-        cos, sin = rope.local()
+        cos, sin = rope.local() if rope is not None else (None, None)
         q, k, v = self._project(h)  # [S, H, Dh] each (v maybe still lazy)
-        o = self.core.attend_projected(ProjectedQKV(self.norm_q(q), self.norm_k(k), v, cos, sin))  # [S, H, Dh]
-        return self.out(o.flatten(1))
+        o = self.core.attend_projected(ProjectedQKV(self.q_norm(q), self.k_norm(k), v, cos, sin))  # [S, H, Dh]
+        return self.out_proj(o.flatten(1))
 
     def _project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | LinearHeads]:
         """q, k: [S, H, Dh]; v: [S, H, Dh], or `LinearHeads` where the linear computes rows apart
-        (the dequant paths), so that the attention core decides where v's GEMM writes (bitwise the
-        same values). The fp4 paths keep one fused GEMM: one activation scale for q|k|v."""
-        width = self.qkv.out_features // 3
-        if not self.qkv.rows_apart:
-            return self.qkv(h).unflatten(-1, (3, -1, self.head_dim)).unbind(1)
-        q, k = self.qkv.forward_rows(h, slice(0, 2 * width)).unflatten(-1, (2, -1, self.head_dim)).unbind(1)
-        return q, k, LinearHeads(self.qkv, h, 2 * width, width // self.head_dim, self.head_dim)
+        bitwise (the NVFP4 dequant paths), so that the attention core decides where v's GEMM writes."""
+        width = self.qkv_proj.out_features // 3
+        if not getattr(self.qkv_proj, "rows_apart", False):
+            return self.qkv_proj(h).unflatten(-1, (3, -1, self.head_dim)).unbind(1)
+        q, k = self.qkv_proj.forward_rows(h, slice(0, 2 * width)).unflatten(-1, (2, -1, self.head_dim)).unbind(1)
+        return q, k, LinearHeads(self.qkv_proj, h, 2 * width, width // self.head_dim, self.head_dim)
 
 
 class MLP(nn.Module):
+    """SwiGLU: `fc2(silu(gate) * up)` with `fc1 = [gate; up]` (no biases)."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.fc1 = nvfp4_linear(2 * config.mlp_width, config.hidden)  # rows: [gate | value]
-        self.fc2 = nvfp4_linear(config.hidden, config.mlp_width)
+        self.fc1 = linear_slot(2 * config.ffn_dim, config.hidden, bias=False)
+        self.fc2 = linear_slot(config.hidden, config.ffn_dim, bias=False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        gate, value = self.fc1(h).chunk(2, dim=-1)  # [S, F] each
-        return self.fc2(F.silu(gate) * value)
+        gate, up = self.fc1(h).chunk(2, dim=-1)  # [S, F] each
+        return self.fc2(F.silu(gate) * up)
+
+
+class AdaLNProjection(nn.Module):
+    """`cond [M, E]` -> the modulation table `[M * 3, n, D]` (row `tidx * 3 + tag`) in the stream dtype.
+
+    Full variant: `linear(silu(cond))` with SiLU taken in float32 and cast to the linear's dtype;
+    pruned: `linear(cond)` in float32 (no SiLU). `modalities` 3 for a block, 1 for the final layer."""
+
+    def __init__(self, config: ModelConfig, chunks: int, modalities: int):
+        super().__init__()
+        self.chunks, self.modalities, self.hidden = chunks, modalities, config.hidden
+        self.silu = not config.pruned
+        self.linear = linear_slot(modalities * chunks * config.hidden, config.time_embed_dim, bias=True)
+
+    def forward(self, cond: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        x = F.silu(cond) if self.silu else cond
+        table = self.linear(x.to(io_dtype(self.linear, dtype)))  # [M, modalities * chunks * D]
+        return table.to(dtype).view(-1, self.chunks, self.hidden)  # [M * modalities, chunks, D]
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.norm1 = RMSNorm(config.hidden, config.norm_eps)
+        self.attn = Attention(config)
+        self.norm2 = RMSNorm(config.hidden, config.norm_eps)
+        self.mlp = MLP(config)
+        self.adaln_proj = AdaLNProjection(config, chunks=6, modalities=MODALITIES)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, seq: PackedSequence, rows: list[int]) -> torch.Tensor:
+        # x: [S, D]; cond: [M, E]; rows: each segment's AdaLN table row
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaln_proj(cond, x.dtype).unbind(1)  # [M * 3, D] each
+        h = modulate(self.norm1(x), seq.segments, rows, shift1, scale1)
+        x = add_gated(x, self.attn(h, seq.rope), seq.segments, rows, gate1)
+        h = modulate(self.norm2(x), seq.segments, rows, shift2, scale2)
+        return add_gated(x, self.mlp(h), seq.segments, rows, gate2)
+
+
+class RefinerBlock(nn.Module):
+    """Pre-norm attention + SwiGLU over the text rows only: no AdaLN, no RoPE."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.norm1 = RMSNorm(config.hidden, config.norm_eps)
+        self.attn = Attention(config)
+        self.norm2 = RMSNorm(config.hidden, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), None)
+        return x + self.mlp(self.norm2(x))
+
+
+class TokenRefiner(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.blocks = nn.ModuleList(RefinerBlock(config) for _ in range(config.refiner_blocks))
+        self.final_norm = RMSNorm(config.hidden, config.norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.final_norm(x)
+
+
+class TimeEmbedder(nn.Module):
+    """Full variant: `proj_out(silu(proj_in(sinusoid(t))))`, float32: t [M] -> [M, time_embed_dim]."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.channels = config.freq_dim
+        self.proj_in = linear_slot(config.time_hidden, config.freq_dim, bias=True)
+        self.proj_out = linear_slot(config.time_embed_dim, config.time_hidden, bias=True)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return self.proj_out(F.silu(self.proj_in(sinusoid(t, self.channels))))
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.norm = RMSNorm(config.hidden, config.norm_eps)
+        self.adaln_proj = AdaLNProjection(config, chunks=2, modalities=1)
+        self.video_out = linear_slot(config.video_patch_dim, config.hidden, bias=True)
+        self.audio_out = linear_slot(config.audio_channels, config.hidden, bias=True)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, seq: PackedSequence, clocks: Clocks) -> dict[SegmentKind, torch.Tensor]:
+        """Velocity rows (float32) of the video and audio rows held, each kind's rows in order."""
+        shift, scale = self.adaln_proj(cond, x.dtype).unbind(1)  # [M, D] each
+        normed = self.norm(x)
+        heads = {SegmentKind.VIDEO: self.video_out, SegmentKind.AUDIO: self.audio_out}
+        out: dict[SegmentKind, list[torch.Tensor]] = {}
+        for seg in seq.segments:
+            if seg.kind in heads:
+                row = clocks.index[seg.clock]
+                h = normed[seg.start : seg.stop] * (1.0 + scale[row]) + shift[row]
+                out.setdefault(seg.kind, []).append(heads[seg.kind](h.to(io_dtype(heads[seg.kind], torch.float32))))
+        return {kind: parts[0] if len(parts) == 1 else torch.cat(parts) for kind, parts in out.items()}
 
 
 class Split(str, Enum):
     """How a linear divides over ranks in tensor mode (docs/nvfp4.md, "Tensor-parallel slicing")."""
 
     COLUMN = "column"
-    """Output rows: each rank computes its rows of the output from the whole input; the bias is sliced with the rows."""
+    """Output rows: each rank computes its rows of the output from the whole input; a bias is sliced with the rows."""
     ROW = "row"
-    """Input columns (block aligned): each rank computes a partial output; the bias is added once after the sum."""
+    """Input columns (block aligned): each rank computes a partial output; a bias is added once after the sum."""
 
 
 TENSOR_PARALLEL: dict[str, Split] = {
-    "attn.qkv": Split.COLUMN,  # the rows of this rank's heads, inside each of the q, k and v thirds
-    "attn.out": Split.ROW,  # the input columns of this rank's heads
-    "mlp.fc1": Split.COLUMN,  # the same feature range inside the gate half and the value half
+    "attn.qkv_proj": Split.COLUMN,  # the rows of this rank's heads, inside each of the q, k and v thirds
+    "attn.out_proj": Split.ROW,  # the input columns of this rank's heads
+    "mlp.fc1": Split.COLUMN,  # the same feature range inside the gate half and the up half
     "mlp.fc2": Split.ROW,  # the input columns of that feature range
 }
 """The linears of every block that tensor mode splits, and how. The model declares this (as it
-declares its shapes); `h3core.parallel` applies it from outside: the plan computes each rank's
-ranges, `parallelize` swaps the modules. The rest of the model is replicated."""
+declares its shapes); `h3core.parallel` applies it from outside. The rest is replicated (the
+token refiner and the AdaLN projections included)."""
 
 
 def tensor_parallel_prefixes(num_blocks: int) -> tuple[str, ...]:
@@ -397,75 +432,104 @@ def tensor_parallel_prefixes(num_blocks: int) -> tuple[str, ...]:
     return tuple(f"blocks.{i}.{name}." for i in range(num_blocks) for name in TENSOR_PARALLEL)
 
 
-class Block(nn.Module):
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.eps = config.norm_eps
-        self.modulation = nn.Parameter(torch.empty(len(KINDS), 6, config.hidden, device="meta"), requires_grad=False)
-        self.attn = Attention(config)
-        self.mlp = MLP(config)
-
-    def forward(self, x: torch.Tensor, mod: torch.Tensor, segments: list[Segment], rope: Rope) -> torch.Tensor:
-        # x: [S, D]; mod: [3, 6, D] from the timestep
-        shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation + mod).unbind(1)  # [3, D] each
-        x = add_gated(x, self.attn(modulate(layer_norm(x, self.eps), segments, shift1, scale1), rope), segments, gate1)
-        x = add_gated(x, self.mlp(modulate(layer_norm(x, self.eps), segments, shift2, scale2)), segments, gate2)
-        return x
-
-
-class FinalLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.eps = config.norm_eps
-        self.modulation = nn.Parameter(torch.empty(len(KINDS), 2, config.hidden, device="meta"), requires_grad=False)
-        self.video_out = dense_linear(config.video_patch_dim, config.hidden)
-        self.audio_out = dense_linear(config.audio_patch_dim, config.hidden)
-
-    def forward(self, x: torch.Tensor, cond: torch.Tensor, segments: list[Segment]) -> dict[SegmentKind, torch.Tensor]:
-        shift, scale = (self.modulation + cond[:, None, :]).unbind(1)  # [3, D] each
-        h = modulate(layer_norm(x, self.eps), segments, shift, scale)
-        proj = {SegmentKind.VIDEO: self.video_out, SegmentKind.AUDIO: self.audio_out}
-        return {seg.kind: proj[seg.kind](h[seg.start : seg.stop]) for seg in segments if seg.kind in proj}
+FP32_MODULES = ("video_patch_proj", "audio_patch_proj", "time_embedder", "final_layer.video_out", "final_layer.audio_out", "adaln_t_table")
+"""The float32 islands of the released checkpoint (diffusers' `_keep_in_fp32_modules`); pruned
+checkpoints add every `adaln_proj` (ComfyUI and SGLang upcast them)."""
 
 
 class H3Model(nn.Module):
-    """The denoiser. Built on the meta device; `h3core.model.checkpoint` loads its weights."""
+    """The MiniMax-H3 transformer, built on the meta device; `h3core.model.checkpoint` fills it."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         d = config.hidden
         self.config = config
-        self.text_embed = nvfp4_linear(d, config.text_dim)
-        self.video_embed = dense_linear(d, config.video_patch_dim)
-        self.audio_embed = dense_linear(d, config.audio_patch_dim)
-        self.time_in = nvfp4_linear(d, config.time_embed_dim)
-        self.time_out = nvfp4_linear(d, d)
-        self.kind_embed = nn.Parameter(torch.empty(len(KINDS), d, device="meta"), requires_grad=False)
-        self.time_proj = nvfp4_linear(6 * d, d)
+        self.video_patch_proj = linear_slot(d, config.video_patch_dim, bias=True)
+        self.audio_patch_proj = linear_slot(d, config.audio_channels, bias=True)
+        self.condition_proj = linear_slot(d, config.text_dim, bias=True)
+        if config.pruned:
+            self.register_buffer("adaln_t_table", torch.empty(config.table_rows, config.time_embed_dim, device="meta"))
+        else:
+            self.time_embedder = TimeEmbedder(config)
+        self.token_refiner = TokenRefiner(config)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_blocks))
-        self.final = FinalLayer(config)
+        self.final_layer = FinalLayer(config)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.kind_embed.dtype
+        """The stream dtype (the residual stream, norms, attention, MLP)."""
+        return self.final_layer.norm.weight.dtype
 
-    def conditioning(self, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """sigma (0-dim) -> cond [3, D] per segment kind, and block modulation offsets [3, 6, D]."""
-        t = torch.stack([torch.zeros_like(sigma), sigma, sigma]).float() * 1000.0  # text is clean
-        emb = timestep_embedding(t, self.config.time_embed_dim).to(self.dtype)  # [3, T]
-        cond = self.time_out(F.silu(self.time_in(emb))) + self.kind_embed  # [3, D]
-        mod = self.time_proj(F.silu(cond)).unflatten(-1, (6, self.config.hidden))  # [3, 6, D]
-        return cond, mod
+    def fp32_module(self, name: str) -> bool:
+        """Whether the tensors under `name` load in float32 whatever the stream dtype (`FP32_MODULES`)."""
+        if name.startswith(FP32_MODULES):
+            return True
+        return self.config.pruned and ".adaln_proj." in f".{name}"
+
+    # --- the forward ---------------------------------------------------------------------------------
+
+    def refine_text(self, states: torch.Tensor) -> torch.Tensor:
+        """The text rows of the packed sequence from the text encoder's states: [L, text_dim] -> [L, D]."""
+        x = self.condition_proj(states.to(io_dtype(self.condition_proj, self.dtype)))
+        return self.token_refiner(x.to(self.dtype))
+
+    def conditioning(self, t: torch.Tensor) -> torch.Tensor:
+        """The AdaLN input of timesteps t [M]: the time MLP's [M, 2688] or the curve's [M, 8], float32."""
+        if self.config.pruned:
+            return curve(self.adaln_t_table, t)
+        return self.time_embedder(t)
 
     def embed(self, seq: PackedSequence) -> torch.Tensor:
-        """Per-segment input projections, concatenated in row order: [S, D]."""
-        proj = {SegmentKind.TEXT: self.text_embed, SegmentKind.VIDEO: self.video_embed, SegmentKind.AUDIO: self.audio_embed}
-        return torch.cat([proj[seg.kind](seq.features[seg.kind].to(self.dtype)) for seg in seq.segments])
+        """The rows held, in row order: [S, D] in the stream dtype."""
+        projections = {SegmentKind.VIDEO: self.video_patch_proj, SegmentKind.AUDIO: self.audio_patch_proj}
+        taken = {kind: 0 for kind in seq.features}
+        parts = []
+        for seg in seq.segments:
+            rows = seq.features[seg.kind][taken[seg.kind] : taken[seg.kind] + len(seg)]
+            taken[seg.kind] += len(seg)
+            if seg.kind is SegmentKind.TEXT:
+                parts.append(rows.to(self.dtype))
+            else:
+                proj = projections[seg.kind]
+                parts.append(proj(rows.to(io_dtype(proj, torch.float32))).to(self.dtype))
+        return torch.cat(parts)
 
-    def forward(self, seq: PackedSequence, sigma: torch.Tensor) -> dict[SegmentKind, torch.Tensor]:
-        """Velocity rows for the video and audio rows `seq` holds: {kind: [n_kind, patch_dim]}."""
-        cond, mod = self.conditioning(sigma)
+    def forward(self, *args, **kwargs) -> dict[SegmentKind, torch.Tensor] | tuple[torch.Tensor, torch.Tensor]:
+        """`forward(seq: PackedSequence, clocks: Clocks)` -> velocity rows {kind: [n, features]} float32
+        of the video and audio rows held; or diffusers' argument names (`forward_diffusers`)."""
+        if args and isinstance(args[0], PackedSequence):
+            return self.denoise_rows(*args, **kwargs)
+        return self.forward_diffusers(*args, **kwargs)
+
+    def denoise_rows(self, seq: PackedSequence, clocks: Clocks) -> dict[SegmentKind, torch.Tensor]:
+        cond = self.conditioning(clocks.values)  # [M, E] float32
+        rows = [clocks.row(seg) for seg in seq.segments]
         x = self.embed(seq)
         for block in self.blocks:
-            x = block(x, mod, seq.segments, seq.rope)
-        return self.final(x, cond, seq.segments)
+            x = block(x, cond, seq, rows)
+        return self.final_layer(x, cond, seq, clocks)
+
+    def forward_diffusers(
+        self,
+        hidden_states: torch.Tensor,
+        audio_hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        timestep_indices: torch.Tensor,
+        token_tags: torch.Tensor,
+        position_ids: torch.Tensor,
+        video_indices: torch.Tensor,
+        audio_indices: torch.Tensor,
+        text_indices: torch.Tensor,
+        return_dict: bool = False,
+        **_: object,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One packed sequence in diffusers' `MiniMaxH3Transformer3DModel.forward` convention (a leading
+        batch axis of 1 accepted): the video and audio velocities `[1, n, features]` in the order of
+        `video_indices` and `audio_indices`. `return_dict` is accepted and ignored (always a tuple)."""
+        seq, clocks, order = diffusers_sequence(
+            self, hidden_states, audio_hidden_states, encoder_hidden_states, timestep, timestep_indices,
+            token_tags, position_ids, video_indices, audio_indices, text_indices,
+        )
+        out = self.denoise_rows(seq, clocks)
+        return tuple(order(kind, out[kind]) for kind in (SegmentKind.VIDEO, SegmentKind.AUDIO))  # type: ignore[return-value]

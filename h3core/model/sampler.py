@@ -1,14 +1,21 @@
-"""Rectified-flow Euler sampler over shifted sigmas, with no model inside.
+"""MiniMax-H3's sampler (../shared/MINIMAX_H3.md §3): two flow-match schedules, the Euler update, the noise.
 
-Convention: `x_sigma = (1 - sigma) * x0 + sigma * noise`, the model predicts the velocity
-`v = noise - x0`, so `dx/dsigma = v` and one Euler step from `sigma_i` to `sigma_{i+1}` is
-`x += (sigma_{i+1} - sigma_i) * v`. Sigmas run from 1 to 0; with `steps` steps,
-`t_i = 1 - i / steps` and the shifted schedule is `sigma_i = shift * t_i / (1 + (shift - 1) * t_i)`
-(the SD3/Wan time shift: a larger shift spends more steps at high noise). Updates are float32
-whatever dtype the model computes in.
+diffusers 0.42.1's `MiniMaxH3Scheduler` is the specification (tests compare sigmas, timesteps and
+steps with it), and it holds no model:
 
-Noise depends only on the seed and the shapes: it is drawn on the CPU from one generator in a
-fixed order, never on a device or per rank, so every world size starts from the same latents.
+- `N` sigma points (terminal 0 included, so N - 1 forwards): `base = linspace(1, 0, N)` in float32,
+  `sigma = s * base / (1 + (s - 1) * base)` with s = 12 for video and 3 for audio, consecutive
+  duplicates dropped. The model is fed `t = 1 - sigma` (t = 1 means clean).
+- The model predicts a data-ward velocity: `x0 = x_t + (1 - t) * v` (sigma recovered from t in
+  float32, as the reference does), then `x_next = r * x_t + (1 - r) * x0` with `r = sigma_next / sigma`
+  from the grid, in float32. Video and audio step on their own schedules at the same index, from one
+  forward per step.
+
+Noise reproduces the official server's recipe (SGLang `latent_preparation.py`, the server the
+official scripts call): the video latent `[1, 24, T, H, W]` from a CPU generator seeded with the
+seed, then patchified; the audio rows `[2 * T_a, 32]` from a *separate* CPU generator seeded with
+the same seed. It depends only on the seed and the shapes, so every world size starts from the same
+latents.
 """
 
 from __future__ import annotations
@@ -16,49 +23,59 @@ from __future__ import annotations
 import torch
 
 from h3core.errors import NonFiniteResult
+from h3core.model.config import VideoShape
+from h3core.model.dit import patchify_video
+from h3core.model.sequence import SegmentKind
 
 
-def shifted_sigmas(steps: int, shift: float) -> torch.Tensor:
-    """`steps + 1` float32 sigmas from 1 down to exactly 0."""
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
-    t = 1.0 - torch.arange(steps + 1, dtype=torch.float64) / steps
-    sigmas = shift * t / (1.0 + (shift - 1.0) * t)
-    return sigmas.to(torch.float32)
+def shifted_sigmas(points: int, shift: float) -> torch.Tensor:
+    """`points` float32 sigmas from 1 down to exactly 0 (fewer when the shift makes neighbours equal)."""
+    if points < 2:
+        raise ValueError(f"a schedule needs at least 2 sigma points, got {points}")
+    base = torch.linspace(1.0, 0.0, points, dtype=torch.float32)
+    return torch.unique_consecutive(shift * base / (1 + (shift - 1) * base))
 
 
-class FlowMatchEuler:
-    """`set_timesteps` once, then `step` with each velocity; holds no model and no latents."""
+class FlowMatchH3:
+    """One modality's schedule: `set_timesteps` once, then `step` with each velocity; holds no model."""
 
-    def __init__(self, shift: float = 5.0):
+    def __init__(self, shift: float):
         self.shift = shift
         self.sigmas = torch.empty(0)
+        self.timesteps = torch.empty(0)
 
-    def set_timesteps(self, steps: int) -> torch.Tensor:
-        self.sigmas = shifted_sigmas(steps, self.shift)
-        return self.sigmas[:-1]
+    def set_timesteps(self, points: int) -> torch.Tensor:
+        """The timesteps `t = 1 - sigma` the model is fed, one per forward (`points - 1` of them)."""
+        self.sigmas = shifted_sigmas(points, self.shift)
+        self.timesteps = 1.0 - self.sigmas[:-1]
+        return self.timesteps
 
     @property
     def num_steps(self) -> int:
-        return max(0, len(self.sigmas) - 1)
+        return int(self.timesteps.numel())
 
     def step(self, velocity: torch.Tensor, index: int, sample: torch.Tensor) -> torch.Tensor:
-        """One Euler step from `sigmas[index]` to `sigmas[index + 1]`; returns a float32 sample."""
-        dt = self.sigmas[index + 1] - self.sigmas[index]
-        return sample.float() + dt * velocity.float()
+        """One Euler step from `sigmas[index]` to `sigmas[index + 1]`: a float32 sample."""
+        sigma_of_t = (1.0 - self.timesteps[index]).to(sample.device)
+        denoised = sample.float() + sigma_of_t * velocity.float()
+        ratio = (self.sigmas[index + 1] / self.sigmas[index]).to(sample.device)
+        return ratio * sample.float() + (1.0 - ratio) * denoised
 
 
 def guided_velocity(cond: torch.Tensor, uncond: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """Classifier-free guidance `uncond + scale * (cond - uncond)` in float32 (`cond` when off)."""
+    """Classifier-free guidance `uncond + scale * (cond - uncond)` in float32 (`cond` when off).
+
+    Stock H3 is guidance-distilled (one forward per step, scale 1); this is for fine-tuned checkpoints."""
     if uncond is None or scale == 1.0:
         return cond.float()
     return uncond.float() + scale * (cond.float() - uncond.float())
 
 
-def initial_noise(seed: int, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """Standard normal float32 noise per named latent, from one CPU generator, in the given key order."""
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    return {name: torch.randn(shape, generator=generator, dtype=torch.float32) for name, shape in shapes.items()}
+def initial_noise(seed: int, shape: VideoShape) -> dict[SegmentKind, torch.Tensor]:
+    """The official server's starting noise as packed rows: {video: [T*h*w, 96], audio: [2*T_a, 32]}, float32."""
+    video = torch.randn((1, *shape.video_latent), generator=torch.Generator(device="cpu").manual_seed(seed), dtype=torch.float32)
+    audio = torch.randn((shape.audio_rows, shape.audio_channels), generator=torch.Generator(device="cpu").manual_seed(seed), dtype=torch.float32)
+    return {SegmentKind.VIDEO: patchify_video(video[0], shape.patch), SegmentKind.AUDIO: audio}
 
 
 def check_finite(latent: dict[str, torch.Tensor], *, step: int, steps: int) -> None:

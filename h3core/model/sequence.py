@@ -1,13 +1,27 @@
-"""The packed sequence's layout (DESIGN.md §2): `text | video | audio` segments back to back, no padding.
+"""The packed sequence's layout (../shared/MINIMAX_H3.md §2): `text | audio | video` rows, no padding.
 
-A segment is `(kind, start, stop)` over the packed sequence. Pure Python (no torch): the model
-config, the partition and `h3 plan` speak it before anything heavy is imported. `Segment` is a
-frozen dataclass: plans and reports serialise it as `{"kind", "start", "stop"}`.
+A segment is a run of rows `[start, stop)` of one kind. Its kind decides three things the model
+reads per row (§2.3):
+
+| kind  | features from      | AdaLN modality tag | timestep (clock) | output head |
+|-------|--------------------|--------------------|------------------|-------------|
+| text  | the refined text   | 1                  | the video's      | none        |
+| audio | audio latent rows  | 2                  | the audio's      | `audio_out` |
+| video | video latent rows  | 0                  | the video's      | `video_out` |
+
+A segment can override its tag and clock (`Segment.tag`, `Segment.clock`): the diffusers-style
+entry point builds segments from arbitrary per-row tags and timestep indices that way, and keyframe
+rows (a later feature: video rows at the conditioning clock, vision tokens tagged 0 inside the
+text) are expressed the same way.
+
+Pure Python (no torch): the model config, the partition and `h3 plan` speak it before anything
+heavy is imported. `Segment` is a frozen dataclass: plans and reports serialise it as
+`{"kind", "start", "stop", "tag", "clock"}`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from h3core.span import Span
@@ -15,20 +29,49 @@ from h3core.span import Span
 
 class SegmentKind(str, Enum):
     TEXT = "text"
-    VIDEO = "video"
     AUDIO = "audio"
+    VIDEO = "video"
 
     def __str__(self) -> str:  # 'text' in messages and tables, as the value reports carry
         return self.value
 
 
+VIDEO_TAG, TEXT_TAG, AUDIO_TAG = 0, 1, 2
+"""AdaLN modality tags (diffusers' `token_tags`): the table row of a row is `tidx * 3 + tag`."""
+
+MODALITIES = 3
+"""Tags per timestep in the AdaLN tables."""
+
+VIDEO_CLOCK, AUDIO_CLOCK = "video", "audio"
+"""The two noise levels of a t2va step: text and video rows run at the video's, audio at its own."""
+
+_DEFAULTS = {
+    SegmentKind.TEXT: (TEXT_TAG, VIDEO_CLOCK),
+    SegmentKind.AUDIO: (AUDIO_TAG, AUDIO_CLOCK),
+    SegmentKind.VIDEO: (VIDEO_TAG, VIDEO_CLOCK),
+}
+
+
 @dataclass(frozen=True)
 class Segment:
-    """`kind` tokens at rows `[start, stop)` of a packed sequence."""
+    """`kind` rows `[start, stop)` of a packed sequence, at AdaLN tag `tag` and timestep `clock`."""
 
     kind: SegmentKind
     start: int
     stop: int
+    tag: int = field(default=-1)
+    clock: str = field(default="")
+
+    def __post_init__(self) -> None:
+        kind = SegmentKind(self.kind)
+        object.__setattr__(self, "kind", kind)
+        tag, clock = _DEFAULTS[kind]
+        if self.tag == -1:
+            object.__setattr__(self, "tag", tag)
+        if not self.clock:
+            object.__setattr__(self, "clock", clock)
+        if not 0 <= self.start <= self.stop:
+            raise ValueError(f"invalid segment [{self.start}, {self.stop})")
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -36,6 +79,10 @@ class Segment:
     @property
     def span(self) -> Span:
         return Span(self.start, self.stop)
+
+    def moved(self, start: int, stop: int) -> "Segment":
+        """The same kind, tag and clock over other rows."""
+        return Segment(self.kind, start, stop, self.tag, self.clock)
 
 
 def pack_segments(lengths: list[tuple[SegmentKind, int]]) -> list[Segment]:
@@ -50,6 +97,11 @@ def pack_segments(lengths: list[tuple[SegmentKind, int]]) -> list[Segment]:
     return segments
 
 
-KINDS = (SegmentKind.TEXT, SegmentKind.VIDEO, SegmentKind.AUDIO)
-KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
+def kind_length(segments: list[Segment], kind: SegmentKind) -> int:
+    """Rows of `kind` in the sequence."""
+    return sum(len(seg) for seg in segments if seg.kind is kind)
+
+
+KINDS = (SegmentKind.TEXT, SegmentKind.AUDIO, SegmentKind.VIDEO)
 LATENT_KINDS = (SegmentKind.VIDEO, SegmentKind.AUDIO)
+"""The kinds the sampler steps (each on its own schedule), in the order reports and files list them."""

@@ -7,6 +7,8 @@ reason. The torch parts are submodules:
 - `codec`   E2M1 codes, nibble packing, `NVFP4Weight`, `quantize` / `dequantize`, global scales
 - `swizzle` the 128x4 block-scale layout Blackwell GEMMs read (built in memory at load time)
 - `matmul`  the matmul paths (cpu-dequant, cpu-fp4-emulated, cuda-dequant-bf16, cuda-fp4-scaled-mm), the choice, the record of what ran
+- `activation` the fp4 paths' activation quantizer: eager (reference) and fused (`fused_kernel`, Triton); quantize-before-gather
+- `selftest` the fp4 GEMM self-test with values, in a child process; the verdict `NVFP4Linear` follows
 - `linear`  `NVFP4Linear`, buffers named as ModelOpt names them
 - `shard`   layout-preserving row / column shards (ranges from `h3core.parallel.partition`)
 - `io`      safetensors with ModelOpt names, lazy row / column slices from disk

@@ -10,7 +10,7 @@ the others from the headers.
 `WeightSource` is how a model is assembled from named weights, whoever holds them:
 `CheckpointWeights` (a safetensors checkpoint: the H3 denoiser's tensor-mode shards, the text
 encoder's layers), the synthetic text encoder's generator, an in-memory model's shards
-(`h3core.parallel.tensor.ModelWeights`).
+(`h3core.parallel.modes.tensor.ModelWeights`).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _read_weight(
     else:
         packed, scale = (reader.get(name) for name in names)
     global_scale = reader.get(f"{prefix}.{GLOBAL_SCALE}").reshape(())
-    _check_values(reader, prefix, scale, global_scale)
+    check_values(reader, prefix, scale, global_scale)
     return NVFP4Weight(packed, scale, global_scale)
 
 
@@ -134,7 +134,7 @@ def _expect(reader: SafetensorsReader, name: str, dtypes: tuple[str, ...], shape
         )
 
 
-def _check_values(reader: SafetensorsReader, prefix: str, scale: torch.Tensor, global_scale: torch.Tensor) -> None:
+def check_values(reader: SafetensorsReader, prefix: str, scale: torch.Tensor, global_scale: torch.Tensor) -> None:
     value = float(global_scale)
     if not (0 < value < float("inf")):
         raise CheckpointError(

@@ -12,17 +12,26 @@ Its tensors are buffers named exactly as ModelOpt names them in a checkpoint, so
 | `pre_quant_scale` (optional) | `[in]` | float, AWQ activation pre-scale, multiplies `x` first |
 | `input_scale` (optional) | `[]` | float32, static activation global scale (fp4 path only) |
 
+Block scales are held once, in the form the device's path reads: row-major `weight_scale` on the
+dequant paths; only the 128x4-swizzled `swizzled_weight_scale` (non-persistent) on the fp4 paths,
+where `weight_scale` is None after `prepare()`. The other form is derived on demand:
+`block_scales` / `nvfp4` unswizzle (a fresh tensor; shards and `state_dict` use it, so files and
+shards always see ModelOpt's row-major `weight_scale`), and `prepare()` converts between the forms
+when the path changes (a move to another device). On H3's 200 block linears that is 1,204,224,000
+bytes less per Ulysses rank on an fp4 GPU (`docs/nvfp4.md`).
+
 `forward` takes one of the paths of `h3core.nvfp4.matmul`; `path` says which and `path_reason`
-why, and every forward (and every `forward_rows`) adds one to that path's count in the per-process
-record (`matmul.paths_run`). `forward_rows` computes some output features only, into a strided
+why, and every forward (and every `forward_rows`) adds one to that path's count in the record the
+rank attached (`record`, its runtime's `RankRecord.nvfp4`; None: not counted). `forward_rows` computes some output features only, into a strided
 destination if asked (the dequant paths decode just those rows; Ulysses' v GEMM writes into the
 all-to-all's send blocks this way). On the fp4 paths (`cuda-fp4-scaled-mm`, `cpu-fp4-emulated`):
 
 - the GEMM's operands (the swizzled block scales, and a zero-padded copy of the packed weight
   only when its shape is not a whole number of GEMM tiles) are built by `prepare()`, which the
   loaders call once at load; they are non-persistent buffers (counted in `resident_bytes`,
-  absent from `state_dict`). A module that was never prepared (built by hand, moved to another
-  device) prepares on its first forward. After changing the weight in place, call `prepare()`.
+  absent from `state_dict`, which carries the row-major `weight_scale` derived from them). A module
+  that was never prepared (built by hand, moved to another device) prepares on its first forward.
+  After changing the packed weight in place, call `prepare()`.
 - the activation global scale is `input_scale` when the checkpoint has one; otherwise the amax
   of the whole logical input: a parallel plan whose ranks each hold part of this linear's input
   sets `agree_amax` (an all-reduce MAX over them), so every rank and the one-rank run use one value.
@@ -30,14 +39,19 @@ all-to-all's send blocks this way). On the fp4 paths (`cuda-fp4-scaled-mm`, `cpu
 
 from __future__ import annotations
 
-from typing import Callable
+from collections import Counter
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from h3core.errors import NVFP4FormatError
+
+if TYPE_CHECKING:
+    from h3core.span import Span
 from h3core.nvfp4 import layout
+from h3core.nvfp4.activation import gathered_gemm_operands, quantize_activation, quantize_local_rows
 from h3core.nvfp4.codec import NVFP4Weight, global_scale_from_amax, quantize
 from h3core.nvfp4.matmul import (
     FP4_PATHS,
@@ -48,12 +62,13 @@ from h3core.nvfp4.matmul import (
     dequant_linear,
     emulate_fp4_from_env,
     emulated_scaled_mm_fp4,
-    fp4_kernel_problem,
-    fp4_linear,
+    fp4_gemm,
+    fp4_gemm_shape,
     prepare_fp4_weight,
-    record_path,
     scaled_mm_fp4,
 )
+from h3core.nvfp4.selftest import fp4_kernel_problem
+from h3core.nvfp4.swizzle import unswizzle_block_scales
 
 
 _FORMAT_BUFFERS = ("weight_scale", "weight_scale_2", "input_scale", "swizzled_weight_scale")
@@ -87,6 +102,8 @@ class NVFP4Linear(nn.Module):
         self.register_buffer("input_scale", _checked_scalar(input_scale, "input_scale"))
         self.register_buffer("fp4_weight", None, persistent=False)  # [N, K/2] zero-padded; None: `weight` fits
         self.register_buffer("swizzled_weight_scale", None, persistent=False)
+        self.record: Counter[str] | None = None
+        """The rank's NVFP4 path record (`h3core.parallel.runtime.RankRecord`): +1 per GEMM call."""
         self.agree_amax: Callable[[torch.Tensor], torch.Tensor] | None = None
         """Set by a parallel plan whose ranks each hold part of this linear's input: the max of a
         0-dim amax over those ranks. Every rank must then call `forward` (or, holding no rows,
@@ -139,8 +156,19 @@ class NVFP4Linear(nn.Module):
 
     @property
     def nvfp4(self) -> NVFP4Weight:
-        """The packed weight, block scales and global scale (the buffers themselves, not copies)."""
-        return NVFP4Weight(self.weight, self.weight_scale, self.weight_scale_2)
+        """The packed weight, row-major block scales and global scale: the buffers themselves, except
+        on an fp4 path's prepared module, whose scales are unswizzled on demand (`block_scales`)."""
+        return NVFP4Weight(self.weight, self.block_scales, self.weight_scale_2)
+
+    @property
+    def block_scales(self) -> torch.Tensor:
+        """float8_e4m3fn `[out, in/16]` row-major: `weight_scale` where held, else derived from the
+        swizzled scales (a new tensor: `weight_scale` is not kept beside them)."""
+        if self.weight_scale is not None:
+            return self.weight_scale
+        rows, width = fp4_gemm_shape(self.out_features, self.in_features)
+        padded = unswizzle_block_scales(self.swizzled_weight_scale, rows, layout.scale_columns(width))  # [N, K/16]
+        return padded[: self.out_features, : layout.scale_columns(self.in_features)].contiguous()
 
     @property
     def path_choice(self) -> PathChoice:
@@ -170,13 +198,16 @@ class NVFP4Linear(nn.Module):
         return sum(buf.numel() * buf.element_size() for buf in self.buffers())
 
     def prepare(self) -> None:
-        """Build what this device's path needs, once (the loaders call it at load): on the fp4
-        paths the GEMM's operands; elsewhere nothing (and drop operands built for another path)."""
+        """Hold what this device's path reads, once (the loaders call it at load): on the fp4 paths
+        the GEMM's operands, the swizzled scales replacing the row-major ones; on the dequant paths
+        the row-major scales (unswizzled back if the module was prepared for an fp4 path)."""
         if self.weight.device.type == "meta":
             return
         if self.path in FP4_PATHS:
-            self.fp4_weight, self.swizzled_weight_scale = prepare_fp4_weight(self.nvfp4)
+            self.fp4_weight, swizzled = prepare_fp4_weight(self.nvfp4)
+            self.swizzled_weight_scale, self.weight_scale = swizzled, None
         else:
+            self.weight_scale = self.block_scales
             self.fp4_weight = self.swizzled_weight_scale = None
 
     @property
@@ -229,7 +260,10 @@ class NVFP4Linear(nn.Module):
         if self.pre_quant_scale is not None:
             x2 = x2 * self.pre_quant_scale.to(x2.dtype)
         path = self.path
-        record_path(path)
+        if self.record is not None:
+            self.record[path] += 1
+        if path not in FP4_PATHS and self.weight_scale is None:
+            self.prepare()  # prepared for an fp4 path on another device: hold the row-major scales again
         if rows is not None and path not in FP4_PATHS:
             return self._rows_forward(x, x2, rows, out, path)
         if path in FP4_PATHS:
@@ -259,13 +293,67 @@ class NVFP4Linear(nn.Module):
         act_global = self.activation_global_scale(x2)  # before any early return: peers may wait on it
         if x2.shape[0] == 0:
             return x2.new_empty(0, self.out_features)
+        _, width = fp4_gemm_shape(self.out_features, self.in_features)
+        act_packed, act_scale = quantize_activation(x2, act_global, width)  # [M, K/2], swizzled [M, K/16]
+        return self._fp4_gemm(act_packed, act_scale, act_global, path, x2.dtype)
+
+    def _fp4_gemm(self, act_packed: torch.Tensor, act_scale: torch.Tensor, act_global: torch.Tensor, path: str, dtype: torch.dtype) -> torch.Tensor:
         if not self.prepared:
             self.prepare()
         weight = self.fp4_weight if self.fp4_weight is not None else self.weight
-        gemm, out_dtype = (scaled_mm_fp4, torch.bfloat16) if path == PATH_CUDA_FP4 else (emulated_scaled_mm_fp4, x2.dtype)
-        return fp4_linear(
-            x2, self.nvfp4, weight, self.swizzled_weight_scale, self.bias, act_global, out_dtype=out_dtype, gemm=gemm
+        gemm, out_dtype = (scaled_mm_fp4, torch.bfloat16) if path == PATH_CUDA_FP4 else (emulated_scaled_mm_fp4, dtype)
+        return fp4_gemm(
+            act_packed, act_scale, act_global, weight, self.swizzled_weight_scale, self.weight_scale_2, self.out_features,
+            self.bias, out_dtype=out_dtype, gemm=gemm,
         )
+
+    # --- tensor mode: quantize local rows, gather codes + scales, then the GEMM ----------------------
+
+    def quantize_input(self, x_local: torch.Tensor) -> NVFP4Weight:
+        """This rank's input rows [m, in] (pre-scaled here like `forward`) as NVFP4 codes + row-major
+        scales at the GEMM's padded width, quantized with the activation global scale of the WHOLE
+        gathered input: `activation_global_scale` agrees the amax over the ranks (`agree_amax`,
+        which must span the gather group) unless `input_scale` is set. Every rank of the group calls
+        it, rows or none. Gather the results (packed bytes and the scales' bytes, rank order) and
+        pass them to `forward_gathered`: bitwise `forward(gathered rows)`.  Fp4 paths only."""
+        x2 = x_local.reshape(-1, self.in_features)
+        if self.pre_quant_scale is not None:
+            x2 = x2 * self.pre_quant_scale.to(x2.dtype)
+        act_global = self.activation_global_scale(x2)
+        _, width = fp4_gemm_shape(self.out_features, self.in_features)
+        return quantize_local_rows(x2, act_global, width)
+
+    def forward_gathered(self, parts: list[NVFP4Weight], dtype: torch.dtype) -> torch.Tensor:
+        """The product of the gathered `quantize_input` results (rank order), in `dtype` ([M, out]):
+        bitwise the `forward` of the gathered rows in that dtype, on the fp4 paths."""
+        path = self.path
+        if path not in FP4_PATHS:
+            raise ValueError(f"forward_gathered is for the fp4 paths; this linear takes {path}")
+        if self.record is not None:
+            self.record[path] += 1
+        act_packed, act_scale = gathered_gemm_operands(parts)
+        if act_packed.shape[0] == 0:
+            return torch.empty(0, self.out_features, dtype=dtype, device=act_packed.device)
+        return self._fp4_gemm(act_packed, act_scale, parts[0].global_scale, path, dtype).to(dtype)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):  # type: ignore[no-untyped-def]
+        """ModelOpt's names and layout whatever this module holds: a prepared fp4 module (no
+        `weight_scale`) writes its row-major scales derived from the swizzled ones, in place."""
+        for name, buf in self._buffers.items():
+            if name in self._non_persistent_buffers_set:
+                continue
+            if name == "weight_scale" and buf is None and self.swizzled_weight_scale is not None:
+                buf = self.block_scales
+            if buf is not None:
+                destination[prefix + name] = buf if keep_vars else buf.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):  # type: ignore[no-untyped-def]
+        """Loading into a prepared fp4 module: the row-major `weight_scale` it reads comes back first
+        (and the fp4 operands go: the next forward, or `prepare()`, rebuilds them)."""
+        if self.weight_scale is None and self.swizzled_weight_scale is not None:
+            self.weight_scale = self.block_scales
+            self.fp4_weight = self.swizzled_weight_scale = None
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         """`.to(device)` moves every buffer; `.to(dtype)` / `.half()` / `.bfloat16()` cast only `bias` and
@@ -327,3 +415,12 @@ class DenseLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, self.weight.to(x.dtype), bias)
+
+    def rows(self, spans: "Sequence[Span]") -> "DenseLinear":
+        """A column-parallel shard: output rows `spans` (bias rows with them), compact copies."""
+        take = lambda t: torch.cat([t[s.start : s.stop] for s in spans])  # noqa: E731
+        return DenseLinear(take(self.weight), None if self.bias is None else take(self.bias))
+
+    def columns(self, span: "Span") -> "DenseLinear":
+        """A row-parallel shard: input columns `span`, no bias (added once after the reduction)."""
+        return DenseLinear(self.weight[:, span.start : span.stop].contiguous())

@@ -3,14 +3,19 @@
 - `cpu-dequant` (any non-CUDA device): decode the weight to the activations' dtype, `F.linear`.
 - `cuda-dequant-bf16` (CUDA before compute capability 10, or the fp4 GEMM disabled or not
   runnable here): decode to bf16 and multiply with bf16 activations. Weight-only.
-- `cuda-fp4-scaled-mm` (compute capability >= 10): quantize the activations to NVFP4 too and run
-  `torch._scaled_mm` on `float4_e2m1fn_x2` operands with 128x4-swizzled fp8 block scales; the two
-  global scales multiply the bf16 result afterwards.
+- `cuda-fp4-scaled-mm` (compute capability >= 10, and the fp4 GEMM self-test passed,
+  `h3core.nvfp4.selftest`): quantize the activations to NVFP4 too (one fused Triton kernel where
+  triton imports, `h3core.nvfp4.activation`) and run the block-scaled fp4 GEMM on
+  `float4_e2m1fn_x2` operands with 128x4-swizzled fp8 block scales. The two global scales make
+  alpha = act_global * weight_global, an fp32 product applied to the fp32 accumulator inside the
+  GEMM, and the bias is added there too, before the one rounding to bf16 (`scaled_mm_fp4`: torch's
+  two-level NVFP4 recipe, `F.scaled_mm` with [block, tensor] scales; on a torch without it, an fp32
+  GEMM output scaled and biased in fp32, then rounded once).
 - `cpu-fp4-emulated` (any non-CUDA device, when switched on: `NVFP4Linear.emulate_fp4` or
   `H3_EMULATE_FP4=1`): the fp4 path step for step — same activation global scale, same padded
-  operands, same swizzled scales — with the GEMM emulated from exactly the bytes cuBLAS would read
-  (`emulated_scaled_mm_fp4`), accumulated in float32 and returned in the activations' dtype. It
-  lets the Gloo tier prove the fp4 path's parity on a CPU.
+  operands, same swizzled scales, alpha and bias in fp32 — with the GEMM emulated from exactly the
+  bytes cuBLAS would read (`emulated_scaled_mm_fp4`), accumulated in float32 and returned in the
+  activations' dtype. It lets the Gloo tier prove the fp4 path's parity on a CPU.
 
 Activation global scale (fp4 paths): the checkpoint's `input_scale` where it has one, else
 `amax / (6 * 448)` of the whole logical input, agreed by the ranks that each hold part of it
@@ -21,7 +26,8 @@ of 16. Other shapes (a row-parallel shard with an odd number of 16-element block
 splits produce) are padded with zero blocks — zero codes with zero scales, exact — so every shape
 takes the same path and no reduction mixes fp4 and bf16 partials. The padded weight (only when
 padding is needed) and the swizzled weight scales are built once at load (`prepare_fp4_weight`,
-counted in the module's resident bytes), never in the denoising loop.
+counted in the module's resident bytes), never in the denoising loop; an `NVFP4Linear` on an fp4
+path then holds only the swizzled scales (see `h3core.nvfp4.linear`).
 
 The dequant paths decode the weight in row chunks whose starts are multiples of 128 rows (so the
 chunk GEMM's output pitch stays 16-byte aligned and cuBLAS keeps its fast kernels); a tail of
@@ -31,7 +37,6 @@ project's CPU every chunking then gives bitwise the output of one whole GEMM (te
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -40,7 +45,8 @@ import torch.nn.functional as F
 
 from h3core import settings
 from h3core.nvfp4 import layout
-from h3core.nvfp4.codec import NVFP4Weight, decode_rows, quantize_unchecked
+from h3core.nvfp4.activation import quantize_activation
+from h3core.nvfp4.codec import NVFP4Weight, decode_rows
 from h3core.nvfp4.swizzle import swizzle_block_scales, unswizzle_block_scales
 
 PATH_CPU_DEQUANT = "cpu-dequant"
@@ -89,7 +95,8 @@ def choose_path(
     fp4_kernel_problem: Callable[[], str | None],
 ) -> PathChoice:
     """Pick the path of a linear on a device. Shape plays no part: the fp4 GEMM's operands are padded.
-    `fp4_kernel_problem` is asked last, lazily."""
+    `fp4_kernel_problem` (`h3core.nvfp4.selftest.fp4_kernel_problem`: the fp4 GEMM self-test's
+    verdict) is asked last, lazily."""
     if device_type != "cuda":
         if emulate_fp4:
             return PathChoice(PATH_CPU_FP4_EMULATED, f"device type {device_type!r}, fp4 emulation on: the fp4 path with an emulated GEMM")
@@ -107,25 +114,6 @@ def choose_path(
 def emulate_fp4_from_env() -> bool:
     """`H3_EMULATE_FP4` as a bool (unset: False); a malformed value is a ConfigError naming it."""
     return settings.emulate_fp4()
-
-
-# --- what ran ----------------------------------------------------------------------------------------
-
-_paths_run: Counter[str] = Counter()
-
-
-def record_path(path: str) -> None:
-    _paths_run[path] += 1
-
-
-def paths_run() -> dict[str, int]:
-    """NVFP4 matmul paths this process ran since the last `reset_path_record`: {path: GEMM calls
-    (`forward` and `forward_rows`)}."""
-    return dict(sorted(_paths_run.items()))
-
-
-def reset_path_record() -> None:
-    _paths_run.clear()
 
 
 # --- the dequant paths -------------------------------------------------------------------------------
@@ -226,13 +214,49 @@ def fp4_linear(
 
     `gemm_weight`, `gemm_weight_scale`: `w` as `prepare_fp4_weight` laid it out (padded packed
     codes, or `w.packed` itself; swizzled scales). `act_global`: the activation global scale.
-    `gemm`: `scaled_mm_fp4` (default, CUDA) or `emulated_scaled_mm_fp4`.
+    `gemm`: `scaled_mm_fp4` (default, CUDA) or `emulated_scaled_mm_fp4`. Only `w.out_features`,
+    `w.in_features` and `w.global_scale` are read from `w` (its block scales may be any form).
     """
     _, width = fp4_gemm_shape(w.out_features, w.in_features)
-    act = quantize_unchecked(x, act_global, padded_width=width)  # packed [M, K/2], scale [M, K/16]
-    out = (gemm or scaled_mm_fp4)(act.packed, swizzle_block_scales(act.scale), gemm_weight, gemm_weight_scale, out_dtype)
-    out = out[:, : w.out_features] * (act.global_scale * w.global_scale)  # [M, out]; scalar taken in fp32
-    return out if bias is None else out + bias.to(out.dtype)
+    act_packed, act_scale = quantize_activation(x, act_global, width)  # [M, K/2], swizzled [M, K/16]
+    return fp4_gemm(
+        act_packed, act_scale, act_global, gemm_weight, gemm_weight_scale, w.global_scale, w.out_features, bias,
+        out_dtype=out_dtype, gemm=gemm,
+    )
+
+
+def fp4_gemm(
+    act_packed: torch.Tensor,
+    act_scale_swizzled: torch.Tensor,
+    act_global: torch.Tensor,
+    gemm_weight: torch.Tensor,
+    gemm_weight_scale: torch.Tensor,
+    weight_global: torch.Tensor,
+    out_features: int,
+    bias: torch.Tensor | None,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    gemm: Callable[..., torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The GEMM of already-quantized activations (`act_packed` [M, K/2] with the swizzled scales of
+    its [M, K/16] matrix, K = the padded width) with a prepared weight (`gemm_weight` [N, K/2],
+    `gemm_weight_scale` swizzled): alpha = act_global * weight_global and the bias applied in fp32
+    inside the GEMM, one rounding to `out_dtype`.  -> [M, out_features] (a column view when N is padded)"""
+    rows = gemm_weight.shape[0]  # N, padded to the GEMM's multiple
+    if bias is not None:
+        bias = bias.to(out_dtype)
+        if rows != out_features:  # padded output columns get a zero bias and are dropped below
+            bias = F.pad(bias, (0, rows - out_features))
+    out = (gemm or scaled_mm_fp4)(
+        act_packed, act_scale_swizzled, gemm_weight, gemm_weight_scale, out_dtype, a_global=act_global, b_global=weight_global, bias=bias
+    )
+    return out[:, :out_features]  # [M, out]
+
+
+def _has_two_level_nvfp4() -> bool:
+    """torch's `F.scaled_mm` with the NVFP4 two-level recipe ([block 1x16, tensor] scales per operand)."""
+    scaling = getattr(F, "ScalingType", None)
+    return hasattr(F, "scaled_mm") and scaling is not None and hasattr(scaling, "BlockWise1x16") and hasattr(F, "SwizzleType")
 
 
 def scaled_mm_fp4(
@@ -241,20 +265,46 @@ def scaled_mm_fp4(
     b_packed: torch.Tensor,
     b_scale_swizzled: torch.Tensor,
     out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    a_global: torch.Tensor | None = None,
+    b_global: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`A @ B.T` of two NVFP4 matrices with block scales only (no global scales).
+    """`alpha * (A @ B.T) + bias` of two NVFP4 matrices, rounded once to `out_dtype`.
 
     a_packed: [M, K/2] uint8 (activations), b_packed: [N, K/2] uint8 (weight), both row-major;
     scales: flat 128x4-swizzled fp8 of their `[M, K/16]` and `[N, K/16]` matrices. cuBLAS wants
     the first operand row-major and the second column-major: the weight's transpose view is.
+    `a_global`, `b_global`: float32 0-dim global scales (both or neither): alpha = their fp32
+    product, applied to the fp32 accumulator, never to a rounded result. `bias`: [N] in `out_dtype`.
     """
-    return torch._scaled_mm(
-        a_packed.view(torch.float4_e2m1fn_x2),  # [M, K/2] row-major
-        b_packed.view(torch.float4_e2m1fn_x2).t(),  # [K/2, N] column-major
-        a_scale_swizzled,
-        b_scale_swizzled,
-        out_dtype=out_dtype,
-    )
+    a = a_packed.view(torch.float4_e2m1fn_x2)  # [M, K/2] row-major
+    b = b_packed.view(torch.float4_e2m1fn_x2).t()  # [K/2, N] column-major
+    if a_global is None and b_global is None and bias is None:
+        return torch._scaled_mm(a, b, a_scale_swizzled, b_scale_swizzled, out_dtype=out_dtype)
+    a_global = _global_or_one(a_global, a_packed.device)
+    b_global = _global_or_one(b_global, a_packed.device)
+    if _has_two_level_nvfp4() and out_dtype != torch.float32:
+        block, tensor = F.ScalingType.BlockWise1x16, F.ScalingType.TensorWise
+        swizzled, plain = F.SwizzleType.SWIZZLE_32_4_4, F.SwizzleType.NO_SWIZZLE
+        return F.scaled_mm(
+            a, b, [a_scale_swizzled, a_global], [block, tensor], [b_scale_swizzled, b_global], [block, tensor],
+            swizzle_a=[swizzled, plain], swizzle_b=[swizzled, plain], bias=bias, output_dtype=out_dtype,
+        )
+    out = torch._scaled_mm(a, b, a_scale_swizzled, b_scale_swizzled, out_dtype=torch.float32)  # [M, N] fp32
+    return _epilogue(out, a_global * b_global, bias, out_dtype)
+
+
+def _global_or_one(scale: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    return torch.ones((), dtype=torch.float32, device=device) if scale is None else scale.to(torch.float32).reshape(())
+
+
+def _epilogue(acc: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """`alpha * acc + bias` in fp32 on the fp32 accumulator, then one rounding to `out_dtype`."""
+    out = acc.mul_(alpha)
+    if bias is not None:
+        out = out.add_(bias.to(torch.float32))
+    return out.to(out_dtype)
 
 
 def emulated_scaled_mm_fp4(
@@ -263,44 +313,26 @@ def emulated_scaled_mm_fp4(
     b_packed: torch.Tensor,
     b_scale_swizzled: torch.Tensor,
     out_dtype: torch.dtype = torch.float32,
+    *,
+    a_global: torch.Tensor | None = None,
+    b_global: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """What `scaled_mm_fp4` computes, on any device, from the very bytes it would read.
 
     Both operands are decoded exactly (E2M1 x e4m3 products fit float32) with their block scales
     read back from the swizzled layout as cuBLAS defines it, then multiplied in float32 (the
-    weight decoded chunk by chunk, as on the dequant paths).  -> [M, N] in `out_dtype`
+    weight decoded chunk by chunk, as on the dequant paths); alpha and bias in fp32, one rounding.
+    -> [M, N] in `out_dtype`
     """
     rows_a, rows_b, width = a_packed.shape[0], b_packed.shape[0], layout.unpacked_width(a_packed.shape[1])
     one = torch.ones((), dtype=torch.float32, device=a_packed.device)
     a_scale = unswizzle_block_scales(a_scale_swizzled, rows_a, layout.scale_columns(width))
     b_scale = unswizzle_block_scales(b_scale_swizzled, rows_b, layout.scale_columns(width))
     a = decode_rows(a_packed, a_scale, one)  # [M, K] float32
-    return dequant_linear(a, NVFP4Weight(b_packed, b_scale, one), None).to(out_dtype)
-
-
-_kernel_problems: dict[torch.device, str | None] = {}
-
-
-def fp4_kernel_problem(device: torch.device) -> str | None:
-    """None if the fp4 `_scaled_mm` runs on `device` (probed once, cached), else why not."""
-    if not hasattr(torch, "float4_e2m1fn_x2") or not hasattr(torch, "_scaled_mm"):
-        return f"torch {torch.__version__} has no float4_e2m1fn_x2 / _scaled_mm"
-    if device not in _kernel_problems:
-        _kernel_problems[device] = _probe_fp4_kernel(device)
-    return _kernel_problems[device]
-
-
-def _probe_fp4_kernel(device: torch.device) -> str | None:
-    rows, width = 128, 64  # the smallest shape with whole 128x4 scale tiles
-    packed = torch.zeros(rows, layout.packed_bytes(width), dtype=torch.uint8, device=device)
-    scale = torch.ones(rows, layout.scale_columns(width), device=device).to(torch.float8_e4m3fn)
-    try:
-        swizzled = swizzle_block_scales(scale)
-        scaled_mm_fp4(packed, swizzled, packed, swizzled)
-        torch.cuda.synchronize(device)
-    except (RuntimeError, NotImplementedError, TypeError) as err:
-        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-    return None
+    acc = dequant_linear(a, NVFP4Weight(b_packed, b_scale, one), None)  # [M, N] float32
+    alpha = _global_or_one(a_global, acc.device) * _global_or_one(b_global, acc.device)
+    return _epilogue(acc, alpha, bias, out_dtype)
 
 
 def _ceil_to(n: int, multiple: int) -> int:

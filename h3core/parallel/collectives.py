@@ -29,7 +29,8 @@ CPU memory of that size costs more in page faults than the copy itself. On CUDA 
 allocator already recycles memory, so they are plain allocations there. One thread per process
 calls collectives (as process groups require anyway); `release_scratch()` frees the buffer.
 
-`set_region_timer` lets `h3core.generate.profile` time every collective by kind (unset: no timing).
+A `CommStats` may carry a timer (`CommStats.timer`): `h3core.generate.profile` times every collective
+that counts into it by kind (unset: no timing).
 
 `CommStats` counts, per collective kind, the calls and the bytes this rank sent to and received
 from *other* ranks (its own share stays local and is not counted; gather padding is counted,
@@ -45,7 +46,7 @@ from typing import Any, Callable, ContextManager, Iterable, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from h3core.span import Span
 
@@ -67,9 +68,19 @@ class CollectiveCounts(BaseModel):
 
 
 class CommStats(BaseModel):
-    """Calls and bytes per collective kind ('seq_to_head', 'gather_rows', ...); mergeable."""
+    """Calls and bytes per collective kind ('seq_to_head', 'gather_rows', ...); mergeable. One rank's
+    counters may carry a `timer` (`--profile`) that times every collective counted into them."""
 
     kinds: dict[str, CollectiveCounts] = Field(default_factory=dict, description="Counts by collective kind.")
+    _timer: "RegionTimer | None" = PrivateAttr(default=None)
+
+    @property
+    def timer(self) -> "RegionTimer | None":
+        return self._timer
+
+    @timer.setter
+    def timer(self, timer: "RegionTimer | None") -> None:
+        self._timer = timer
 
     def record(self, kind: str, bytes_sent: int, bytes_received: int) -> None:
         counts = self.kinds.setdefault(kind, CollectiveCounts())
@@ -107,26 +118,20 @@ class CommStats(BaseModel):
 # --- timing hook (h3core.generate.profile) ------------------------------------------------------------------
 
 RegionTimer = Callable[[str], ContextManager[None]]
-_region_timer: RegionTimer | None = None
-
-
-def set_region_timer(timer: RegionTimer | None) -> None:
-    """Time every collective of this process as a region named by its kind (None: stop timing).
-
-    While unset, a collective pays one global lookup for it; `h3core.generate.profile` sets it per run.
-    """
-    global _region_timer
-    _region_timer = timer
 
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _timed_as(kind: str) -> Callable[[F], F]:
+    """Time the collective as a region named `kind` by the timer of the `CommStats` it is given
+    (`CommStats.timer`, set by `--profile` on that rank's counters; unset: no timing)."""
+
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
-            timer = _region_timer
+            stats = kwargs.get("stats") or next((a for a in args if isinstance(a, CommStats)), None)
+            timer = stats.timer if stats is not None else None
             if timer is None:
                 return fn(*args, **kwargs)
             with timer(kind):

@@ -63,7 +63,7 @@ def clip_segments(segments: list[Segment], interval: Span) -> list[Segment]:
     for seg in segments:
         start, stop = max(seg.start, interval.start), min(seg.stop, interval.stop)
         if start < stop:
-            clipped.append(Segment(seg.kind, start - interval.start, stop - interval.start))
+            clipped.append(seg.moved(start - interval.start, stop - interval.start))
     return clipped
 
 
@@ -117,12 +117,13 @@ def head_column_slices(num_heads: int, head_dim: int, world: int) -> list[Column
 
 
 def fused_qkv_rows(heads: Span, num_heads: int, head_dim: int) -> list[Span]:
-    """Rows of a fused `[q | k | v]` weight (`3 * num_heads * head_dim` rows) for `heads`, per third."""
-    hidden = num_heads * head_dim
+    """Rows of a stacked `[q | k | v]` weight (`3 * num_heads * head_dim` rows) for `heads`, per third
+    (a checkpoint that stores them otherwise, per head or as three tensors, maps these rows itself)."""
+    width = num_heads * head_dim
     local = heads.scaled(head_dim)
-    return [local.shifted(third * hidden) for third in range(3)]
+    return [local.shifted(third * width) for third in range(3)]
 
 
-def gate_value_rows(columns: ColumnSlice, mlp_width: int) -> list[Span]:
-    """Rows of a fused `[gate | value]` FC1 weight (`2 * mlp_width` rows) matching FC2 `columns`."""
-    return [columns.elements, columns.elements.shifted(mlp_width)]
+def gate_up_rows(columns: ColumnSlice, ffn_dim: int) -> list[Span]:
+    """Rows of a fused `[gate | up]` fc1 weight (`2 * ffn_dim` rows) matching fc2 `columns`."""
+    return [columns.elements, columns.elements.shifted(ffn_dim)]

@@ -23,8 +23,7 @@ rank's runtime is given its own group's process group.
 
 from __future__ import annotations
 
-from enum import Enum
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -32,29 +31,14 @@ from h3core import settings
 from h3core.errors import PartitionError
 from h3core.model.config import ModelConfig, preset
 from h3core.model.sequence import Segment
-from h3core.nvfp4.layout import ColumnSlice
 from h3core.parallel import partition
 from h3core.parallel.layout import SEQUENCE_NAMES, RankLayout
+from h3core.parallel.modes import Mode, mode_of
+from h3core.parallel.modes.tensor import TensorShards
 from h3core.span import Span
 
-
-class Mode(str, Enum):
-    ULYSSES = "ulysses"
-    TENSOR = "tensor"
-
-
-class TensorShards(BaseModel):
-    """What one rank holds of each block's NVFP4 linears in tensor mode (`h3core.model.dit.TENSOR_PARALLEL`)."""
-
-    model_config = ConfigDict(frozen=True)
-    qkv_rows: list[Span] = Field(description="Rows of the fused [q | k | v] weight, one span per third (this rank's heads).")
-    attn_out_columns: ColumnSlice = Field(description="Input columns of the attention output projection (this rank's heads).")
-    fc1_rows: list[Span] = Field(description="Rows of the fused [gate | value] FC1 weight: the gate span, then the value span.")
-    fc2_columns: ColumnSlice = Field(description="Input columns of FC2: the same feature range as FC1's rows, in whole NVFP4 blocks.")
-
-    def of(self, linear: str) -> list[Span] | ColumnSlice:
-        """The range of block linear `linear` ('attn.qkv', 'attn.out', 'mlp.fc1', 'mlp.fc2')."""
-        return {"attn.qkv": self.qkv_rows, "attn.out": self.attn_out_columns, "mlp.fc1": self.fc1_rows, "mlp.fc2": self.fc2_columns}[linear]
+if TYPE_CHECKING:
+    from h3core.model.checkpoint import TensorSpec
 
 
 class RankPlan(BaseModel):
@@ -83,10 +67,11 @@ class WeightBytes(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     parameters: int = Field(description="Weights (NVFP4 elements + dense values).")
-    checkpoint_bytes: int = Field(description="Tensor bytes of the checkpoint (NVFP4 packed codes and scales, dense tensors in bf16).")
-    nvfp4_bytes: int
-    block_linears_bytes: int = Field(description="The per-block QKV/Out/FC1/FC2 (with biases): what tensor mode splits.")
-    per_rank: list[int] = Field(description="Bytes each rank holds: all of it in Ulysses mode; replicated parts + its shards in tensor mode.")
+    checkpoint_bytes: int = Field(description="Tensor bytes of the checkpoint as stored (NVFP4 codes, scales and markers; dense tensors at their stored dtype).")
+    nvfp4_bytes: int = Field(description="Bytes of the NVFP4 linears (codes, scales, global scales, markers).")
+    block_linears_bytes: int = Field(description="The per-block qkv_proj/out_proj/fc1/fc2: what tensor mode splits.")
+    per_rank: list[int] = Field(description="Stored bytes each rank holds: all of it in Ulysses mode; replicated parts + its shards in tensor mode.")
+    dense16_per_rank: list[int] = Field(default_factory=list, description="Of those, the 16-bit dense tensors: they load at the compute dtype (twice as large in fp32).")
 
 
 class ParallelPlan(BaseModel):
@@ -96,7 +81,7 @@ class ParallelPlan(BaseModel):
     preset: str
     num_heads: int
     head_dim: int
-    mlp_width: int
+    ffn_dim: int
     num_tokens: int = Field(description="Tokens of the prompt's sequence.")
     segments: list[Segment] = Field(description="The prompt's packed sequence.")
     heads: list[int] = Field(description="Heads per rank.")
@@ -117,11 +102,11 @@ class ParallelPlan(BaseModel):
         return data
 
     @classmethod
-    def for_layout(cls, config: ModelConfig, layout: RankLayout, mode: Mode, *sequences: list[Segment]) -> "ParallelPlan":
+    def for_layout(cls, config: ModelConfig, layout: RankLayout, mode: Mode, *sequences: list[Segment], specs: Sequence["TensorSpec"] | None = None) -> "ParallelPlan":
         """The plan of a run laid out as `layout`: the partition of one group of `layout.degree` ranks
         (a `PartitionError` then names the layout: the count it speaks of is one group's)."""
         try:
-            plan = cls.build(config, layout.degree, mode, *sequences)
+            plan = cls.build(config, layout.degree, mode, *sequences, specs=specs)
         except PartitionError as err:
             if layout.degree == layout.world_size:
                 raise
@@ -129,12 +114,13 @@ class ParallelPlan(BaseModel):
         return plan.model_copy(update={"layout": layout})
 
     @classmethod
-    def build(cls, config: ModelConfig, world_size: int, mode: Mode, *sequences: list[Segment]) -> "ParallelPlan":
+    def build(cls, config: ModelConfig, world_size: int, mode: Mode, *sequences: list[Segment], specs: Sequence["TensorSpec"] | None = None) -> "ParallelPlan":
         """Apply the partition contract to each of the run's `sequences` (the prompt's first) for one
-        group of `world_size` ranks; raise `PartitionError` for any empty or misaligned part."""
+        group of `world_size` ranks; raise `PartitionError` for any empty or misaligned part. `specs`:
+        the checkpoint's tensors (default: the synthetic layout of `config`, which is the seed's file's)."""
         heads = partition.head_spans(config.num_heads, world_size)
         splits = [_sequence_plan(name, segments, world_size) for name, segments in zip(SEQUENCE_NAMES, sequences)]
-        shards = _tensor_shards(config, heads) if mode is Mode.TENSOR else [None] * world_size
+        shards = mode_of(mode).shards(config, heads)
         prompt = splits[0]
         ranks = [
             RankPlan(rank=r, heads=heads[r], tokens=prompt.tokens[r], segments=partition.clip_segments(prompt.segments, prompt.tokens[r]), tensor=shards[r])
@@ -142,9 +128,9 @@ class ParallelPlan(BaseModel):
         ]
         return cls(
             mode=mode, world_size=world_size, preset=config.name, num_heads=config.num_heads, head_dim=config.head_dim,
-            mlp_width=config.mlp_width, num_tokens=prompt.num_tokens, segments=prompt.segments,
+            ffn_dim=config.ffn_dim, num_tokens=prompt.num_tokens, segments=prompt.segments,
             heads=[len(h) for h in heads], tokens=[len(t) for t in prompt.tokens], ranks=ranks,
-            weights=weight_bytes(config, mode, ranks), sequences=splits,
+            weights=weight_bytes(config, mode, ranks, specs), sequences=splits,
         )
 
     @classmethod
@@ -172,65 +158,26 @@ def _sequence_plan(name: str, segments: list[Segment], world_size: int) -> Seque
     return SequencePlan(name=name, segments=segments, num_tokens=num_tokens, tokens=partition.token_spans(num_tokens, world_size))
 
 
-def _tensor_shards(config: ModelConfig, heads: list[Span]) -> list[TensorShards | None]:
-    """Every rank's ranges of the block linears: heads decide QKV rows and Out columns; FC2 columns
-    are whole NVFP4 blocks of the MLP width, and FC1's rows follow them in both halves."""
-    world = len(heads)
-    out_columns = partition.head_column_slices(config.num_heads, config.head_dim, world)
-    fc2_columns = partition.nvfp4_column_slices(config.mlp_width, world)
-    return [
-        TensorShards(
-            qkv_rows=partition.fused_qkv_rows(h, config.num_heads, config.head_dim),
-            attn_out_columns=out,
-            fc1_rows=partition.gate_value_rows(fc2, config.mlp_width),
-            fc2_columns=fc2,
-        )
-        for h, out, fc2 in zip(heads, out_columns, fc2_columns)
-    ]
-
-
 # --- what each rank holds of the checkpoint -----------------------------------------------------------
 
 
-def weight_bytes(config: ModelConfig, mode: Mode, ranks: Sequence[RankPlan]) -> WeightBytes:
-    """The checkpoint's size for `config` (its contract, `h3core.model.checkpoint.schema`), and what each
-    rank holds of it: everything in Ulysses mode; the replicated tensors plus, per block, its
-    shards of the `TENSOR_PARALLEL` linears in tensor mode (counted with `h3core.nvfp4.layout`)."""
-    from h3core.model.checkpoint import parameters, schema, stored_bytes
+def weight_bytes(config: ModelConfig, mode: Mode, ranks: Sequence[RankPlan], specs: Sequence["TensorSpec"] | None = None) -> WeightBytes:
+    """The checkpoint's stored bytes (`specs`, default the synthetic = seed layout of `config`) and what
+    each rank holds of them (the mode's `weights_per_rank`)."""
     from h3core.model.dit import tensor_parallel_prefixes
 
-    specs = schema(config)
+    if specs is None:
+        from h3core.model.synthetic import synthetic_specs
+
+        specs = synthetic_specs(config)
     split = tensor_parallel_prefixes(config.num_blocks)
-    total = sum(stored_bytes(s) for s in specs)
-    block_full = sum(stored_bytes(s) for s in specs if s.name.startswith(split))
-    if mode is Mode.TENSOR:
-        per_rank = [total - block_full + config.num_blocks * _shard_bytes(specs, r.tensor) for r in ranks]
-    else:
-        per_rank = [total] * len(ranks)
+    nvfp4 = {s.prefix for s in specs if s.name.endswith(".weight_scale")}
+    held = mode_of(mode).weights_per_rank(specs, ranks, config)
     return WeightBytes(
-        parameters=sum(parameters(s) for s in specs),
-        checkpoint_bytes=total,
-        nvfp4_bytes=sum(stored_bytes(s) for s in specs if s.nvfp4),
-        block_linears_bytes=block_full,
-        per_rank=per_rank,
+        parameters=sum(s.parameters for s in specs),
+        checkpoint_bytes=sum(s.nbytes for s in specs),
+        nvfp4_bytes=sum(s.nbytes for s in specs if s.prefix in nvfp4),
+        block_linears_bytes=sum(s.nbytes for s in specs if s.name.startswith(split)),
+        per_rank=[h for h, _ in held],
+        dense16_per_rank=[d for _, d in held],
     )
-
-
-def _shard_bytes(specs, shards: TensorShards | None) -> int:  # type: ignore[no-untyped-def]
-    """Bytes of one block's shards: column-parallel rows with their bias rows; row-parallel columns
-    with the whole bias (added once after the reduction)."""
-    from h3core.model.dit import TENSOR_PARALLEL, Split
-    from h3core.nvfp4 import layout
-
-    assert shards is not None, "tensor mode plans shards for every rank"
-    shapes = {s.name: s.shape for s in specs}
-    total = 0
-    for name, split in TENSOR_PARALLEL.items():
-        out, packed = shapes[f"blocks.0.{name}.weight"]
-        width, bias = layout.unpacked_width(packed), f"blocks.0.{name}.bias" in shapes
-        part = shards.of(name)
-        if split is Split.COLUMN:
-            total += layout.linear_bytes(sum(len(s) for s in part), width, bias)
-        else:
-            total += layout.linear_bytes(out, len(part.elements), bias)
-    return total

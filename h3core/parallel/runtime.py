@@ -1,7 +1,8 @@
 """What one rank's parallel wrappers share, made from the run's `ParallelPlan`: the process group, the
 head spans, the token spans of the sequence being processed, the byte counters of every collective
-they call, the NVFP4 activation-scale agreement of the linears whose input the ranks split, and a
-record of the spans and shards this rank really used (`RankUsage`, in the run's report).
+they call, the NVFP4 activation-scale agreement of the linears whose input the ranks split, a
+record of the spans and shards this rank really used (`RankUsage`, in the run's report), and of the
+attention kernels and NVFP4 paths it ran (`RankRecord`).
 
 The group is the process group of the plan's ranks: the run's whole world when its layout is one
 group, else this rank's sequence group (`h3core.parallel.layout.RankGroups`); every collective
@@ -12,22 +13,19 @@ per step uses.
 
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel, Field
 
-from h3core.model.sequence import SegmentKind
 from h3core.parallel.collectives import CommStats, gather_rows
 from h3core.parallel.layout import CfgHalf
 from h3core.parallel.plan import ParallelPlan, SequencePlan, TensorShards
 from h3core.span import Span
 
-if TYPE_CHECKING:
-    from h3core.model.dit import H3Model
-    from h3core.nvfp4.linear import NVFP4Linear
 
 ALL_REDUCE_MAX = "all_reduce_max"
 
@@ -38,6 +36,36 @@ class RankUsage(BaseModel):
     heads: Span | None = Field(None, description="The heads this rank attended: its block of Ulysses' all-to-all, or its QKV shard's heads.")
     tokens: dict[str, Span] = Field(default_factory=dict, description="Per sequence ('prompt', 'negative prompt'): the rows the model was fed.")
     shards: TensorShards | None = Field(None, description="Tensor mode: the ranges of each block linear read as this rank's shards.")
+
+
+class RankRecord:
+    """What one rank ran, counted where it ran and kept on its runtime (no process-wide state): the
+    attention kernel of every `attend` call and the NVFP4 path of every GEMM call. `attach` points a
+    model's attention cores and NVFP4 linears at it; `clear` starts a request's record."""
+
+    def __init__(self) -> None:
+        self.attention: Counter[str] = Counter()
+        self.nvfp4: Counter[str] = Counter()
+
+    def attach(self, model: torch.nn.Module) -> None:
+        from h3core.model.dit import AttentionCore
+        from h3core.nvfp4.linear import NVFP4Linear
+
+        for module in model.modules():
+            if isinstance(module, AttentionCore):
+                module.record = self.attention
+            elif isinstance(module, NVFP4Linear):
+                module.record = self.nvfp4
+
+    def clear(self) -> None:
+        self.attention.clear()
+        self.nvfp4.clear()
+
+    def kernels(self) -> dict[str, int]:
+        return dict(sorted(self.attention.items()))
+
+    def paths(self) -> dict[str, int]:
+        return dict(sorted(self.nvfp4.items()))
 
 
 class ParallelRuntime:
@@ -52,13 +80,15 @@ class ParallelRuntime:
         self.heads: list[Span] = plan.head_spans
         self.stats = CommStats()
         self.used = RankUsage()
+        self.record = RankRecord()
         self._sequence: SequencePlan | None = None
 
     def new_records(self) -> None:
-        """Start the records of one request: fresh collective counters and rows used (the heads and
-        shards stay: they are the loaded model's, the same for every request)."""
+        """Start the records of one request: fresh collective counters, kernels and paths run and rows
+        used (the heads and shards stay: they are the loaded model's, the same for every request)."""
         self.stats = CommStats()
         self.used = self.used.model_copy(update={"tokens": {}})
+        self.record.clear()
 
     @property
     def tokens(self) -> list[Span]:
@@ -87,6 +117,8 @@ class ParallelRuntime:
         (and record them per sequence)."""
 
         def hook(module: torch.nn.Module, args: tuple) -> None:
+            if not args or not hasattr(args[0], "rope"):
+                raise RuntimeError("a parallelized model runs PackedSequence forwards only (not diffusers' argument names)")
             held = args[0].rope.rows  # args[0]: the PackedSequence
             if held != self.rows:
                 raise RuntimeError(f"rank {self.rank} holds rows {held} but its token span is {self.rows}")
@@ -110,20 +142,14 @@ class ParallelRuntime:
             self.stats.record(ALL_REDUCE_MAX, moved, moved)
         return out
 
-    def agree_activation_scales(self, model: "H3Model", linears: Sequence["NVFP4Linear"]) -> None:
+    def agree_activation_scales(self, linears: Sequence[torch.nn.Module]) -> None:
         """Make the NVFP4 `linears`, whose input the ranks split (rows or columns), quantize their
         activations with one global scale: the amax of the whole input, all-reduced (used on the fp4
-        paths when the checkpoint has no `input_scale`). A rank without text rows never calls
-        `model.text_embed`, so a model pre-hook has it join that agreement with an amax of 0."""
+        paths when the checkpoint has no `input_scale`). Dense linears have no activation scale."""
+        from h3core.nvfp4.linear import NVFP4Linear
+
         if self.world_size == 1:
             return
         for linear in linears:
-            linear.agree_amax = self.max_over_ranks
-        if any(linear is model.text_embed for linear in linears):
-            model.register_forward_pre_hook(_join_text_agreement)
-
-
-def _join_text_agreement(model: torch.nn.Module, args: tuple) -> None:
-    sequence = args[0]  # the PackedSequence of this rank's rows
-    if not any(segment.kind is SegmentKind.TEXT for segment in sequence.segments):
-        model.text_embed.join_amax_agreement()
+            if isinstance(linear, NVFP4Linear):
+                linear.agree_amax = self.max_over_ranks

@@ -23,6 +23,11 @@ class RankContext:
     group: "dist.ProcessGroup | None"  # None at world size 1 (collectives are then the identity)
     backend: str  # "gloo" | "nccl" | "none"
     progress: Callable[[Any], None] | None = field(default=None, repr=False, compare=False)
+    groups: dict[tuple[int, ...], Any] = field(default_factory=dict, repr=False, compare=False)
+    """The process groups made of this World's ranks, by global ranks (`subgroup`): created once,
+    shared by every context derived from this one (`first_ranks` keeps the same dict)."""
+    held: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    """What this rank keeps between tasks of one World (`h3core.generate.resident`'s loaded pipeline)."""
 
     @property
     def is_main(self) -> bool:
@@ -67,10 +72,19 @@ class RankContext:
             return self.group
         if ranks[-1] >= self.world_size or ranks != sorted(set(ranks)):
             raise ValueError(f"ranks {ranks} are not distinct ranks of a world of {self.world_size}, ascending")
-        return _group_of(tuple(_global_rank(self.group, r) for r in ranks))
+        return self._group_of(tuple(_global_rank(self.group, r) for r in ranks))
 
+    def _group_of(self, global_ranks: tuple[int, ...]) -> "dist.ProcessGroup":
+        import torch.distributed as dist
 
-_SUBGROUPS: dict[tuple[int, ...], Any] = {}
+        if global_ranks not in self.groups:
+            self.groups[global_ranks] = dist.new_group(ranks=list(global_ranks))
+        return self.groups[global_ranks]
+
+    def leave(self) -> None:
+        """Forget what this rank held and the sub-groups (they die with the default group)."""
+        self.held.clear()
+        self.groups.clear()
 
 
 def _global_rank(group: "dist.ProcessGroup | None", rank: int) -> int:
@@ -79,18 +93,11 @@ def _global_rank(group: "dist.ProcessGroup | None", rank: int) -> int:
     return rank if group is None or group is dist.group.WORLD else dist.get_global_rank(group, rank)
 
 
-def _group_of(global_ranks: tuple[int, ...]) -> "dist.ProcessGroup":
+def leave_group(ctx: RankContext | None = None) -> None:
+    """Destroy this process's default group (and `ctx`'s cached sub-groups, which die with it)."""
     import torch.distributed as dist
 
-    if global_ranks not in _SUBGROUPS:
-        _SUBGROUPS[global_ranks] = dist.new_group(ranks=list(global_ranks))
-    return _SUBGROUPS[global_ranks]
-
-
-def leave_group() -> None:
-    """Destroy this process's default group (and the cached sub-groups that die with it)."""
-    import torch.distributed as dist
-
-    _SUBGROUPS.clear()  # they die with the default group
+    if ctx is not None:
+        ctx.leave()
     if dist.is_initialized():
         dist.destroy_process_group()

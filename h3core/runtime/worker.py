@@ -54,7 +54,7 @@ def worker_main(spec: WorkerSpec, conn: Connection, heartbeat: Any) -> None:
         return
     conn.send(("ready", os.getpid()))
     _serve(ctx, conn)
-    leave_group()
+    leave_group(ctx)
     # Nothing left to finalise; skipping interpreter teardown (torch's is slow) makes close() quick.
     sys.stdout.flush()
     sys.stderr.flush()

@@ -150,7 +150,9 @@ class World:
         if self._workers:
             _stop_workers(self._workers, clean=not self._busy)
         if self._joined_torchrun:
-            leave_group()
+            leave_group(self._local)
+        elif self._local is not None:
+            self._local.leave()  # world size 1: what the rank held ends with its World
         self._store = None
 
     def __enter__(self) -> "World":

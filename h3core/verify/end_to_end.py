@@ -25,7 +25,7 @@ from h3core.generate.parity import latent_parity, run_tolerance
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.request import GenerateRequest, ResolvedRun, resolve
 from h3core.model.attention import BACKENDS, attend, check_backend
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.runtime.context import RankContext
 from h3core.runtime.device import Stopwatch
 from h3core.verify.compare import measure, seeded, spec_dtype

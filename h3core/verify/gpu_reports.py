@@ -4,12 +4,14 @@ Torch-free and device-free (the expected NVFP4 path is passed in), so the conclu
 the first GPU run are checked on the CPU. A problem is one line saying what ran and what should have:
 
 - attention: any rank ran an unfused kernel (SDPA's math fallback, or h3's math reference) in the
-  generate run at H3's shapes, or a kernel that is not SDPA's;
+  generate run at H3's shapes, or a kernel that is not SDPA's, or (given the rule's verdict for this
+  GPU, `sdpa-rule.json` from `h3core.model.attention.sdpa_rule_for_report`) a fused kernel the rule
+  does not allow here, e.g. cuDNN attention below cuDNN 9.15.1 at H3's lengths;
 - NVFP4: any rank's linears took another path than `expected_path` (in the generate run: every
   path each rank ran; in the linear benchmark: each shape's path);
 - parity: the generate run's parity did not pass; a report that is missing or unreadable.
 
-    python -m h3core.verify.gpu_reports OUTPUT_DIR EXPECTED_PATH    # prints the summary, exits 1 on a problem
+    python -m h3core.verify.gpu_reports OUTPUT_DIR EXPECTED_PATH [SDPA_RULE_JSON]   # prints the summary, exits 1 on a problem
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any
 UNFUSED_KERNELS = ("sdpa:math", "h3 math (fp32 softmax)")
 
 
-def generate_problems(report: dict[str, Any], expected_path: str) -> list[str]:
-    """Problems of an `h3 generate --json` report (per rank: attention kernels, NVFP4 paths; parity)."""
+def generate_problems(report: dict[str, Any], expected_path: str, sdpa_rule: dict[str, Any] | None = None) -> list[str]:
+    """Problems of an `h3 generate --json` report (per rank: attention kernels, NVFP4 paths; parity).
+    `sdpa_rule`: `{"allowed": [kernel, ...], "reason": ...}`, the kernels h3's rule allows on this GPU."""
     if "ranks" not in report:
         return ["generate: no report (the run failed; see generate.log)"]
     problems = []
@@ -34,6 +37,8 @@ def generate_problems(report: dict[str, Any], expected_path: str) -> list[str]:
         for kernel in kernels:
             if kernel in UNFUSED_KERNELS or not kernel.startswith("sdpa:"):
                 problems.append(f"generate rank {rank['rank']}: attention ran {kernel}, not a fused SDPA kernel")
+            elif sdpa_rule is not None and kernel not in sdpa_rule["allowed"]:
+                problems.append(f"generate rank {rank['rank']}: attention ran {kernel}, which h3's rule refuses here ({sdpa_rule['reason']})")
         if set(paths) != {expected_path}:
             problems.append(f"generate rank {rank['rank']}: NVFP4 paths {sorted(paths)}, expected only {expected_path}")
     parity = report.get("parity")
@@ -80,7 +85,8 @@ def main(argv: list[str]) -> int:
     out, expected_path = Path(argv[0]), argv[1]
     problems: list[str] = []
     generate, linear_bench = _load(out / "generate.json", problems), _load(out / "nvfp4-linear.json", problems)
-    problems += generate_problems(generate, expected_path) + linear_bench_problems(linear_bench, expected_path)
+    sdpa_rule = (_load(Path(argv[2]), problems) or None) if len(argv) > 2 else None  # unreadable: a problem, and no rule
+    problems += generate_problems(generate, expected_path, sdpa_rule) + linear_bench_problems(linear_bench, expected_path)
     for line in summary_lines(generate, linear_bench):
         print(line)
     for problem in problems:

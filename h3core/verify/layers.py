@@ -17,14 +17,15 @@ import torch
 
 from h3core.generate.parity import layer_tolerance
 from h3core.model.attention import attend
-from h3core.model.dit import AttentionCore, rope_table, token_positions
+from h3core.model.dit import AttentionCore, Clocks, PackedSequence, rope_table
+from h3core.model.positions import position_ids
 from h3core.parallel import collectives
 from h3core.parallel.parallelize import left_out_at_load, parallelize
 from h3core.parallel.partition import clip_segments, kind_spans
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.parallel.runtime import ParallelRuntime
-from h3core.parallel.tensor import ModelWeights
-from h3core.parallel.ulysses import UlyssesAttention
+from h3core.parallel.modes.tensor import ModelWeights
+from h3core.parallel.modes.ulysses import UlyssesAttention
 from h3core.runtime.context import RankContext
 from h3core.runtime.device import Stopwatch
 from h3core.verify.compare import load_model, measure, measure_all, seeded, spec_dtype
@@ -60,10 +61,13 @@ def measure_projection(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
     rows = tokens[ctx.rank]
     model = load_model(spec, ctx.device)
     with Stopwatch(ctx.device) as watch, torch.inference_mode():
-        x = seeded((spec.num_tokens, cfg.hidden), spec.seed + 20, dtype, ctx.device)  # [S, D] last block's output
-        cond, _ = model.conditioning(torch.tensor(0.6, device=ctx.device))
-        local = model.final(x[rows.start : rows.stop], cond, clip_segments(segments, rows))  # {kind: [n_loc, P]}
-        reference = model.final(x, cond, segments)  # {kind: [n, P]}
+        x = seeded((spec.num_tokens, cfg.hidden), spec.seed + 20, dtype, ctx.device)  # [S, D] the last block's output
+        clocks = Clocks.of({"video": 0.6, "audio": 0.35}).to(ctx.device)
+        cond = model.conditioning(clocks.values)
+        rope = rope_table(cfg, position_ids(segments, spec.shape)).to(ctx.device)
+        mine = PackedSequence(segments=clip_segments(segments, rows), features={}, rope=rope.select(rows))
+        local = model.final_layer(x[rows.start : rows.stop], cond, mine, clocks)  # {kind: [n_loc, P]}
+        reference = model.final_layer(x, cond, PackedSequence(segments=segments, features={}, rope=rope), clocks)  # {kind: [n, P]}
         pairs = []
         for kind, expected in reference.items():
             mine = local.get(kind, expected.new_empty(0, expected.shape[1]))  # a rank may hold none of a kind
@@ -83,7 +87,7 @@ def measure_tp(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
     sharded = load_model(spec, ctx.device, skip=left_out_at_load(plan, cfg.num_blocks))  # block linears come as shards
     runtime = ParallelRuntime(plan, ctx.rank, ctx.group)
     parallelize(sharded, runtime, ModelWeights(full))
-    rope = rope_table(cfg, token_positions(segments, spec.video_grid)).to(ctx.device)
+    rope = rope_table(cfg, position_ids(segments, spec.shape)).to(ctx.device)
     measures = []
     with torch.inference_mode():
         h = seeded((spec.num_tokens, cfg.hidden), spec.seed + 30, dtype, ctx.device)  # [S, D] modulated input

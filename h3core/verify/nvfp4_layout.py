@@ -26,7 +26,7 @@ from h3core.nvfp4.io import WeightSource
 from h3core.nvfp4.layout import ColumnSlice
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.shard import column_parallel, row_parallel
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.runtime.context import RankContext
 from h3core.runtime.device import Stopwatch
 from h3core.span import Span
@@ -43,13 +43,13 @@ def measure_nvfp4(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
     assert shards is not None
     ckpt = Checkpoint.open(spec.checkpoint, spec.config)
     try:
-        model, disk = ckpt.load(device=ctx.device), ckpt.weight_source(ctx.device)
+        model, disk = ckpt.load(device=ctx.device), ckpt.weight_source(ctx.device, torch.float32)
         column = _timed(ctx, NVFP4_VARIANTS[0], _column_parallel_cases, disk, model, spec.config.num_blocks,
-                        {"attn.qkv": shards.qkv_rows, "mlp.fc1": shards.fc1_rows})
+                        {"attn.qkv_proj": shards.qkv_rows, "mlp.fc1": shards.fc1_rows})
         row = _timed(ctx, NVFP4_VARIANTS[1], _row_parallel_cases, disk, model, spec.config.num_blocks,
-                     {"attn.out": shards.attn_out_columns, "mlp.fc2": shards.fc2_columns})
+                     {"attn.out_proj": shards.attn_out_columns, "mlp.fc2": shards.fc2_columns})
     finally:
-        ckpt.reader.close()
+        ckpt.file.reader.close()
     return [column, row]
 
 
@@ -77,7 +77,7 @@ class _Expected:
             return torch.cat([t[s.start : s.stop] for s in rows])
 
         bias = None if full.bias is None else cut(full.bias)
-        return cls(cut(full.weight), cut(full.weight_scale), full.weight_scale_2, bias, cut(dequantize(full.nvfp4)))
+        return cls(cut(full.weight), cut(full.block_scales), full.weight_scale_2, bias, cut(dequantize(full.nvfp4)))
 
     @classmethod
     def columns_of(cls, full: NVFP4Linear, columns: ColumnSlice) -> "_Expected":
@@ -85,7 +85,7 @@ class _Expected:
             return t[:, span.start : span.stop]
 
         return cls(
-            cut(full.weight, columns.packed_bytes), cut(full.weight_scale, columns.scale_columns), full.weight_scale_2,
+            cut(full.weight, columns.packed_bytes), cut(full.block_scales, columns.scale_columns), full.weight_scale_2,
             None, cut(dequantize(full.nvfp4), columns.elements),
         )
 
@@ -135,7 +135,7 @@ def _compare(variant: str, case: _Case) -> Measure:
     differing = _differing_bytes(shard.weight, expected.packed)
     if differing:
         problems.append(f"{name}: {differing} packed weight bytes differ from the slice")
-    differing = _differing_bytes(shard.weight_scale, expected.scale)
+    differing = _differing_bytes(shard.block_scales, expected.scale)
     if differing:
         problems.append(f"{name}: {differing} block-scale bytes differ from the slice")
     if not torch.equal(shard.weight_scale_2, expected.global_scale):

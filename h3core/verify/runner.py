@@ -47,7 +47,7 @@ def unusable_counts(counts: list[int], device: str) -> dict[int, str]:
 
 def check_partitions(spec: VerifySpec, counts: list[int]) -> None:
     """Every count must split the heads, tokens and NVFP4 blocks of the spec (PartitionError otherwise)."""
-    from h3core.parallel.plan import Mode
+    from h3core.parallel.modes import Mode
 
     for count in counts:
         spec.plan(count, Mode.TENSOR)

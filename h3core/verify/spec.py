@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from h3core import settings
 from h3core.errors import ConfigError
-from h3core.model.config import ModelConfig, preset as get_preset
+from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
 from h3core.model.sequence import Segment
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 from h3core.settings import UserRequest
 
 CHECK_NAMES = ("transport", "sdpa", "ragged", "projection", "tp", "nvfp4", "parity", "backends")
@@ -91,11 +92,14 @@ class VerifySpec(BaseModel):
 
     @property
     def text_tokens(self) -> int:
-        return len(self.prompt.encode("utf-8"))  # the synthetic encoder's byte-level tokenizer
+        """The prompt's tokens with the synthetic text encoder's tokenizer (the checks' encoder)."""
+        from h3core.text import check_text_encoder
+
+        return len(check_text_encoder(None, hidden_size=self.config.text_dim).encode(self.prompt))
 
     @property
     def segments(self) -> list[Segment]:
-        """The packed `text | video | audio` sequence every check uses (the preset's default video)."""
+        """The packed `text | audio | video` sequence every check uses (the preset's default video)."""
         cfg = self.config
         return cfg.segments(cfg.width, cfg.height, cfg.frames, self.text_tokens)
 
@@ -112,6 +116,7 @@ class VerifySpec(BaseModel):
         return ParallelPlan.build(self.config, world_size, mode, self.segments)
 
     @property
-    def video_grid(self) -> tuple[int, int, int]:
+    def shape(self) -> VideoShape:
+        """The preset's default video (what every check's sequence holds)."""
         cfg = self.config
-        return cfg.video_grid(cfg.width, cfg.height, cfg.frames)
+        return cfg.video_shape(cfg.width, cfg.height, cfg.frames)

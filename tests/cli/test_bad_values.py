@@ -24,8 +24,8 @@ def _one_line(code: int, err: str, needle: str) -> str:
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--steps", "0"], "--steps 0: must be at least 1"),
-        (["--steps", "-1"], "--steps -1: must be at least 1"),
+        (["--steps", "0"], "--steps 0: must be at least 2"),
+        (["--steps", "-1"], "--steps -1: must be at least 2"),
         (["--guidance", "-1"], "--guidance -1.0: must be at least 0"),
         (["--guidance", "nan"], "--guidance nan: must be a finite number"),
         (["--guidance", "inf"], "--guidance inf: must be a finite number"),
@@ -45,7 +45,7 @@ def test_generate_refuses_bad_values_in_one_line(h3, tmp_path, args, needle):
 @pytest.mark.parametrize(
     "command, needle",
     [
-        (["matrix", "--steps", "0"], "--steps 0: must be at least 1"),
+        (["matrix", "--steps", "0"], "--steps 0: must be at least 2"),
         (["matrix", "--guidance", "nan"], "--guidance nan: must be a finite number"),
         (["bench-transport", "2", "--head-dim", "0", "--tokens", "64", "--device", "cpu"], "--head-dim 0: must be at least 1"),
         (["bench-transport", "2", "--iters", "0", "--tokens", "64", "--device", "cpu"], "--iters must be at least 1"),
@@ -97,16 +97,15 @@ def test_the_memory_check_can_be_skipped_when_the_estimate_is_wrong(h3, monkeypa
 
 
 def test_the_split_check_counts_the_real_prompt(tmp_path, monkeypatch):
-    # 32x32, 1 frame: 1 video + 2 audio tokens; "abcdef" adds 6 text tokens (byte-level): 9 tokens split over 4
-    # ranks, where the check used to assume an empty prompt (3 tokens) and refuse.
-    from h3core.errors import PartitionError
+    """The plan is built from the prompt's real token count (the encoder's tokenizer), and guidance's
+    negative prompt is a sequence of its own, with its own length."""
     from h3core.generate.request import GenerateRequest, resolve
-    from h3core.parallel.plan import Mode
+    from h3core.parallel.modes import Mode
+    from h3core.text import check_text_encoder
 
     monkeypatch.setenv("H3_CACHE_DIR", str(tmp_path))
-    request = dict(preset="tiny", mode=Mode.TENSOR, world_size=4, width=32, height=32, frames=1, steps=1, device="cpu")
-    resolve(GenerateRequest(prompt="abcdef", **request))
-    with pytest.raises(PartitionError, match="cannot split 3 tokens of the packed sequence over 4 ranks"):
-        resolve(GenerateRequest(prompt="", **request))
-    with pytest.raises(PartitionError):  # guidance's negative prompt is a sequence of its own, checked too
-        resolve(GenerateRequest(prompt="abcdef", negative_prompt="", guidance_scale=3.0, **request))
+    tokens = check_text_encoder(None, hidden_size=64).encode
+    request = dict(preset="tiny", mode=Mode.TENSOR, world_size=4, width=32, height=32, frames=1, steps=2, device="cpu")
+    media = 2 + 16  # 32x32, 1 frame snapped up to 5: 2 latent frames of 1 patch; 8 audio latents per channel
+    run = resolve(GenerateRequest(prompt="abcdef", negative_prompt="", guidance_scale=3.0, **request))
+    assert [s.num_tokens for s in run.plan.sequences] == [len(tokens("abcdef")) + media, media]

@@ -26,7 +26,7 @@ def _write(path, lines):
 
 
 def _batch(h3, prompts, out, *extra):
-    code, stdout, err = h3("generate", "--prompts", str(prompts), "--steps", "1", "--output", str(out), "--json", *extra)
+    code, stdout, err = h3("generate", "--prompts", str(prompts), "--steps", "2", "--output", str(out), "--json", *extra)
     return code, (BatchReport.model_validate_json(stdout) if stdout.strip() else None), err
 
 
@@ -42,7 +42,7 @@ def test_a_batch_writes_a_folder_per_prompt_records_failures_and_resumes(h3, tmp
     assert BatchReport.model_validate_json((out / "batch.json").read_text()) == report
 
     # The same prompt alone through `h3 generate`: the same latents, bit for bit.
-    code, stdout, _ = h3("generate", "--prompt", "a red fox in snow", "--seed", "3", "--steps", "1", "-o", str(tmp_path / "one"), "--json")
+    code, stdout, _ = h3("generate", "--prompt", "a red fox in snow", "--seed", "3", "--steps", "2", "-o", str(tmp_path / "one"), "--json")
     alone = RunReport.model_validate_json(stdout)
     batched = RunReport.model_validate_json((out / "000-fox" / "report.json").read_text())
     assert code == 0 and alone.video == batched.video and alone.audio == batched.audio

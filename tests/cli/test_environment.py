@@ -31,7 +31,7 @@ def _free_port() -> int:
 
 def test_a_stray_rank_variable_does_not_silence_json(h3, tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")  # no WORLD_SIZE or LOCAL_RANK: not a torchrun launch
-    code, out, err = h3("generate", "--steps", "1", "--json", "-o", str(tmp_path / "run"))
+    code, out, err = h3("generate", "--steps", "2", "--json", "-o", str(tmp_path / "run"))
     assert code == 0, err
     assert json.loads(out)["world_size"] == 1 and (tmp_path / "run" / "report.json").exists()
 
@@ -47,7 +47,7 @@ def test_a_stray_rank_variable_does_not_silence_json(h3, tmp_path, monkeypatch):
 def test_a_malformed_torchrun_environment_is_one_line(h3, tmp_path, monkeypatch, env, needle):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    code, out, err = h3("generate", "--steps", "1", "--json", "-o", str(tmp_path / "run"))
+    code, out, err = h3("generate", "--steps", "2", "--json", "-o", str(tmp_path / "run"))
     line = _one_line(err)
     assert code == 2 and needle in line and "unset RANK, WORLD_SIZE and LOCAL_RANK" in line
     assert out == "" and not (tmp_path / "run").exists()
@@ -57,7 +57,7 @@ def test_a_malformed_torchrun_environment_is_one_line(h3, tmp_path, monkeypatch,
 def test_a_stale_torchrun_environment_ends_in_one_line_in_bounded_time(tmp_path, cache, rank):
     env = {"RANK": rank, "WORLD_SIZE": "2", "LOCAL_RANK": rank, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "H3_RANK_TIMEOUT": "2", "H3_CACHE_DIR": cache}
-    proc, seconds = _process("generate", "--steps", "1", "-o", str(tmp_path / "run"), env=env)
+    proc, seconds = _process("generate", "--steps", "2", "-o", str(tmp_path / "run"), env=env)
     line = _one_line(proc.stderr)  # no C++ stack traces from the store's retries either
     assert proc.returncode == 2 and "the 2 torchrun ranks did not meet within 2 s" in line and "H3_RANK_TIMEOUT" in line
     assert seconds < 30 and not (tmp_path / "run").exists()

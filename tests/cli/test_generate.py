@@ -45,7 +45,7 @@ def test_same_seed_same_latents_different_seed_different(tmp_path, cache):
 
 def test_save_latents_off_writes_the_report_only(tmp_path, cache):
     out = tmp_path / "run"
-    result = runner.invoke(app, ["generate", "--steps", "1", "--parity", "--output", str(out)], env={"H3_CACHE_DIR": cache, "H3_SAVE_LATENTS": "0"})
+    result = runner.invoke(app, ["generate", "--steps", "2", "--parity", "--output", str(out)], env={"H3_CACHE_DIR": cache, "H3_SAVE_LATENTS": "0"})
     assert result.exit_code == 0, result.output
     assert not (out / "latents.safetensors").exists()
     report = RunReport.model_validate_json((out / "report.json").read_text())
@@ -55,7 +55,7 @@ def test_save_latents_off_writes_the_report_only(tmp_path, cache):
 
 def test_benchmark_env_writes_a_copy_of_the_report(tmp_path, cache):
     bench = tmp_path / "bench.json"
-    result = runner.invoke(app, ["generate", "--steps", "1", "--output", str(tmp_path / "run")], env={"H3_CACHE_DIR": cache, "H3_DISTRIBUTED_BENCHMARK": str(bench)})
+    result = runner.invoke(app, ["generate", "--steps", "2", "--output", str(tmp_path / "run")], env={"H3_CACHE_DIR": cache, "H3_DISTRIBUTED_BENCHMARK": str(bench)})
     assert result.exit_code == 0, result.output
     assert RunReport.model_validate_json(bench.read_text()).command == "generate"
 
@@ -117,16 +117,16 @@ def test_a_real_qwen3_text_encoder_is_used_and_named_in_the_report(h3, tmp_path,
         config=qwen3_config_json(),
         tokenizer=train_tokenizer(tmp_path / "tokenizer.json"),
     )
-    result = runner.invoke(app, ["generate", "--steps", "1", "--json", "--output", str(tmp_path / "run")], env={"H3_CACHE_DIR": cache, "H3_TEXT_ENCODER_PATH": str(folder)})
+    result = runner.invoke(app, ["generate", "--steps", "2", "--json", "--output", str(tmp_path / "run")], env={"H3_CACHE_DIR": cache, "H3_TEXT_ENCODER_PATH": str(folder)})
     assert result.exit_code == 0, result.output
     encoder = json.loads(result.stdout)["text_encoder"]
     assert encoder["kind"] == "qwen3" and encoder["path"] == str(folder) and encoder["bytes_read"] > 0
-    code, _, err = h3("generate", "--steps", "1", "--text-encoder", str(tmp_path / "missing"), "--gpus", "2")
+    code, _, err = h3("generate", "--steps", "2", "--text-encoder", str(tmp_path / "missing"), "--gpus", "2")
     assert code == 2 and "text encoder not found" in err and "rank" not in err
 
 
 def test_profile_splits_every_step_of_every_rank(tmp_path, cache):
-    result = runner.invoke(app, ["generate", "ulysses", "2", "--preset", "narrow", "--steps", "2", "--profile", "--no-save-latents",
+    result = runner.invoke(app, ["generate", "ulysses", "2", "--preset", "narrow", "--steps", "3", "--profile", "--no-save-latents",
                                  "--device", "cpu", "--output", str(tmp_path / "run")], env={"H3_CACHE_DIR": cache, "COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     assert "where a step goes" in result.output and "seq to head" in result.output

@@ -13,11 +13,11 @@ import torch
 
 from h3core.generate.parity import tolerance
 from h3core.matrix.report import CellStatus, MatrixReport
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 
 from commands import REPO, no_survivors, one_line
 
-SMALL = ["--preset", "tiny", "--steps", "2", "--device", "cpu"]
+SMALL = ["--preset", "tiny", "--steps", "3", "--device", "cpu"]
 CLEAN = ("H3_GPU_COUNTS", "H3_DISTRIBUTED_MODES", "H3_SAVE_LATENTS", "H3_WORLD_SIZE", "H3_DISTRIBUTED_OUTPUT", "H3_DISTRIBUTED_BENCHMARK", "H3_INJECT_FAULT")
 
 
@@ -108,7 +108,7 @@ def test_bad_mode_variable_is_one_line_exit_2(matrix):
 def test_matrix_script_forwards_and_honours_the_seed_variables(tmp_path):
     out = tmp_path / "m"
     env = {"H3_SAVE_LATENTS": "0", "H3_GPU_COUNTS": "1", "H3_DISTRIBUTED_MODES": "tensor", "H3_DISTRIBUTED_OUTPUT": str(out)}
-    proc = _script("run_distributed_matrix.sh", "--preset", "tiny", "--steps", "1", "--json", env=env)
+    proc = _script("run_distributed_matrix.sh", "--preset", "tiny", "--steps", "2", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     report = MatrixReport.model_validate_json(proc.stdout)
     assert [(c.mode, c.count, c.status) for c in report.cells] == [(Mode.TENSOR, 1, CellStatus.OK)]
@@ -116,7 +116,7 @@ def test_matrix_script_forwards_and_honours_the_seed_variables(tmp_path):
 
 
 def test_t2va_script_forwards_mode_count_and_attention(tmp_path):
-    proc = _script("run_distributed_t2va.sh", "tensor", "1", "math", "--steps", "1", "--json", env={"H3_DISTRIBUTED_OUTPUT": str(tmp_path), "H3_SAVE_LATENTS": "0"})
+    proc = _script("run_distributed_t2va.sh", "tensor", "1", "math", "--steps", "2", "--json", env={"H3_DISTRIBUTED_OUTPUT": str(tmp_path), "H3_SAVE_LATENTS": "0"})
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert (report["mode"], report["world_size"], report["attention"]) == ("tensor", 1, "math")

@@ -17,14 +17,14 @@ def test_plan_json_heads_for_six_ranks():
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["heads"] == [10, 10, 9, 9, 9, 9]
-    assert sum(data["tokens"]) == data["num_tokens"] == 14855
+    assert sum(data["tokens"]) == data["num_tokens"] == 17_608  # 128 text + 470 audio + 17,010 video rows
     assert data["ranks"][0]["tensor"] is None
 
 
 def test_plan_tensor_table_lists_shards():
     result = runner.invoke(app, ["plan", "6", "--mode", "tensor"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "QKV rows" in result.stdout and "FC2 columns" in result.stdout
+    assert "qkv_proj rows" in result.stdout and "fc2 columns" in result.stdout
     assert "6016:7168 | 13184:14336 | 20352:21504" in result.stdout
 
 
@@ -67,12 +67,12 @@ def test_version_and_help():
 def test_plan_reports_model_size_and_weights_per_rank():
     tensor = json.loads(runner.invoke(app, ["plan", "6", "--mode", "tensor", "--json"]).stdout)["weights"]
     ulysses = json.loads(runner.invoke(app, ["plan", "6", "--json"]).stdout)["weights"]
-    assert tensor["parameters"] == 22_247_936_768
-    assert tensor["checkpoint_bytes"] == ulysses["checkpoint_bytes"] == 12_533_360_944
-    assert ulysses["per_rank"] == [12_533_360_944] * 6
+    assert tensor["parameters"] == 20_111_438_744  # the AdaLN-pruned FL2VA transformer
+    assert tensor["checkpoint_bytes"] == ulysses["checkpoint_bytes"] == 12_528_520_792  # the seed's file: 8 + header + this
+    assert ulysses["per_rank"] == [12_528_520_792] * 6
     replicated = tensor["checkpoint_bytes"] - tensor["block_linears_bytes"]
     shares = [(b - replicated) / tensor["block_linears_bytes"] for b in tensor["per_rank"]]
-    # 56 heads and 672 FC blocks over 6 ranks: ranks 0-1 own 10 heads, the others 9
+    # 56 heads and 896 fc blocks over 6 ranks: ranks 0-1 own 10 heads and 150 blocks, the others 9 and 149
     assert shares[0] == shares[1] > shares[2] == shares[5]
     assert 1 / 6 * 0.97 < shares[5] < 1 / 6 < shares[0] < 1.05 / 6
 

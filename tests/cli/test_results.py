@@ -26,11 +26,11 @@ def _entries(folder: Path) -> list[str]:
 
 def test_a_rerun_into_a_folder_with_results_is_refused_or_replaces_it_whole(h3, tmp_path):
     run = tmp_path / "run"
-    assert h3("generate", "--steps", "1", "--seed", "1", "-o", str(run))[0] == 0
-    code, _, err = h3("generate", "--steps", "1", "--seed", "2", "--no-save-latents", "-o", str(run))
+    assert h3("generate", "--steps", "2", "--seed", "1", "-o", str(run))[0] == 0
+    code, _, err = h3("generate", "--steps", "2", "--seed", "2", "--no-save-latents", "-o", str(run))
     assert code == 2 and "already holds files (latents.safetensors, preview.png, report.json)" in _error(err) and "--overwrite" in err
     assert json.loads((run / "report.json").read_text())["seed"] == 1  # untouched
-    assert h3("generate", "--steps", "1", "--seed", "2", "--no-save-latents", "--overwrite", "-o", str(run))[0] == 0
+    assert h3("generate", "--steps", "2", "--seed", "2", "--no-save-latents", "--overwrite", "-o", str(run))[0] == 0
     assert _entries(run) == ["preview.png", "report.json"]  # no stale latents of the first run beside the new report
     assert json.loads((run / "report.json").read_text())["seed"] == 2
     assert _entries(tmp_path) == ["run"]
@@ -51,7 +51,7 @@ def test_output_problems_are_found_before_any_rank_starts(h3, tmp_path, monkeypa
     (tmp_path / "folder").mkdir()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(generate_run, "execute", lambda *a, **k: pytest.fail("a rank started"))
-    code, _, err = h3("generate", "--steps", "1", *(a.format(tmp=tmp_path) for a in args))
+    code, _, err = h3("generate", "--steps", "2", *(a.format(tmp=tmp_path) for a in args))
     assert code == 2 and needle in _error(err)
     assert _entries(tmp_path) == ["file", "folder"] and (tmp_path / "file").read_text() == "mine"
 
@@ -65,7 +65,7 @@ def test_a_full_disk_while_writing_is_one_line_and_leaves_nothing(h3, tmp_path, 
         real(path, data)
 
     monkeypatch.setattr(outputs_module, "write_atomic", full_at_the_report)
-    code, _, err = h3("generate", "--steps", "1", "-o", str(tmp_path / "run"), "--benchmark", str(tmp_path / "bench.json"))
+    code, _, err = h3("generate", "--steps", "2", "-o", str(tmp_path / "run"), "--benchmark", str(tmp_path / "bench.json"))
     assert code == 1 and "report.json: no space left on the device; nothing was written" in _error(err)
     assert _entries(tmp_path) == []  # no latents without a report, no benchmark copy, no staging
 
@@ -77,7 +77,7 @@ def test_ctrl_c_in_process_says_nothing_was_written(h3, tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(generate_run, "build_report", interrupted)  # after every rank finished, before publishing
-    code, _, err = h3("generate", "--steps", "1", "-o", str(tmp_path / "run"))
+    code, _, err = h3("generate", "--steps", "2", "-o", str(tmp_path / "run"))
     assert code == 130 and _error(err) == "interrupted (Ctrl-C); nothing was written"
     assert _entries(tmp_path) == []
 
@@ -119,7 +119,7 @@ def test_two_runs_into_one_folder_the_second_is_refused_at_once(h3, tmp_path, ca
         _wait_for(lambda: any(tmp_path.glob(".run.h3-staging-*")), 120)  # the first run holds the folder ...
         os.kill(first.pid, signal.SIGSTOP)  # ... and keeps holding it while the second one tries
         start = time.monotonic()
-        code, _, err = h3("generate", "--steps", "1", "--seed", "2", "-o", str(run))
+        code, _, err = h3("generate", "--steps", "2", "--seed", "2", "-o", str(run))
         assert code == 2 and f"another h3 run (pid {first.pid}) is writing to {run} right now" in _error(err)
         assert time.monotonic() - start < 5
         assert not run.exists()  # the first run publishes only when it is done

@@ -12,7 +12,7 @@ import torch
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.generate.resident import denoise_round, drop_held, encode_prompts_once
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 
 PROMPTS = [
     dict(prompt="a red fox running through fresh snow", seed=1),
@@ -38,7 +38,7 @@ def _batch_then_alone(ctx, runs):
         texts, meta = _encoded(sub, runs)
         batched = [denoise_round(sub, [run], [texts[i]] if texts else None, [0.0], meta) for i, run in enumerate(runs)]
     finally:
-        drop_held()
+        drop_held(sub)
     alone = [rank_generate(sub, run) for run in runs]
     if sub.rank != 0:
         return None
@@ -70,7 +70,7 @@ def _replicas_then_alone(ctx, runs, alone_runs):
             denoise_round(sub, [runs[2], None], [texts[2], []] if texts else None, [0.0, 0.0], meta),
         ]
     finally:
-        drop_held()
+        drop_held(sub)
     pair = ctx.first_ranks(2)
     alone = [rank_generate(pair, run) for run in alone_runs] if pair is not None else None
     return rounds, [a.latents for a in alone] if alone and pair.rank == 0 else None

@@ -2,30 +2,30 @@
 the `cpu-fp4-emulated` path (activations quantized with the agreed global scale, padded operands,
 swizzled scales, an emulated GEMM) at 2, 4, 6 and 8 ranks in both modes, against one rank.
 
-Two checkpoints: the synthetic one, whose linears carry a calibrated `input_scale` (static
-activation scales, as a ModelOpt export), and the same without them (each linear's scale is the
-amax of its whole input, agreed by an all-reduce MAX over the ranks that split it). The tiny
-preset's shards are ragged: FC2's 22 blocks give odd block counts at 6 and 8 ranks (K padded to
-32), attention-out shards of one 16-wide head at 6 and 8 ranks. Errors are printed (`-s`)."""
+Two checkpoints: the synthetic one, laid out as the seed's file (no `input_scale`: each linear's
+activation scale is the amax of its whole input, agreed by an all-reduce MAX over the ranks that
+split it), and the same with a static `input_scale` on every NVFP4 linear (as a ModelOpt export
+carries). The tiny preset's shards are ragged: fc2's 22 blocks give odd block counts at 6 and 8
+ranks (K padded to 32), out_proj shards of one 16-wide head at 6 and 8 ranks. Errors are printed (`-s`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from h3core.files.safetensors import read_header
 from h3core.generate.parity import latent_parity, tolerance
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.matmul import PATH_CPU_FP4_EMULATED
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.parallel.runtime import ParallelRuntime
 from h3core.verify.session import as_world_of_one
 
 COUNTS = [2, 4, 6, 8]
-GUIDED = dict(preset="tiny", steps=1, guidance_scale=3.0, negative_prompt="blurry, low quality, distorted")
+GUIDED = dict(preset="tiny", steps=2, guidance_scale=3.0, negative_prompt="blurry, low quality, distorted")
 
 
 # --- rank side -----------------------------------------------------------------------------------
@@ -40,7 +40,7 @@ def _emulated_generate(ctx, count, run, agree=True):
     real_agree = ParallelRuntime.agree_activation_scales
     NVFP4Linear.emulate_fp4 = True
     if not agree:
-        ParallelRuntime.agree_activation_scales = lambda self, model, linears: None
+        ParallelRuntime.agree_activation_scales = lambda self, linears: None
     try:
         outcome = rank_generate(sub, run)
     finally:
@@ -54,14 +54,15 @@ def _emulated_generate(ctx, count, run, agree=True):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """{'static': the synthetic checkpoint (input scales), 'dynamic': the same without them}."""
+    """{'dynamic': the synthetic checkpoint (no input scales, as the seed's), 'static': the same with them}."""
     synthetic = resolve(GenerateRequest(**GUIDED)).checkpoint
-    plain = tmp_path_factory.mktemp("fp4") / "no-input-scales.safetensors"
-    with safe_open(str(synthetic), "pt") as f:
-        metadata = f.metadata()
-    tensors = {k: v for k, v in load_file(str(synthetic)).items() if not k.endswith(".input_scale")}
-    save_file(tensors, str(plain), metadata=metadata)
-    return {"static": None, "dynamic": plain}
+    static = tmp_path_factory.mktemp("fp4") / "input-scales.safetensors"
+    _, _, metadata = read_header(synthetic)
+    tensors = load_file(str(synthetic))
+    for name in [k for k in tensors if k.endswith(".comfy_quant")]:  # |x| up to 16 quantizes unsaturated
+        tensors[name.replace(".comfy_quant", ".input_scale")] = torch.tensor(16.0 / (6 * 448))
+    save_file(tensors, str(static), metadata=metadata)
+    return {"static": static, "dynamic": None}
 
 
 def _run(scales, checkpoints, mode, count):

@@ -7,7 +7,7 @@ import torch
 
 from h3core.generate.parity import latent_parity, run_tolerance, tolerance
 from h3core.generate.request import GenerateRequest, resolve
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.verify.end_to_end import generate_as_one_rank, generate_on_first_ranks
 from h3core.verify.session import jobs_on_own_ranks
 

@@ -19,7 +19,8 @@ from h3core.generate.report import RunReport, build_report
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.generate.run import reference_parity
 from h3core.model.sequence import SegmentKind
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 
 from commands import run_main
 
@@ -51,13 +52,19 @@ def test_tensor_mode_on_six_ranks_with_ragged_heads_matches_one_rank(six):
     assert (report.attention_kernel, report.nvfp4_path) == ("sdpa:flash_attention", "cpu-dequant")
     assert report.comm_total.kinds["repartition_rows"].calls > 0
     full = report.ranks[0].weights.block_linears_full
-    # No rank holds more than its partition share (heads for QKV/Out, NVFP4 blocks for FC1/FC2), and
-    # together they hold the block linears once (plus the replicated Out/FC2 biases).
+    # No rank holds more than its partition share (heads for qkv/out, NVFP4 blocks for fc1/fc2), and
+    # together they hold the block linears once. What a rank reads of the Comfy file is its share plus
+    # at most the scale tiles its ranges cut: the 128 x 4 tiles are the smallest unit of a swizzled
+    # scale tensor a range of rows or columns can be read in (an edge tile at each end of each of the
+    # 5 row ranges of qkv and fc1, two edge column tiles per 128-row tile of out_proj and fc2).
+    cfg = resolve(GenerateRequest(**SIX)).config
+    tile_row_bytes = 128 * -(-cfg.hidden // 16 // 4) * 4
+    slack = cfg.num_blocks * (5 * 2 * tile_row_bytes + 2 * 2 * 512 * -(-cfg.hidden // 128))
     fc_blocks = [c.scale_columns.stop - c.scale_columns.start for c in (r.tensor.fc2_columns for r in report.partition.ranks)]
     for rank, heads, blocks in zip(report.ranks, report.partition.heads, fc_blocks):
         share = max(heads / 56, blocks / sum(fc_blocks))
         assert rank.weights.block_linears_resident <= 1.05 * share * full
-        assert rank.weights.block_linears_read <= 1.05 * share * full
+        assert rank.weights.block_linears_read <= 1.05 * share * full + slack
     assert sum(r.weights.block_linears_resident for r in report.ranks) <= 1.02 * full
 
 

@@ -50,7 +50,7 @@ def _agents(nodes: int, args: list[str], tmp_path: Path) -> list[subprocess.Pope
 def test_generate_across_two_torchrun_agents_equals_the_spawned_ranks(tmp_path, capsys):
     """Multi-node: two agents (`--nnodes 2`, c10d rendezvous) form one 2-rank world; rank 0 writes
     the run, and its latents are bit for bit those of 2 spawned ranks."""
-    args = ["generate", "ulysses", "--preset", "tiny", "--steps", "1", "--guidance", "3", "--device", "cpu"]
+    args = ["generate", "ulysses", "--preset", "tiny", "--steps", "2", "--guidance", "3", "--device", "cpu"]
     agents = _agents(2, [*args, "--output", str(tmp_path / "torchrun")], tmp_path)
     codes = [agent.wait(timeout=240) for agent in agents]
     logs = [(tmp_path / f"agent{n}.log").read_text() for n in range(2)]
@@ -69,7 +69,7 @@ def test_replica_groups_across_two_torchrun_agents_share_the_prompts_out(tmp_pat
     prompt on one rank in this process (at the agents' one thread)."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red fox in snow\na lighthouse at night\na cat on a piano\n")
-    args = ["generate", "ulysses", "--preset", "tiny", "--steps", "1", "--device", "cpu", "--prompts", str(prompts)]
+    args = ["generate", "ulysses", "--preset", "tiny", "--steps", "2", "--device", "cpu", "--prompts", str(prompts)]
     agents = _agents(2, [*args, "--replicas", "2", "--output", str(tmp_path / "replicas")], tmp_path)
     codes = [agent.wait(timeout=240) for agent in agents]
     assert codes == [0, 0], [(tmp_path / f"agent{n}.log").read_text() for n in range(2)]

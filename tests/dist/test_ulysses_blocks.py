@@ -6,9 +6,10 @@ import torch
 from h3core.model.config import preset
 from h3core.model.dit import AttentionCore, ProjectedQKV
 from h3core.model.sequence import SegmentKind, pack_segments
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 from h3core.parallel.runtime import ParallelRuntime
-from h3core.parallel.ulysses import UlyssesAttention
+from h3core.parallel.modes.ulysses import UlyssesAttention
 
 
 def _both_paths(ctx, size, num_tokens, num_heads, head_dim):

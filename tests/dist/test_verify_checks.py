@@ -12,10 +12,10 @@ import torch
 
 import h3core.model.dit
 import h3core.parallel.partition
-import h3core.parallel.tensor
+import h3core.parallel.modes.tensor
 from h3core.generate.parity import layer_tolerance, tolerance
 from h3core.nvfp4.layout import ColumnSlice
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.runtime.world import World
 from h3core.span import Span
 from h3core.verify.checks import CHECKS
@@ -31,7 +31,7 @@ COUNTS = [2, 6]
 
 @pytest.fixture(scope="module")
 def spec():
-    return build_spec(VerifyConfig(device="cpu", steps=1), "cpu")
+    return build_spec(VerifyConfig(device="cpu", steps=2), "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_backends_math_runs_and_cuda_backends_are_skipped_with_the_reason(sessio
 
 
 def _tp_with_broken_reduce_scatter(ctx, spec):
-    with dropping_last_rank(h3core.parallel.tensor):
+    with dropping_last_rank(h3core.parallel.modes.tensor):
         return measure_tp(ctx, spec)
 
 
@@ -114,64 +114,61 @@ def test_a_reduce_scatter_that_drops_a_rank_fails_tp(world8, spec):
 # --- real bugs exceed the derived bounds by orders of magnitude ----------------------------------------
 
 
-def _tp_with_the_bias_added_twice(ctx, spec):
-    """Row-parallel Out and FC2: the bias added after the reduction, and once more."""
-    hook = h3core.parallel.tensor._ReduceScatterBias
-    real = hook.__call__
+def _tp_with_qkv_thirds_swapped(ctx, spec):
+    """qkv_proj's shard takes this rank's k rows as its q and q as its k: what reading per-head
+    interleaved rows as stacked (or the reverse) does to a tensor-parallel rank."""
+    real = h3core.parallel.partition.fused_qkv_rows
 
-    def twice(self, module, args, partial):
-        out = real(self, module, args, partial)
-        bias = getattr(module, self.bias_name)
-        return out if bias is None else out + bias
+    def swapped(heads, num_heads, head_dim):
+        q, k, v = real(heads, num_heads, head_dim)
+        return [k, q, v]
 
-    hook.__call__ = twice
+    h3core.parallel.partition.fused_qkv_rows = swapped
     try:
         return measure_tp(ctx, spec)
     finally:
-        hook.__call__ = real
+        h3core.parallel.partition.fused_qkv_rows = real
 
 
 def _tp_with_a_misaligned_shard(ctx, spec):
-    """FC1's rows for this rank's FC2 columns cut one NVFP4 block (16 features) off from FC2's."""
-    real = h3core.parallel.partition.gate_value_rows
+    """fc1's rows for this rank's fc2 columns cut one NVFP4 block (16 features) off from fc2's."""
+    real = h3core.parallel.partition.gate_up_rows
 
-    def shifted(columns, mlp_width):
+    def shifted(columns, ffn_dim):
         e = columns.elements
-        step = 16 if e.stop + 16 <= mlp_width else -16
-        return real(ColumnSlice(Span(e.start + step, e.stop + step)), mlp_width)
+        step = 16 if e.stop + 16 <= ffn_dim else -16
+        return real(ColumnSlice(Span(e.start + step, e.stop + step)), ffn_dim)
 
-    h3core.parallel.partition.gate_value_rows = shifted
+    h3core.parallel.partition.gate_up_rows = shifted
     try:
         return measure_tp(ctx, spec)
     finally:
-        h3core.parallel.partition.gate_value_rows = real
+        h3core.parallel.partition.gate_up_rows = real
 
 
 def _projection_with_a_wrong_segment(ctx, spec):
-    """On each rank's own rows, the first segment is modulated with the next segment's shift and
-    scale (a segment-to-kind mix-up); the single-rank reference (all rows) is left correct."""
-    real = h3core.model.dit.modulate
+    """On each rank's own rows, the final layer reads the video and audio clocks' modulation rows the
+    wrong way round (a segment-to-timestep mix-up); the single-rank reference (all rows) is left correct."""
+    final = h3core.model.dit.FinalLayer
+    real = final.forward
 
-    def mixed_up(x, segments, shift, scale):
-        if x.shape[0] == spec.num_tokens or len(segments) < 2:
-            return real(x, segments, shift, scale)
-        wrong = h3core.model.dit.KIND_INDEX[segments[1].kind]
-        out = real(x, segments, shift, scale)
-        first = segments[0]
-        out[first.start : first.stop] = torch.addcmul(shift[wrong], x[first.start : first.stop], 1 + scale[wrong])
-        return out
+    def mixed_up(self, x, cond, seq, clocks):
+        if x.shape[0] == spec.num_tokens:
+            return real(self, x, cond, seq, clocks)
+        swapped = {"video": clocks.index["audio"], "audio": clocks.index["video"]}
+        return real(self, x, cond, seq, replace(clocks, index=swapped))
 
-    h3core.model.dit.modulate = mixed_up
+    final.forward = mixed_up
     try:
         return measure_projection(ctx, spec)
     finally:
-        h3core.model.dit.modulate = real
+        final.forward = real
 
 
 @pytest.mark.parametrize(
     "check, broken, variants",
     [
-        ("tp", _tp_with_the_bias_added_twice, ["attention", "mlp"]),
+        ("tp", _tp_with_qkv_thirds_swapped, ["attention"]),
         ("tp", _tp_with_a_misaligned_shard, ["mlp"]),
         ("projection", _projection_with_a_wrong_segment, ["final layer"]),
     ],

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from h3core.nvfp4.codec import NVFP4Weight, dequantize, global_scale_for, quantize
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.nvfp4.matmul import PATH_CUDA_BF16, PATH_CUDA_FP4, dequant_linear, fp4_kernel_problem
+from h3core.nvfp4.matmul import PATH_CUDA_BF16, PATH_CUDA_FP4, dequant_linear
+from h3core.nvfp4.selftest import fp4_kernel_problem
 from h3core.nvfp4.shard import row_parallel
 from h3core.parallel.partition import nvfp4_column_slices
 

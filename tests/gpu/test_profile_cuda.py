@@ -8,7 +8,7 @@ from h3core.generate.request import GenerateRequest, resolve
 from h3core.model.dit import ProjectedQKV
 from h3core.parallel.collectives import send_blocks
 from h3core.parallel.partition import head_spans
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.runtime.world import World
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

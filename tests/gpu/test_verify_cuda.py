@@ -17,7 +17,7 @@ def test_verify_on_cuda_uses_nccl_bf16_and_skips_what_does_not_fit(tmp_path):
     counts = [2, GPUS + 1] if GPUS >= 2 else [2]
     proc = subprocess.run(
         [sys.executable, "-m", "h3cli.main", "verify", "transport", "ragged", "tp", "parity", "backends",
-         "--device", "cuda", "--counts", ",".join(map(str, counts)), "--steps", "1", "--json", "--output", str(tmp_path)],
+         "--device", "cuda", "--counts", ",".join(map(str, counts)), "--steps", "2", "--json", "--output", str(tmp_path)],
         capture_output=True, text=True, env=os.environ, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr

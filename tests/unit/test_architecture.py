@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pod", ("h3core.pod",)),
     ("runtime", ("h3core.runtime",)),
     ("nvfp4", ("h3core.nvfp4",)),
+    ("checkpoints", ("h3core.checkpoints",)),
     ("text", ("h3core.text",)),
     ("decode", ("h3core.decode",)),
     ("model", ("h3core.model",)),

@@ -14,7 +14,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from h3core.errors import BackendUnavailable
 from h3core.model import attention
-from h3core.model.attention import attend, check_backend, kernels_run, reset_kernel_record
+from collections import Counter
+
+from h3core.model.attention import attend, check_backend
 
 FUSED_CPU = [SDPBackend.FLASH_ATTENTION]
 """The CPU's only fused SDPA kernel; under this context a call that would need math raises."""
@@ -50,26 +52,26 @@ def test_the_model_runs_sdpa_fused_end_to_end():
     from h3core.generate.request import GenerateRequest, resolve
     from h3core.generate.run import one_rank_latents
 
-    run = resolve(GenerateRequest(preset="tiny", steps=1))
-    reset_kernel_record()
+    from h3core.generate.run import execute
+
+    run = resolve(GenerateRequest(preset="tiny", steps=2))
     with sdpa_kernel(FUSED_CPU):
-        latents = one_rank_latents(run)
-    assert torch.isfinite(latents["video"]).all()
-    assert kernels_run() == {"sdpa:flash_attention": run.config.num_blocks}
+        (outcome,) = execute(run)
+    assert torch.isfinite(outcome.latents["video"]).all()
+    assert outcome.attention_kernels == {"sdpa:flash_attention": run.config.num_blocks}  # the rank's record of its one forward
 
 
 def test_the_record_names_what_the_call_dispatched_to():
     q, k, v = model_like_qkv(24, 4, 16, torch.float32)
-    reset_kernel_record()
-    attend(q, k, v, "sdpa")
-    attend(q, k, v, "sdpa")
+    record: Counter[str] = Counter()
+    attend(q, k, v, "sdpa", record)
+    attend(q, k, v, "sdpa", record)
     with sdpa_kernel([SDPBackend.MATH]):  # the flags are part of the decision: math is recorded as math
-        attend(q, k, v, "sdpa")
-    attend(q, k, v, "math")
-    assert kernels_run() == {"sdpa:flash_attention": 2, "sdpa:math": 1, "h3 math (fp32 softmax)": 1}
+        attend(q, k, v, "sdpa", record)
+    attend(q, k, v, "math", record)
+    attend(q, k, v, "math")  # no record given: counted nowhere
+    assert record == {"sdpa:flash_attention": 2, "sdpa:math": 1, "h3 math (fp32 softmax)": 1}
     assert attention.is_math_kernel("sdpa:math") and not attention.is_math_kernel("sdpa:flash_attention")
-    reset_kernel_record()
-    assert kernels_run() == {}
 
 
 def test_the_decision_is_taken_on_the_real_tensors_not_a_probe(monkeypatch):

@@ -1,17 +1,21 @@
-import json
+"""The synthetic checkpoint is the seed's file layout at small widths, read through the one loader;
+crafted or damaged files are one line; tensor mode reads only its shards' bytes."""
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from h3core.errors import CheckpointError
-from h3core.files.safetensors import write_safetensors
-from h3core.generate.request import RunShape
-from h3core.generate.sequences import build_sequence, noise_tokens
+from h3core.files.safetensors import read_header, write_safetensors
+from h3core.generate.request import GenerateRequest, RunShape
+from h3core.generate.sequences import build_sequence, noise_rows
 from h3core.model.checkpoint import Checkpoint
 from h3core.model.config import preset
-from h3core.model.synthetic import synthetic_checkpoint, synthetic_tensors
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.model.dit import Clocks
+from h3core.model.synthetic import is_intact_synthetic, synthetic_checkpoint, synthetic_specs, synthetic_tensors
+from h3core.nvfp4.codec import dequantize
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 
 CFG = preset("tiny")
 
@@ -23,14 +27,13 @@ def ckpt_path(tmp_path_factory):
     return path
 
 
-def _inputs(cfg=CFG):
+def _inputs(model, cfg=CFG):
     """The model input of every row of a 7-token prompt's sequence at the preset's size, with seeded noise."""
-    shape = RunShape(width=cfg.width, height=cfg.height, frames=cfg.frames, steps=2, shift=5.0,
-                     video_latent=cfg.video_latent_shape(cfg.width, cfg.height, cfg.frames),
-                     audio_latent=cfg.audio_latent_shape(cfg.frames), video_grid=cfg.video_grid(cfg.width, cfg.height, cfg.frames))
+    shape = RunShape.of(cfg, GenerateRequest(steps=2))
     plan = ParallelPlan.build(cfg, 1, Mode.ULYSSES, cfg.segments(cfg.width, cfg.height, cfg.frames, 7)).sequences[0]
-    seq = build_sequence(cfg, plan, torch.randn(7, cfg.text_dim, generator=torch.Generator().manual_seed(1)), shape.video_grid, torch.device("cpu"))
-    return seq.local_inputs(0, noise_tokens(cfg, shape, 5))
+    with torch.inference_mode():
+        seq = build_sequence(model, plan, torch.randn(7, cfg.text_dim, generator=torch.Generator().manual_seed(1)), shape, torch.device("cpu"))
+    return seq.local_inputs(0, noise_rows(shape, 5)), Clocks.of({"video": 0.3, "audio": 0.6})
 
 
 def test_cache_is_reused_and_deterministic(ckpt_path, tmp_path):
@@ -43,70 +46,91 @@ def test_cache_is_reused_and_deterministic(ckpt_path, tmp_path):
     assert different.name != other.name
 
 
-def test_written_checkpoint_reproduces_the_in_memory_model(ckpt_path, tmp_path):
-    from h3core.model.dit import H3Model
+def test_a_flipped_data_byte_in_the_cache_is_rebuilt_not_run_as_synthetic(ckpt_path, tmp_path):
+    path, _ = synthetic_checkpoint(CFG, seed=3, directory=tmp_path)
+    _, start, _ = read_header(path)
+    data = bytearray(path.read_bytes())
+    data[start + 100] ^= 0x40
+    path.write_bytes(bytes(data))
+    assert not is_intact_synthetic(path, CFG)
+    rebuilt, built = synthetic_checkpoint(CFG, seed=3, directory=tmp_path)
+    assert built and rebuilt == path and is_intact_synthetic(path, CFG)
+    a, b = load_file(str(path)), load_file(str(ckpt_path))
+    assert all(torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(-1).view(torch.uint8)) for k in a)
 
+
+def test_the_file_is_the_seed_layout_and_comfy_kitchen_reads_it(ckpt_path):
+    """Original names, no prefix, pruned (adaln_t_table), block linears in Comfy NVFP4 with markers:
+    comfy-kitchen's own decoder gives what h3's loader holds."""
+    import comfy_kitchen as ck
+
+    tensors = load_file(str(ckpt_path))
+    assert set(tensors) == {s.name for s in synthetic_specs(CFG)} and "adaln_t_table" in tensors
+    assert not any(k.startswith(("model.", "time_embedder.")) for k in tensors)
+    assert bytes(tensors["blocks.0.mlp.fc2.comfy_quant"].tolist()) == b'{"format": "nvfp4"}'
+    model = Checkpoint.open(ckpt_path, CFG).load()
+    for prefix in ("blocks.0.attn.qkv_proj", "blocks.1.attn.out_proj", "blocks.1.mlp.fc1", "blocks.0.mlp.fc2"):
+        theirs = ck.dequantize_nvfp4(tensors[f"{prefix}.weight"], tensors[f"{prefix}.weight_scale_2"], tensors[f"{prefix}.weight_scale"], torch.float32)
+        assert torch.equal(dequantize(model.get_submodule(prefix).nvfp4), theirs)
+
+
+def test_written_checkpoint_reproduces_the_in_memory_tensors(ckpt_path):
     tensors = synthetic_tensors(CFG, seed=3)
-    input_scales = {k.removesuffix(".input_scale"): tensors.pop(k) for k in list(tensors) if k.endswith(".input_scale")}
-    memory = H3Model(CFG)
-    memory.load_state_dict({k: v if v.dtype in (torch.uint8, torch.float8_e4m3fn) or k.endswith("weight_scale_2") else v.float() for k, v in tensors.items()}, assign=True)
-    for prefix, scale in input_scales.items():
-        memory.get_submodule(prefix).input_scale = scale
-    loaded = Checkpoint.open(ckpt_path, CFG).load()
-    for prefix, scale in input_scales.items():  # the loader keeps every linear's static activation scale
-        assert torch.equal(loaded.get_submodule(prefix).input_scale, scale)
-    inputs = _inputs()
+    on_disk = load_file(str(ckpt_path))
+    assert all(torch.equal(tensors[k].reshape(-1).view(torch.uint8), on_disk[k].reshape(-1).view(torch.uint8)) for k in tensors)
+
+
+def test_the_loaded_model_runs_and_keeps_its_fp32_islands(ckpt_path):
+    model = Checkpoint.open(ckpt_path, CFG).load(dtype=torch.bfloat16)
+    assert model.dtype == torch.bfloat16 and model.video_patch_proj.weight.dtype == torch.float32
+    assert model.blocks[0].adaln_proj.linear.weight.dtype == torch.float32  # pruned: upcast as ComfyUI and SGLang do
+    assert model.condition_proj.weight.dtype == torch.bfloat16 and model.adaln_t_table.dtype == torch.float32
+    seq, clocks = _inputs(model)
     with torch.inference_mode():
-        a, b = memory(inputs, torch.tensor(0.5)), loaded(inputs, torch.tensor(0.5))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+        out = model(seq, clocks)
+    assert out[next(iter(out))].dtype == torch.float32 and all(torch.isfinite(v).all() for v in out.values())
 
 
 def test_config_comes_from_the_file_not_the_preset(ckpt_path):
     ck = Checkpoint.open(ckpt_path, preset("h3"))
-    assert ck.config.hidden == CFG.hidden and ck.weights == "synthetic"
+    assert (ck.config.hidden, ck.config.num_heads, ck.config.ffn_dim, ck.config.pruned) == (CFG.hidden, CFG.num_heads, CFG.ffn_dim, True)
+    assert ck.weights == "synthetic" and ck.config.width == preset("h3").width  # the run's defaults stay the preset's
 
 
 def _rewrite(src, dst, edit):
     tensors = load_file(str(src))
-    from safetensors import safe_open
-
-    with safe_open(str(src), "pt") as f:
-        meta = f.metadata()
+    _, _, meta = read_header(src)
     edit(tensors, meta)
     save_file(tensors, str(dst), metadata=meta)
     return dst
 
 
 def test_missing_key_is_named(ckpt_path, tmp_path):
-    bad = _rewrite(ckpt_path, tmp_path / "bad.safetensors", lambda t, m: t.pop("blocks.1.mlp.fc2.weight_scale"))
-    with pytest.raises(CheckpointError, match=r"missing tensor 'blocks.1.mlp.fc2.weight_scale'"):
+    bad = _rewrite(ckpt_path, tmp_path / "bad.safetensors", lambda t, m: t.pop("blocks.1.norm2.weight"))
+    with pytest.raises(CheckpointError, match=r"missing tensor 'blocks.1.norm2.weight'"):
         Checkpoint.open(bad, CFG).validate()
 
 
 def test_wrong_shape_is_named(ckpt_path, tmp_path):
     def edit(t, m):
-        t["blocks.0.modulation"] = torch.zeros(3, 6, CFG.hidden + 1, dtype=torch.bfloat16)
+        t["blocks.0.norm1.weight"] = torch.zeros(CFG.hidden + 1, dtype=torch.bfloat16)
 
     bad = _rewrite(ckpt_path, tmp_path / "bad.safetensors", edit)
-    with pytest.raises(CheckpointError, match=r"'blocks.0.modulation' has shape \[3, 6, 129\], expected \[3, 6, 128\]"):
+    with pytest.raises(CheckpointError, match=r"'blocks.0.norm1.weight' has shape \[97\], expected \[96\]"):
         Checkpoint.open(bad, CFG).validate()
 
 
-def test_config_metadata_disagreeing_with_shapes(ckpt_path, tmp_path):
-    def edit(t, m):
-        cfg = json.loads(m["config"])
-        cfg["mlp_width"] += 16
-        m["config"] = json.dumps(cfg)
+@pytest.mark.parametrize("value", [0.0, -1.0, float("inf"), float("nan")])
+def test_a_global_scale_that_is_not_positive_and_finite_is_refused(ckpt_path, tmp_path, value):
+    bad = _rewrite(ckpt_path, tmp_path / "bad.safetensors", lambda t, m: t.update({"blocks.0.mlp.fc1.weight_scale_2": torch.tensor(value)}))
+    with pytest.raises(CheckpointError, match=r"blocks.0.mlp.fc1.weight_scale_2 is .*; a global scale must be positive and finite"):
+        Checkpoint.open(bad, CFG).load()
 
-    bad = _rewrite(ckpt_path, tmp_path / "bad.safetensors", edit)
-    with pytest.raises(CheckpointError, match="mlp_width=368 but the tensor shapes give 352"):
+
+def test_a_wrong_rope_table_is_refused(ckpt_path, tmp_path):
+    bad = _rewrite(ckpt_path, tmp_path / "bad.safetensors", lambda t, m: t.update({"rope.inv_freq": t["rope.inv_freq"] * 1.5}))
+    with pytest.raises(CheckpointError, match="rope.inv_freq is not"):
         Checkpoint.open(bad, CFG)
-
-
-def test_file_without_config_metadata_is_inferred(ckpt_path, tmp_path):
-    ok = _rewrite(ckpt_path, tmp_path / "plain.safetensors", lambda t, m: m.pop("config"))
-    ck = Checkpoint.open(ok, CFG)
-    assert ck.config.hidden == CFG.hidden and ck.config.mlp_width == CFG.mlp_width and ck.config.num_blocks == 2
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.999])
@@ -155,45 +179,6 @@ def test_report_write_is_atomic(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # no temp file left behind
 
 
-def test_synthetic_input_scales_are_calibrated_amax_over_6x448(ckpt_path):
-    """Like a ModelOpt export: every NVFP4 linear has input_scale = amax / (6 * 448), the amax of
-    its input over the calibration pass rounded up to 3 significant bits."""
-    import math
-
-    from h3core.model.checkpoint import nvfp4_prefixes
-    from h3core.model.synthetic import CALIBRATION_STEPS
-
-    tensors = load_file(str(ckpt_path))
-    model = Checkpoint.open(ckpt_path, CFG).load()
-    prefixes = nvfp4_prefixes(model)
-    assert len(prefixes) == 4 + 4 * CFG.num_blocks and CALIBRATION_STEPS >= 1
-    for prefix in prefixes:
-        scale = tensors[f"{prefix}.input_scale"]
-        assert scale.dtype == torch.float32 and scale.shape == ()
-        amax = float(scale) * 6 * 448  # float32 rounding of the division: within 1e-6 of a 3-bit number
-        mantissa, exponent = math.frexp(amax)
-        three_bits = math.ldexp(round(mantissa * 8) / 8, exponent)
-        assert 0 < amax < 1e3 and torch.equal(scale, torch.tensor(three_bits / (6 * 448), dtype=torch.float32)), (prefix, amax)
-
-
-def test_a_bad_input_scale_is_named(ckpt_path, tmp_path):
-    def edit(t, m):
-        t["blocks.0.attn.out.input_scale"] = torch.zeros(2)
-
-    bad = _rewrite(ckpt_path, tmp_path / "bad.safetensors", edit)
-    with pytest.raises(CheckpointError, match=r"'blocks.0.attn.out.input_scale' is torch.float32 \[2\], expected float32 \[\]"):
-        Checkpoint.open(bad, CFG).validate()
-    negative = _rewrite(ckpt_path, tmp_path / "neg.safetensors", lambda t, m: t.update({"time_in.input_scale": torch.tensor(-1.0)}))
-    with pytest.raises(CheckpointError, match="time_in.input_scale is -1.0; it must be positive"):
-        Checkpoint.open(negative, CFG).load()
-
-
-def test_a_checkpoint_without_input_scales_still_loads(ckpt_path, tmp_path):
-    plain = _rewrite(ckpt_path, tmp_path / "plain.safetensors", lambda t, m: [t.pop(k) for k in list(t) if k.endswith(".input_scale")])
-    model = Checkpoint.open(plain, CFG).load()
-    assert all(module.input_scale is None for name, module in model.named_modules() if hasattr(module, "input_scale"))
-
-
 def test_fp4_operands_are_built_at_load_and_never_in_a_forward(ckpt_path, monkeypatch):
     """On the fp4 paths the swizzled scales (and padded weights) exist once the loader returns,
     are counted in the resident bytes, and a forward under inference_mode builds none."""
@@ -205,26 +190,37 @@ def test_fp4_operands_are_built_at_load_and_never_in_a_forward(ckpt_path, monkey
     monkeypatch.setattr(NVFP4Linear, "emulate_fp4", True)
     model = Checkpoint.open(ckpt_path, CFG).load()
     linears = [m for m in model.modules() if isinstance(m, NVFP4Linear)]
-    assert linears and all(m.prepared for m in linears)
+    assert len(linears) == 4 * CFG.num_blocks and all(m.prepared for m in linears)
     assert device.resident_bytes(model) > device.resident_bytes(plain)  # the swizzled scales are counted
 
     def never(*args, **kwargs):
         raise AssertionError("fp4 operands built inside a forward")
 
     monkeypatch.setattr(linear_module, "prepare_fp4_weight", never)
+    seq, clocks = _inputs(model)
     with torch.inference_mode():
-        out = model(_inputs(), torch.tensor(0.5))
+        out = model(seq, clocks)
     assert all(torch.isfinite(v).all() for v in out.values())
 
 
-def test_tensor_mode_shards_read_from_disk_are_prepared_and_padded(ckpt_path, monkeypatch):
+def test_tensor_mode_shards_read_from_the_swizzled_file_are_slices_of_the_whole(ckpt_path, monkeypatch):
+    """A shard read from the Comfy file (codes high nibble first, scales in 128x4 tiles) equals the same
+    slice of the whole linear, for ragged row and block-aligned column ranges, and is prepared."""
     from h3core.nvfp4.linear import NVFP4Linear
     from h3core.parallel.partition import nvfp4_column_slices
+    from h3core.span import Span
 
     monkeypatch.setattr(NVFP4Linear, "emulate_fp4", True)
     ckpt = Checkpoint.open(ckpt_path, CFG)
-    odd = nvfp4_column_slices(CFG.mlp_width, 6)[-1]  # 22 blocks over 6: the last rank holds 3 (48 inputs)
-    shard = ckpt.weight_source("cpu").linear("blocks.0.mlp.fc2", columns=odd)
+    whole = ckpt.load()
+    source = ckpt.weight_source("cpu", torch.float32)
+    odd = nvfp4_column_slices(CFG.ffn_dim, 6)[-1]  # 22 blocks over 6: the last rank holds 3 (48 inputs)
+    shard = source.linear("blocks.0.mlp.fc2", columns=odd)
+    full = dequantize(whole.blocks[0].mlp.fc2.nvfp4)
     assert odd.blocks % 2 and shard.prepared and shard.fp4_weight is not None
     assert shard.fp4_weight.shape == (CFG.hidden, 32)  # K 48 -> 64: 32 packed bytes per row
-    assert shard.input_scale is not None  # the whole input's static scale, the same on every rank
+    assert torch.equal(dequantize(shard.nvfp4), full[:, odd.elements.start : odd.elements.stop])
+    rows = [Span(5, 21), Span(133, 140), Span(300, 384)]  # across 128-row scale tiles
+    shard = source.linear("blocks.1.attn.qkv_proj", rows=rows)
+    full = dequantize(whole.blocks[1].attn.qkv_proj.nvfp4)
+    assert torch.equal(dequantize(shard.nvfp4), torch.cat([full[s.start : s.stop] for s in rows]))

@@ -27,13 +27,13 @@ def tensors(tmp_path_factory) -> dict[str, torch.Tensor]:
 
 
 def _crafted(tmp_path: Path, tensors: dict, **changes) -> Path:
-    """The tiny checkpoint without config metadata (so its config is inferred from shapes), changed."""
+    """The tiny checkpoint (its config is always inferred from shapes), changed."""
     crafted = {**tensors, **{name.replace("__", "."): t for name, t in changes.items() if t is not None}}
     for name, t in changes.items():
         if t is None:
             crafted.pop(name.replace("__", "."))
     path = tmp_path / "crafted.safetensors"
-    save_file({k: v.contiguous() for k, v in crafted.items()}, str(path), metadata={"format": "h3-nvfp4"})
+    save_file({k: v.contiguous() for k, v in crafted.items()}, str(path), metadata={"format": "pt"})
     return path
 
 
@@ -41,11 +41,12 @@ def _crafted(tmp_path: Path, tensors: dict, **changes) -> Path:
     "changes, needle",
     [
         ({"blocks__extra__foo": torch.zeros(2)}, "tensor 'blocks.extra.foo' is not under a numbered block"),
-        ({"kind_embed": torch.zeros(128)}, "tensor 'kind_embed' has shape [128], not a 2-D tensor"),
-        ({"blocks__0__attn__norm_q__weight": torch.zeros(0)}, "tensor 'blocks.0.attn.norm_q.weight' has shape [0]"),
-        ({"blocks__0__attn__norm_q__weight": torch.zeros(48)}, "the model width (128) is not a multiple of 48"),
-        ({"video_embed__weight": torch.zeros(128, 7)}, "the video patch width (7) is not a multiple of 4"),
-        ({"kind_embed": None}, "has no tensor 'kind_embed'"),
+        ({"video_patch_proj__weight": torch.zeros(96)}, "tensor 'video_patch_proj.weight' has shape [96], not a non-empty 2-D tensor"),
+        ({"blocks__0__attn__q_norm__weight": torch.zeros(0)}, "tensor 'blocks.0.attn.q_norm.weight' has shape [0]"),
+        ({"blocks__0__attn__q_norm__weight": torch.zeros(48)}, "the attention width (128) is not a multiple of 48"),
+        ({"video_patch_proj__weight": torch.zeros(96, 7)}, "the video patch width (7) is not a multiple of 4"),
+        ({"video_patch_proj__weight": None}, "has no tensor 'video_patch_proj.weight'"),
+        ({"blocks__3__norm1__weight": torch.zeros(96)}, "blocks [2] under 'blocks.' are missing"),
     ],
 )
 def test_crafted_shapes_and_names_are_one_checkpoint_error(tmp_path, tensors, changes, needle):
@@ -56,15 +57,14 @@ def test_crafted_shapes_and_names_are_one_checkpoint_error(tmp_path, tensors, ch
 
 
 def test_shapes_that_make_an_invalid_config_are_one_checkpoint_error(tmp_path, tensors):
-    # head_dim 24 divides the width 96 but is no multiple of 16: ModelConfig refuses it
-    changed = {"kind_embed": torch.zeros(3, 96), "blocks__0__attn__norm_q__weight": torch.zeros(24)}
+    # a residual width of 100 is no multiple of 16: ModelConfig refuses it
     with pytest.raises(CheckpointError, match="its tensor shapes describe no valid H3 model"):
-        Checkpoint.open(_crafted(tmp_path, tensors, **changed), CFG)
+        Checkpoint.open(_crafted(tmp_path, tensors, video_patch_proj__weight=torch.zeros(100, 96)), CFG)
 
 
 def test_a_folder_fifo_or_device_as_model_says_what_it_is(tmp_path):
     os.mkfifo(tmp_path / "pipe")
-    cases = [(tmp_path, "is a folder, not a file"), (tmp_path / "pipe", "is a FIFO (named pipe), not a file"),
+    cases = [(tmp_path, "holds no *.safetensors files"), (tmp_path / "pipe", "is a FIFO (named pipe), not a file"),
              (Path("/dev/null"), "is a character device, not a file"), (tmp_path / "absent", "H3 checkpoint not found")]
     for path, needle in cases:
         done: list[BaseException] = []
@@ -99,9 +99,9 @@ def test_a_corrupt_or_foreign_cached_file_is_rebuilt(tmp_path):
     again, built = synthetic_checkpoint(CFG, seed=0, directory=tmp_path)
     assert again == path and built and _same({k: v.clone() for k, v in load_file(str(path)).items()}, good)
     foreign = CFG.model_copy(update={"steps": 7}).model_dump_json()
-    save_file(good, str(path), metadata={"format": "h3-nvfp4", "weights": "synthetic", "config": foreign})  # readable, another config's
+    save_file(good, str(path), metadata={"format": "pt", "h3_weights": "synthetic", "h3_config": foreign})  # readable, another config's
     assert synthetic_checkpoint(CFG, seed=0, directory=tmp_path)[1]
-    assert Checkpoint.open(path, CFG).config == CFG and not synthetic_checkpoint(CFG, seed=0, directory=tmp_path)[1]
+    assert Checkpoint.open(path, CFG).config.hidden == CFG.hidden and not synthetic_checkpoint(CFG, seed=0, directory=tmp_path)[1]
 
 
 def _same(a: dict, b: dict) -> bool:

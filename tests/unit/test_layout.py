@@ -8,7 +8,8 @@ import pytest
 from h3core.errors import LayoutError
 from h3core.model.config import preset
 from h3core.parallel.layout import CFG_NEEDS_GUIDANCE, RankLayout
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 
 
 def test_degree_is_innermost_and_every_rank_has_one_place():

@@ -14,30 +14,32 @@ from h3core.errors import ResourceLimit
 from h3core.generate.memory import STEP_BYTES, generate_need
 from h3core.model.attention import scores_bytes
 from h3core.model.config import preset
-from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.parallel.modes import Mode
+from h3core.parallel.plan import ParallelPlan
 from h3core.runtime.limits import Capacity, MemoryNeed, check_cpu_ranks, check_memory
 
 TINY = preset("tiny")
 
 
-def _need(cfg=TINY, ranks=1, mode=Mode.ULYSSES, size=(256, 128, 9), steps=4, attention="sdpa", device="cpu", dtype=torch.float32):
+def _need(cfg=TINY, ranks=1, mode=Mode.ULYSSES, size=(256, 128, 22), steps=4, attention="sdpa", device="cpu", dtype=torch.float32):
     w, h, f = size
     plan = ParallelPlan.build(cfg, ranks, mode, cfg.segments(w, h, f, 16))
-    elements = math.prod(cfg.video_latent_shape(w, h, f)) + math.prod(cfg.audio_latent_shape(f))
+    shape = cfg.video_shape(w, h, f)
+    elements = math.prod(shape.video_latent) + math.prod(shape.audio_latent)
     return generate_need(cfg, plan, elements, steps, device, dtype, attention, spawned=ranks > 1), plan
 
 
 def test_the_need_follows_the_plan():
     one, plan = _need()
     s, d = plan.num_tokens, TINY.hidden
-    assert one.on_device["rope"] == s * TINY.head_dim * 4
-    assert one.on_device["activations"] >= s * 4 * d * 4  # one rank: q|k|v and the output of every head, fp32
+    assert one.on_device["rope"] == s * TINY.rotary_dim * 4 + s * 3 * 8
+    assert one.on_device["activations"] >= s * 4 * TINY.attention_width * 4  # one rank: q|k|v and the output of every head, fp32
     assert one.on_host["steps"] == 4 * STEP_BYTES and "process" not in one.on_host  # runs in this process
     four, _ = _need(ranks=4)
     assert four.on_device["activations"] < one.on_device["activations"] and four.on_host["process"] == limits.PROCESS_BYTES
     assert four.host_total() == 4 * (sum(four.on_device.values()) + sum(four.on_host.values()))
-    ulysses, _ = _need(cfg=preset("narrow"), ranks=4, size=(256, 160, 9))
-    tensor, _ = _need(cfg=preset("narrow"), ranks=4, mode=Mode.TENSOR, size=(256, 160, 9))
+    ulysses, _ = _need(cfg=preset("narrow"), ranks=4, size=(256, 160, 22))
+    tensor, _ = _need(cfg=preset("narrow"), ranks=4, mode=Mode.TENSOR, size=(256, 160, 22))
     assert tensor.on_device["weights"] < ulysses.on_device["weights"]  # each rank holds a share of the block linears
 
 
@@ -56,12 +58,14 @@ def test_attention_scores_are_counted_where_the_kernel_materialises_them(monkeyp
 
 
 def test_the_planned_kernel_is_what_a_real_sdpa_call_records():
-    from h3core.model.attention import attend, kernels_run, planned_sdpa_kernel, reset_kernel_record
+    from collections import Counter
+
+    from h3core.model.attention import attend, planned_sdpa_kernel
 
     qkv = torch.randn(40, 3, 8, 16)  # [S, 3, H, Dh], q, k, v strided as the model's
-    reset_kernel_record()
-    attend(qkv[:, 0], qkv[:, 1], qkv[:, 2], "sdpa")
-    assert list(kernels_run()) == [planned_sdpa_kernel(torch.device("cpu"), torch.float32, 8, 16)]
+    record: Counter[str] = Counter()
+    attend(qkv[:, 0], qkv[:, 1], qkv[:, 2], "sdpa", record)
+    assert list(record) == [planned_sdpa_kernel(torch.device("cpu"), torch.float32, 8, 16)]
 
 
 def test_a_need_that_does_not_fit_is_one_line_with_the_largest_part_and_advice():

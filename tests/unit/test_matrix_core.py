@@ -19,7 +19,7 @@ from h3core.matrix.run import _Bar
 from h3core.matrix.summary import scaling, steady_step_seconds, summarise
 from h3core.errors import LayoutError
 from h3core.parallel.layout import RankLayout
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.reports.schema import Versions
 from h3core.reports.units import format_bytes
 
@@ -133,7 +133,7 @@ def test_matrix_counts_ignore_h3_world_size(monkeypatch, tmp_path):
 
 
 def _request(counts, modes=(Mode.ULYSSES,), device="cpu", tmp=Path("unused")) -> MatrixRequest:
-    template = GenerateRequest(device=device, preset="tiny", steps=1)
+    template = GenerateRequest(device=device, preset="tiny", steps=2)
     return MatrixRequest(counts=counts, modes=list(modes), template=template, save_latents=False, output=tmp)
 
 
@@ -146,9 +146,9 @@ def test_skip_reason_only_on_cuda():
 def test_cuda_counts_above_the_visible_gpus_are_skipped():
     planned = plan_cells(_request([2, 4, 8], modes=(Mode.ULYSSES, Mode.TENSOR), device="cuda"), visible_gpus=2)
     assert [(p.mode, p.count) for p in planned] == [(m, c) for m in (Mode.ULYSSES, Mode.TENSOR) for c in (1, 2, 4, 8)]
-    by_count = {p.count: p for p in planned if p.mode is Mode.TENSOR}
+    by_count = {p.count: p for p in planned if p.mode == Mode.TENSOR}
     assert by_count[1].run is not None and by_count[1].requested is False  # the baseline, added
-    assert by_count[2].run is not None and by_count[2].run.request.world_size == 2 and by_count[2].run.request.mode is Mode.TENSOR
+    assert by_count[2].run is not None and by_count[2].run.request.world_size == 2 and by_count[2].run.request.mode == Mode.TENSOR
     assert by_count[4].run is None and by_count[4].skip == "4 GPUs needed, 2 visible"
     assert by_count[8].skip == "8 GPUs needed, 2 visible"
 
@@ -160,7 +160,7 @@ def test_counts_the_partition_rejects_are_skipped_with_its_message():
 
 
 def test_cfg_cells_follow_each_mode_and_counts_that_cannot_split_are_skipped_with_the_reason():
-    template = GenerateRequest(device="cpu", preset="tiny", steps=1, guidance_scale=3.0)
+    template = GenerateRequest(device="cpu", preset="tiny", steps=2, guidance_scale=3.0)
     request = MatrixRequest(counts=[2, 3, 18], modes=[Mode.TENSOR], template=template, save_latents=False, output=Path("unused"), cfg_parallel=True)
     planned = plan_cells(request, visible_gpus=0)
     assert [(p.count, p.cfg_parallel, p.run is not None) for p in planned] == [

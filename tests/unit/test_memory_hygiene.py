@@ -13,7 +13,7 @@ from h3core.generate.request import GenerateRequest, resolve
 from h3core.generate.run import execute
 from h3core.model.checkpoint import Checkpoint
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.runtime import device as dev
 
 
@@ -32,7 +32,7 @@ def test_a_finished_one_rank_run_leaves_no_model_behind(monkeypatch, mode):
     monkeypatch.setattr(Checkpoint, "load", load)
     monkeypatch.setattr(dev, "release_memory", lambda device: (released.append(device), real_release(device)))
     monkeypatch.setattr(NVFP4Linear, "emulate_fp4", True)  # with the fp4 operands and the scale agreement wired
-    run = resolve(GenerateRequest(preset="tiny", steps=1, mode=mode))
+    run = resolve(GenerateRequest(preset="tiny", steps=2, mode=mode))
     (outcome,) = execute(run)
     assert outcome.video is not None and held
     assert released == ["cpu"]

@@ -246,7 +246,7 @@ def test_truncated_file_names_the_file(tmp_path, checkpoint):
     path, _ = checkpoint
     broken = tmp_path / "broken.safetensors"
     broken.write_bytes(path.read_bytes()[:-100])
-    with pytest.raises(CheckpointError, match=r"broken\.safetensors.*truncated or corrupt"):
+    with pytest.raises(CheckpointError, match=r"broken\.safetensors.*truncated"):
         SafetensorsReader([broken])
 
 

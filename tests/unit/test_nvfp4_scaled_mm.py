@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from h3core.nvfp4 import linear as linear_module
+from h3core.nvfp4 import matmul
 from h3core.nvfp4.codec import NVFP4Weight, dequantize, global_scale_for, quantize
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.matmul import (
@@ -40,7 +41,9 @@ def test_unswizzled_scales_break_the_contract():
 
 
 @pytest.mark.parametrize("out, inp", [(96, 64), (40, 208), (7168, 16 * 13)])  # 13 blocks: K padded to 224
-def test_full_fp4_linear_runs_on_meta(out, inp):
+@pytest.mark.parametrize("two_level", [True, False], ids=["F.scaled_mm two-level", "fp32 output + epilogue"])
+def test_full_fp4_linear_runs_on_meta(monkeypatch, out, inp, two_level):
+    monkeypatch.setattr(matmul, "_has_two_level_nvfp4", lambda: two_level)
     # The padded operands (K to a multiple of 32, N of 16) satisfy the kernel contract too.
     weight = quantize(torch.randn(out, inp)).to("meta")
     packed, swizzled = prepare_fp4_weight(weight)
@@ -55,7 +58,7 @@ def test_full_fp4_linear_runs_on_meta(out, inp):
 def emulated_scaled_mm(a, b, scale_a, scale_b, out_dtype):
     """cuBLAS's NVFP4 GEMM as documented: A [M, K/2] row-major, B [K/2, N] column-major fp4; block
     scales in the 128x4 swizzled layout; D = sum_k (a * sa) (b * sb), accumulated in fp32."""
-    assert a.dtype == b.dtype == torch.float4_e2m1fn_x2 and out_dtype == torch.bfloat16
+    assert a.dtype == b.dtype == torch.float4_e2m1fn_x2 and out_dtype in (torch.bfloat16, torch.float32)
     assert a.is_contiguous() and b.t().is_contiguous()
     m, n, k = a.shape[0], b.shape[1], a.shape[1] * 2
     a_packed, b_packed = a.view(torch.uint8), b.t().view(torch.uint8)  # [M, K/2], [N, K/2]
@@ -64,10 +67,28 @@ def emulated_scaled_mm(a, b, scale_a, scale_b, out_dtype):
     return (dequantize(NVFP4Weight(a_packed, sa, one)) @ dequantize(NVFP4Weight(b_packed, sb, one)).T).to(out_dtype)
 
 
+def emulated_two_level_scaled_mm(a, b, scale_a, recipe_a, scale_b, recipe_b, swizzle_a=None, swizzle_b=None, bias=None, output_dtype=torch.bfloat16):
+    """torch's NVFP4 two-level recipe as documented (`F.scaled_mm`): [swizzled fp8 block scales,
+    fp32 tensor scale] per operand; alpha = the tensor scales' product on the fp32 accumulator, the
+    bias added there, one rounding."""
+    block, tensor = F.ScalingType.BlockWise1x16, F.ScalingType.TensorWise
+    assert list(recipe_a) == list(recipe_b) == [block, tensor]
+    assert list(swizzle_a) == list(swizzle_b) == [F.SwizzleType.SWIZZLE_32_4_4, F.SwizzleType.NO_SWIZZLE]
+    assert scale_a[1].dtype == scale_b[1].dtype == torch.float32 and scale_a[1].numel() == scale_b[1].numel() == 1
+    acc = emulated_scaled_mm(a, b, scale_a[0], scale_b[0], torch.float32) * (scale_a[1] * scale_b[1])
+    if bias is not None:
+        assert bias.dtype == output_dtype
+        acc = acc + bias.float()
+    return acc.to(output_dtype)
+
+
 @pytest.mark.parametrize("out, inp", [(160, 192), (40, 208), (24, 16)])  # 208, 16: odd block counts; 40, 24: N % 16 != 0
 @pytest.mark.parametrize("static_input_scale", [False, True])
-def test_fp4_path_end_to_end_against_the_emulated_gemm(monkeypatch, out, inp, static_input_scale):
+@pytest.mark.parametrize("two_level", [True, False], ids=["F.scaled_mm two-level", "fp32 output + epilogue"])
+def test_fp4_path_end_to_end_against_the_emulated_gemm(monkeypatch, out, inp, static_input_scale, two_level):
     monkeypatch.setattr(torch, "_scaled_mm", emulated_scaled_mm)
+    monkeypatch.setattr(F, "scaled_mm", emulated_two_level_scaled_mm)
+    monkeypatch.setattr(matmul, "_has_two_level_nvfp4", lambda: two_level)
     monkeypatch.setattr(linear_module, "choose_path", lambda *a, **k: PathChoice(PATH_CUDA_FP4, "forced for the test"))
     gen = torch.Generator().manual_seed(5)
     weight = torch.randn(out, inp, generator=gen) * torch.logspace(-2, 1, out).unsqueeze(1)  # varied block scales
@@ -121,3 +142,31 @@ def test_emulated_path_is_the_quantized_product(out, inp):
     # Global scales multiply after the GEMM here, before it in `want`: fp32 rounding only.
     assert ((got - want).abs().max() / want.abs().max()).item() < 2e-6
     assert linear.prepared and (linear.fp4_weight is not None) == bool(out % 16 or inp % 32)
+
+
+def test_alpha_is_applied_in_fp32_before_the_one_rounding_to_bf16():
+    """The fp4 GEMM's result in bf16 is within one bf16 rounding of the exact product times alpha
+    (plus fp32 accumulation): alpha = act_global * weight_global meets the fp32 accumulator, not a
+    rounded result. The old order (GEMM rounded to bf16, then multiplied by alpha and rounded
+    again) fails the same bound."""
+    gen = torch.Generator().manual_seed(11)
+    out, inp, m = 64, 256, 96
+    weight = quantize(torch.randn(out, inp, generator=gen))
+    packed, swizzled = prepare_fp4_weight(weight)
+    x = torch.randn(m, inp, generator=gen)
+    act_global = torch.tensor(1.0 + 3 * 2.0**-9) * global_scale_for(x)  # any scale: alpha is not a power of two
+    alpha = act_global * weight.global_scale  # fp32, as the GEMM computes it
+    got = fp4_linear(x, weight, weight.packed, swizzled, None, act_global, out_dtype=torch.bfloat16, gemm=emulated_scaled_mm_fp4)
+    assert got.dtype == torch.bfloat16
+
+    act = quantize(x, act_global)
+    one = torch.tensor(1.0)
+    a = dequantize(NVFP4Weight(act.packed, act.scale, one)).double()  # exact decoded values, no global scale
+    b = dequantize(NVFP4Weight(weight.packed, weight.scale, one)).double()
+    ref, magnitude = (a @ b.T) * alpha.double(), (a.abs() @ b.abs().T) * alpha.double()
+    bound = 2.0**-8 * ref.abs() + (inp + 1) * 2.0**-24 * (1 + 2.0**-8) * magnitude
+    assert ((got.double() - ref).abs() <= bound).all()
+
+    acc = emulated_scaled_mm_fp4(act.packed, swizzle_block_scales(act.scale), weight.packed, swizzled, torch.bfloat16)
+    old = acc * alpha  # the old order: the GEMM's bf16 result times alpha (in fp32), rounded again
+    assert ((old.double() - ref).abs() > bound).float().mean() > 0.03  # measured: 5.9% of the outputs

@@ -10,7 +10,7 @@ from h3core.nvfp4.codec import dequantize, global_scale_for, quantize
 from h3core.nvfp4.layout import ColumnSlice
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.shard import column_parallel, row_parallel, select_columns, select_rows
-from h3core.parallel.partition import fused_qkv_rows, gate_value_rows, head_column_slices, head_spans, nvfp4_column_slices
+from h3core.parallel.partition import fused_qkv_rows, gate_up_rows, head_column_slices, head_spans, nvfp4_column_slices
 from h3core.span import Span
 
 HEADS, HEAD_DIM = 12, 16  # hidden 192; 12 heads are ragged over 5, 7 and 8 ranks
@@ -68,7 +68,7 @@ def test_qkv_rows_by_head_ownership(world):
 @pytest.mark.parametrize("world", COUNTS)
 def test_fc1_gate_and_value_halves_match_fc2_columns(world):
     for cols in nvfp4_column_slices(MLP, world):
-        rows = gate_value_rows(cols, MLP)
+        rows = gate_up_rows(cols, MLP)
         assert_rows_preserved(FC1, column_parallel(FC1, rows), rows)
 
 

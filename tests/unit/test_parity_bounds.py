@@ -1,5 +1,5 @@
 """The parity bounds are what their derivation says, and its inputs still hold on this machine:
-one linear computed the distributed way is within `ROUNDING_ULPS` of the one-rank way, and ulp
+one linear computed the distributed way is within `rounding_ulps(mode, dtype)` of the one-rank way, and ulp
 noise on every linear grows by at most `AMPLIFICATION` (scripts/derive_parity_bounds.py measures
 all presets and step counts; this re-measures the cheap part)."""
 
@@ -13,7 +13,7 @@ import torch
 
 from h3core.generate import parity
 from h3core.generate.parity import latent_parity
-from h3core.parallel.plan import Mode
+from h3core.parallel.modes import Mode
 from h3core.runtime.device import cpu_threads
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "derive_parity_bounds.py"
@@ -31,8 +31,8 @@ def derive():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_each_bound_is_safety_times_amplification_times_rounding(mode, dtype):
     eps = torch.finfo(dtype).eps
-    assert parity.tolerance(mode, dtype) == parity.SAFETY * parity.AMPLIFICATION * parity.ROUNDING_ULPS[(mode, dtype)] * eps
-    assert parity.layer_tolerance(mode, dtype) == parity.SAFETY * parity.ROUNDING_ULPS[(mode, dtype)] * eps
+    assert parity.tolerance(mode, dtype) == parity.SAFETY * parity.AMPLIFICATION * parity.rounding_ulps(mode, dtype) * eps
+    assert parity.layer_tolerance(mode, dtype) == parity.SAFETY * parity.rounding_ulps(mode, dtype) * eps
 
 
 def test_only_fp4_paths_rounded_to_16_bits_get_the_quantization_bound():
@@ -49,7 +49,7 @@ def test_one_linear_rounds_within_the_assumed_units_here(derive, monkeypatch):
         delta = derive.measure_delta(["tiny"])
     for mode in Mode:
         for name, dtype in derive.DTYPES.items():
-            assert delta[mode.value][name] <= parity.ROUNDING_ULPS[(mode, dtype)], (mode, name, delta)
+            assert delta[mode.value][name] <= parity.rounding_ulps(mode, dtype), (mode, name, delta)
 
 
 def test_ulp_noise_grows_by_at_most_the_assumed_amplification(derive):

@@ -138,7 +138,7 @@ def test_fused_rows_follow_head_ownership_in_each_third():
     q, k, v = partition.fused_qkv_rows(Span(10, 20), num_heads=56, head_dim=128)
     assert (q, k, v) == (Span(1280, 2560), Span(7168 + 1280, 7168 + 2560), Span(14336 + 1280, 14336 + 2560))
     cols = partition.nvfp4_column_slices(10752, 6)[5]
-    gate, value = partition.gate_value_rows(cols, 10752)
+    gate, value = partition.gate_up_rows(cols, 10752)
     assert gate == cols.elements and value == cols.elements.shifted(10752)
 
 

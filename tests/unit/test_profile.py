@@ -20,13 +20,14 @@ class _SlowCore(AttentionCore):
 class _Slow(nn.Module):
     """A linear and an attention core whose forwards take known times, and a 'collective' in between."""
 
-    def __init__(self):
+    def __init__(self, stats):
         super().__init__()
         self.linear = NVFP4Linear.from_float(torch.randn(16, 32))
         self.core = _SlowCore("math")
+        self.stats = stats
 
     def forward(self, x):
-        with collectives._region_timer("gather_rows") if collectives._region_timer else _null():
+        with self.stats.timer("gather_rows") if self.stats.timer else _null():
             time.sleep(0.02)
         h = self.linear(x)  # [S, 16]
         q = h.view(-1, 2, 8)
@@ -42,8 +43,9 @@ class _null:
 
 
 def test_a_step_splits_into_its_regions_and_adds_up():
-    model = _Slow()
-    with profiling(model, torch.device("cpu"), rank=3, enabled=True) as profiler:
+    stats = collectives.CommStats()  # the rank's counters: the profiler times the collectives counting into them
+    model = _Slow(stats)
+    with profiling(model, torch.device("cpu"), rank=3, enabled=True, stats=stats) as profiler:
         for _ in range(2):
             with profiler.step():
                 model(torch.randn(5, 32))
@@ -55,7 +57,7 @@ def test_a_step_splits_into_its_regions_and_adds_up():
         assert 0.03 <= split["attention"] < 0.06
         assert 0.02 <= split["gather_rows"] < 0.05
         assert split["rest"] >= 0.01 and split["nvfp4_linears"] > 0
-    assert collectives._region_timer is None and not model.linear._forward_hooks  # detached
+    assert stats.timer is None and not model.linear._forward_hooks  # detached
 
 
 def test_nested_regions_count_once_in_the_innermost():
@@ -71,11 +73,12 @@ def test_nested_regions_count_once_in_the_innermost():
 
 
 def test_regions_outside_a_step_are_ignored_and_off_registers_nothing():
-    model = _Slow()
-    with profiling(model, torch.device("cpu"), rank=0, enabled=False) as profiler:
-        assert profiler is None and collectives._region_timer is None
+    stats = collectives.CommStats()
+    model = _Slow(stats)
+    with profiling(model, torch.device("cpu"), rank=0, enabled=False, stats=stats) as profiler:
+        assert profiler is None and stats.timer is None
         assert not model.linear._forward_pre_hooks
-    live = Profiler(torch.device("cpu")).attach(model)
+    live = Profiler(torch.device("cpu")).attach(model, stats)
     model(torch.randn(2, 32))  # no step open
     assert live.steps == [] and live._regions == []
     live.detach()

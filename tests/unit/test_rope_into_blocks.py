@@ -15,18 +15,19 @@ from h3core.parallel.partition import head_spans
 
 
 def _reference_rope(x, cos, sin):
-    """The textbook form: [x1 cos - x2 sin, x2 cos + x1 sin], in float32, cast back once."""
-    half = x.shape[-1] // 2
-    xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+    """The reference's form (diffusers `_apply_rotary_emb`), in x's dtype with cos and sin cast to it:
+    `x * [cos, cos] + [-x2, x1] * [sin, sin]` on the first 2 * cos.shape[-1] channels, the rest as is."""
+    half = cos.shape[-1]
+    c, s = cos.to(x.dtype)[:, None, :], sin.to(x.dtype)[:, None, :]
+    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+    rotary = torch.cat([x1, x2], -1) * torch.cat([c, c], -1) + torch.cat([-x2, x1], -1) * torch.cat([s, s], -1)
+    return torch.cat([rotary, rest], dim=-1)
 
 
 def _projected(tokens, heads, head_dim, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(tokens, heads, head_dim, generator=g).to(dtype) for _ in range(3))
-    angles = torch.rand(tokens, head_dim // 2, generator=g) * 40
+    angles = torch.rand(tokens, 3 * head_dim // 8, generator=g) * 40  # 3/4 of the channels rotate, as H3's 96 of 128
     return ProjectedQKV(q, k, v, angles.cos(), angles.sin())
 
 
@@ -47,7 +48,7 @@ def test_rope_in_row_chunks_gives_the_bits_of_one_pass(monkeypatch, dtype):
     included, is written, with the bits of the textbook form, into new tensors and strided blocks."""
     p = _projected(37, 12, 16, dtype)
     expected = _reference_rope(p.q, p.cos, p.sin)
-    monkeypatch.setattr(dit, "ROPE_CHUNK_BYTES", 5 * 12 * 16 * 4)  # 5 rows of float32 per chunk: 7 + a last of 2
+    monkeypatch.setattr(dit, "ROPE_CHUNK_BYTES", 5 * 12 * 16 * p.q.element_size())  # 5 rows per chunk: 7 + a last of 2
     assert rope_chunk_rows(p.q) == 5
     assert torch.equal(apply_rope(p.q, p.cos, p.sin), expected)
     out = torch.full((37, 2, 3, 4, 16), float("nan"), dtype=dtype)[:, 1]
@@ -58,7 +59,7 @@ def test_rope_in_row_chunks_gives_the_bits_of_one_pass(monkeypatch, dtype):
 def test_rope_chunks_are_sized_by_bytes_on_the_cpu_and_whole_elsewhere():
     # H3's 56 x 128 heads: 28 KiB of float32 per row -> 36 rows per 1 MiB chunk; a GPU takes every row at once
     assert rope_chunk_rows(torch.empty(4096, 56, 128)) == dit.ROPE_CHUNK_BYTES // (56 * 128 * 4) == 36
-    assert rope_chunk_rows(torch.empty(4096, 56, 128, dtype=torch.bfloat16)) == 36  # computed in float32
+    assert rope_chunk_rows(torch.empty(4096, 56, 128, dtype=torch.bfloat16)) == 73  # computed in bf16: 14 KiB rows
     assert rope_chunk_rows(torch.empty(146, 56, 128)) == 146  # 4 MiB or less: in cache anyway, one pass
     assert rope_chunk_rows(torch.empty(147, 56, 128)) == 36
     assert rope_chunk_rows(torch.empty(4096, 56, 128, device="meta")) == 4096
@@ -91,7 +92,7 @@ def _lazy_projected(tokens, heads, head_dim, seed=0):
     linear = NVFP4Linear.from_float(torch.randn(3 * width, width, generator=g), torch.randn(3 * width, generator=g))
     h = torch.randn(tokens, width, generator=g)
     fused = linear(h).unflatten(-1, (3, heads, head_dim))  # [S, 3, H, Dh]
-    angles = torch.rand(tokens, head_dim // 2, generator=g) * 40
+    angles = torch.rand(tokens, 3 * head_dim // 8, generator=g) * 40  # 3/4 of the channels rotate, as H3's 96 of 128
     lazy = LinearHeads(linear, h, 2 * width, heads, head_dim)
     return ProjectedQKV(fused[:, 0], fused[:, 1], lazy, angles.cos(), angles.sin()), fused
 

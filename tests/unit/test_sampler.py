@@ -1,38 +1,79 @@
+"""The sampler against diffusers 0.42.1's `MiniMaxH3Scheduler` and the official server's noise recipe."""
 
 import pytest
 import torch
 
-from h3core.model.sampler import FlowMatchEuler, guided_velocity, initial_noise, shifted_sigmas
+from h3core.model.config import preset
+from h3core.model.sampler import FlowMatchH3, guided_velocity, initial_noise, shifted_sigmas
+from h3core.model.sequence import SegmentKind
 
 
-def test_shifted_sigmas_match_a_hand_computed_schedule():
-    # steps=4, shift=3: t = 1, .75, .5, .25, 0 ; sigma = 3t / (1 + 2t)
-    expected = [1.0, 2.25 / 2.5, 1.5 / 2.0, 0.75 / 1.5, 0.0]
-    assert shifted_sigmas(4, 3.0).tolist() == pytest.approx(expected, abs=1e-7)
-    assert shifted_sigmas(12, 1.0).tolist() == pytest.approx([1 - i / 12 for i in range(13)], abs=1e-7)
-    s = shifted_sigmas(12, 5.0)
-    assert s.dtype == torch.float32 and s[0] == 1.0 and s[-1] == 0.0 and bool((s[1:] < s[:-1]).all())
+@pytest.mark.parametrize("shift", [12.0, 3.0, 1.0, 5.5])
+@pytest.mark.parametrize("points", [2, 5, 12, 50, 200])
+def test_schedules_equal_diffusers(points, shift):
+    from diffusers import MiniMaxH3Scheduler
+
+    reference = MiniMaxH3Scheduler(shift=shift)
+    reference.set_timesteps(points)
+    ours = FlowMatchH3(shift)
+    timesteps = ours.set_timesteps(points)
+    assert torch.equal(ours.sigmas, reference.sigmas) and torch.equal(timesteps, reference.timesteps)
+    assert ours.num_steps == points - 1 and timesteps[0] == 0.0
 
 
-def test_euler_step_integrates_a_constant_velocity_exactly_to_data():
-    sampler = FlowMatchEuler(shift=5.0)
-    sigmas = sampler.set_timesteps(7)
-    data = torch.randn(3, 5)
-    noise = torch.randn(3, 5)
+def test_the_official_50_point_schedules():
+    """../shared/MINIMAX_H3.md §3.1: video t runs 0, 0.001733 ... 0.8; audio t 0, 0.006897 ... 0.9412."""
+    video, audio = FlowMatchH3(12.0).set_timesteps(50), FlowMatchH3(3.0).set_timesteps(50)
+    assert video.numel() == audio.numel() == 49
+    assert video[1].item() == pytest.approx(0.001733, abs=1e-6) and video[-1].item() == pytest.approx(0.8, abs=1e-6)
+    assert audio[1].item() == pytest.approx(0.006897, abs=1e-6) and audio[-1].item() == pytest.approx(0.9412, abs=1e-4)
+
+
+def test_steps_equal_diffusers():
+    from diffusers import MiniMaxH3Scheduler
+
+    reference, ours = MiniMaxH3Scheduler(shift=12.0), FlowMatchH3(12.0)
+    reference.set_timesteps(9)
+    ours.set_timesteps(9)
+    x_ref = x_ours = torch.randn(7, 96)
+    for i, t in enumerate(reference.timesteps):
+        v = torch.randn(7, 96)
+        x_ref = reference.step(v, t, x_ref, return_dict=False)[0]
+        x_ours = ours.step(v, i, x_ours)
+        assert torch.equal(x_ours, x_ref)
+
+
+def test_a_data_ward_velocity_lands_on_the_data():
+    """v = x0 - noise (the model's convention: t = 1 is clean) takes pure noise to x0 whatever the schedule."""
+    sampler = FlowMatchH3(12.0)
+    sampler.set_timesteps(7)
+    data, noise = torch.randn(3, 5), torch.randn(3, 5)
     x = noise.clone()
-    for i in range(len(sigmas)):
-        x = sampler.step(noise - data, i, x)  # the true velocity of a straight path
+    for i in range(sampler.num_steps):
+        x = sampler.step(data - noise, i, x)
     assert torch.allclose(x, data, atol=1e-5)
     assert sampler.step(torch.ones(2, dtype=torch.bfloat16), 0, torch.zeros(2, dtype=torch.bfloat16)).dtype == torch.float32
 
 
-def test_noise_depends_only_on_seed_and_shapes():
-    a = initial_noise(7, {"video": (2, 3, 4), "audio": (5,)})
-    b = initial_noise(7, {"video": (2, 3, 4), "audio": (5,)})
-    c = initial_noise(8, {"video": (2, 3, 4), "audio": (5,)})
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert not torch.equal(a["video"], c["video"])
-    assert a["video"].dtype == torch.float32
+def test_noise_is_the_official_servers_recipe():
+    """SGLang's latent preparation: video from a CPU generator seeded with the seed, patchified; audio rows
+    from a *separate* generator re-seeded with the same seed (so both start like the official runs)."""
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import patchify_video_latents
+
+    shape = preset("tiny").video_shape(256, 128, 22)
+    noise = initial_noise(42, shape)
+    video = torch.randn(1, 24, 7, 8, 16, generator=torch.Generator().manual_seed(42))
+    audio = torch.randn(2 * 37, 32, generator=torch.Generator().manual_seed(42))
+    assert torch.equal(noise[SegmentKind.VIDEO], patchify_video_latents(video, (1, 2, 2)))
+    assert torch.equal(noise[SegmentKind.AUDIO], audio)
+    assert not torch.equal(initial_noise(43, shape)[SegmentKind.VIDEO], noise[SegmentKind.VIDEO])
+
+
+def test_shifted_sigmas_by_hand():
+    # 5 points, shift 3: base 1, .75, .5, .25, 0 -> 3b / (1 + 2b)
+    assert shifted_sigmas(5, 3.0).tolist() == pytest.approx([1.0, 2.25 / 2.5, 1.5 / 2.0, 0.75 / 1.5, 0.0], abs=1e-7)
+    with pytest.raises(ValueError, match="at least 2 sigma points"):
+        shifted_sigmas(1, 3.0)
 
 
 def test_guidance():
@@ -52,4 +93,4 @@ def test_a_non_finite_latent_stops_the_run_naming_the_step():
     with pytest.raises(NonFiniteResult, match=r"the audio latent became NaN or infinite at denoising step 3 of 4"):
         check_finite({"video": torch.randn(5, 4), "audio": bad}, step=3, steps=4)
     with pytest.raises(NonFiniteResult, match="the video and audio latent"):
-        check_finite({"video": torch.full((2, 2), float("nan")), "audio": bad}, step=1, steps=1)
+        check_finite({"video": torch.full((2, 2), float("nan")), "audio": bad}, step=1, steps=2)

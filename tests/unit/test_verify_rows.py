@@ -39,7 +39,7 @@ def test_counts_are_sorted_unique_and_positive():
 
 def test_the_narrow_sequence_divides_by_no_default_count():
     spec = build_spec(VerifyConfig(device="cpu"), "cpu")
-    assert spec.num_tokens == 147 and spec.segment_sizes == {"text": 17, "video": 120, "audio": 10}
+    assert spec.segment_sizes == {"text": spec.text_tokens, "audio": 74, "video": 84} and spec.text_tokens > 0
     assert all(spec.num_tokens % count for count in (2, 4, 6, 8))
     assert spec.dtype == "fp32"
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from h3core.model.dit import H3Model, ProjectedQKV
+from h3core.model.dit import TENSOR_PARALLEL, H3Model, ProjectedQKV
 from h3core.parallel.collectives import exchange_blocks, head_to_seq, send_blocks, seq_to_head
-from h3core.parallel.runtime import ParallelRuntime
+from h3core.parallel.modes.registry import Mode, ParallelMode, register
 
 
 class UlyssesAttention(nn.Module):
     """Wraps an attention core: q, k, v [S_loc, H, Dh] -> [S_loc, H, Dh], attending over all S tokens."""
 
-    def __init__(self, inner: nn.Module, runtime: ParallelRuntime):
+    def __init__(self, inner: nn.Module, runtime: "ParallelRuntime"):  # noqa: F821 - h3core.parallel.runtime
         super().__init__()
         self.inner = inner
         self.runtime = runtime
@@ -53,8 +53,45 @@ class UlyssesAttention(nn.Module):
         return head_to_seq(out, rt.tokens, rt.heads, rt.group, rt.stats)  # [S_loc, H, Dh]
 
 
-def apply_ulysses(model: H3Model, runtime: ParallelRuntime) -> H3Model:
+def apply_ulysses(model: H3Model, runtime: "ParallelRuntime") -> H3Model:  # noqa: F821
     """Wrap every block's attention core; the rest of the model already works on local rows."""
     for block in model.blocks:
         block.attn.core = UlyssesAttention(block.attn.core, runtime)
     return model
+
+
+class UlyssesMode(ParallelMode):
+    """Every weight on every rank; token rows per rank; per block two all-to-alls around attention."""
+
+    name = "ulysses"
+    summary = "weights replicated, tokens sharded, q|k|v to heads and back per block (two all-to-alls)"
+
+    def shards(self, config, heads):  # type: ignore[no-untyped-def]
+        return [None] * len(heads)
+
+    def weights_per_rank(self, specs, ranks, config):  # type: ignore[no-untyped-def]
+        whole = (sum(s.nbytes for s in specs), sum(s.nbytes for s in specs if s.dtype in ("BF16", "F16")))
+        return [whole] * len(ranks)
+
+    def activation_elements(self, config, plan, tokens):  # type: ignore[no-untyped-def]
+        s, s_loc, h_loc = tokens, max(len(t) for seq in plan.sequences for t in seq.tokens), max(plan.heads)
+        d, a, dh, f = config.hidden, config.attention_width, config.head_dim, config.ffn_dim
+        x = 2 * s_loc * d  # the residual stream rows and their modulated copy, alive through the block
+        received = s * 3 * h_loc * dh if plan.world_size > 1 else 0  # q|k|v of its heads over the whole sequence (one rank: the identity)
+        attn = x + s_loc * 3 * a + received + s * h_loc * dh  # + its q|k|v rows, the attention output
+        mlp = x + s_loc * 3 * f  # + fc1 output [S_loc, 2F] and activation [S_loc, F]
+        return max(attn, mlp)
+
+    def rounding_ulps(self, dtype):  # type: ignore[no-untyped-def]
+        # fp32 on this project's CPU (MKL): a GEMM on a rank's rows differs from those rows of the
+        # whole product by up to 4.98 eps; 16-bit kernels accumulate in fp32 and round once (0 measured).
+        return 6.0 if dtype.itemsize == 4 else 1.0
+
+    def apply(self, model, runtime, weights):  # type: ignore[no-untyped-def]
+        apply_ulysses(model, runtime)
+
+    def input_split_linears(self, model):  # type: ignore[no-untyped-def]
+        return [block.get_submodule(name) for block in model.blocks for name in TENSOR_PARALLEL]  # each sees its rows only
+
+
+Mode.ULYSSES = Mode(register(UlyssesMode()).name)

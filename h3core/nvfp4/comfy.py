@@ -1,0 +1,187 @@
+"""The Comfy / comfy-kitchen on-disk layout of NVFP4 linears, converted to h3's (ModelOpt) layout at load.
+
+Per linear `<prefix>` a Comfy file holds (../shared/MINIMAX_H3.md §5.1, comfy-kitchen
+`tensor/nvfp4.py`, ComfyUI `quant_ops.py`):
+
+| tensor | dtype | shape | h3's layout |
+|---|---|---|---|
+| `.weight` | U8 | `[R_p, C_p/2]`: codes, column `2i` in the HIGH nibble | low nibble first (`swap_nibbles`) |
+| `.weight_scale` | F8_E4M3 | `[roundup(R_p, 128), roundup(C_p/16, 4)]`: 128x4-tile swizzled, zero-padded | row-major `[R, C/16]` |
+| `.weight_scale_2` | F32 | `[]` | the same |
+| `.comfy_quant` | U8 | JSON bytes, e.g. `{"format": "nvfp4"}` | `ComfyQuant` |
+
+`R_p, C_p` are the logical shape rounded up to 16; the logical shape comes from the model, never
+from the file. The swizzle is `h3core.nvfp4.swizzle`'s (cuBLAS' "1D block scaling factors"
+layout): each 128-row x 4-column tile of scales is 512 contiguous bytes, tiles row-tile major, so
+a reader can take the scales of a row range (whole row tiles) or a column range (whole column
+tiles of every row tile) without the rest of the tensor (`scale_row_tiles`, `scale_column_tiles`).
+
+Legacy files keep the markers in the safetensors metadata instead (`_quantization_metadata`:
+`{"layers": {prefix: {"format": ...}}}`); `markers_of` reads both.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from h3core.errors import CheckpointError
+from h3core.nvfp4 import layout
+from h3core.nvfp4.codec import NVFP4Weight
+from h3core.nvfp4.swizzle import TILE_COLUMNS, TILE_ROWS, swizzle_block_scales, unswizzle_block_scales
+from h3core.span import Span
+
+MARKER = "comfy_quant"
+"""The per-linear marker tensor: `<prefix>.comfy_quant`."""
+
+LEGACY_METADATA = "_quantization_metadata"
+
+NVFP4 = "nvfp4"
+KNOWN_FORMATS = ("nvfp4", "float8_e4m3fn", "float8_e5m2", "mxfp8", "int8_tensorwise", "convrot_w4a4")
+"""Formats ComfyUI's `QUANT_ALGOS` defines; h3 computes with `nvfp4` and names the others in its refusal."""
+
+TILE_BYTES = TILE_ROWS * TILE_COLUMNS
+"""One 128 x 4 tile of fp8 scales: 512 bytes."""
+
+
+@dataclass(frozen=True)
+class ComfyQuant:
+    """A `comfy_quant` marker: the format, and whether the matmul runs at full precision (dequantize, bf16 GEMM)."""
+
+    format: str
+    full_precision_matrix_mult: bool = False
+
+
+def parse_marker(raw: bytes, where: str) -> ComfyQuant:
+    """A marker's JSON (`where` names the tensor in messages): a format string, an optional bool."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise CheckpointError(f"{where} is not a JSON quantization marker ({raw[:40]!r}); the file is corrupt") from None
+    if not isinstance(data, dict) or not isinstance(data.get("format"), str):
+        raise CheckpointError(f"{where} has no quantization format ({str(data)[:80]}); the file is corrupt")
+    full = data.get("full_precision_matrix_mult", False)
+    if not isinstance(full, bool):
+        raise CheckpointError(f"{where}: full_precision_matrix_mult is {full!r}, not true/false; the file is corrupt")
+    return ComfyQuant(data["format"], full)
+
+
+def markers_of(marker_bytes: Mapping[str, bytes], metadata: Mapping[str, str], source: str) -> dict[str, ComfyQuant]:
+    """Every linear's marker: `<prefix>.comfy_quant` tensors (given as raw bytes by prefix) and the
+    legacy metadata table (a tensor marker wins)."""
+    markers: dict[str, ComfyQuant] = {}
+    legacy = metadata.get(LEGACY_METADATA)
+    if legacy is not None:
+        try:
+            layers = json.loads(legacy)["layers"]
+            assert isinstance(layers, dict)
+        except (ValueError, KeyError, TypeError, AssertionError):
+            raise CheckpointError(f"{source}: its {LEGACY_METADATA} metadata is not {{\"layers\": {{...}}}}; the file is corrupt") from None
+        for prefix, conf in layers.items():
+            markers[prefix] = parse_marker(json.dumps(conf).encode(), f"{source}: {LEGACY_METADATA}[{prefix!r}]")
+    for prefix, raw in marker_bytes.items():
+        markers[prefix] = parse_marker(raw, f"{source}: {prefix}.{MARKER}")
+    return markers
+
+
+def marker_tensor(marker: ComfyQuant) -> torch.Tensor:
+    """The U8 tensor a Comfy file stores a marker as."""
+    data = {"format": marker.format} | ({"full_precision_matrix_mult": True} if marker.full_precision_matrix_mult else {})
+    return torch.tensor(list(json.dumps(data).encode()), dtype=torch.uint8)
+
+
+# --- codes ---------------------------------------------------------------------------------------------
+
+
+def swap_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """High-nibble-first bytes <-> low-nibble-first bytes (its own inverse)."""
+    return (packed >> 4) | (packed << 4)
+
+
+def padded_shape(out_features: int, in_features: int) -> tuple[int, int]:
+    """`(R_p, C_p)`: the logical shape rounded up to multiples of 16."""
+    return _ceil_to(out_features, layout.BLOCK_ELEMENTS), _ceil_to(in_features, layout.BLOCK_ELEMENTS)
+
+
+def scale_shape(out_features: int, in_features: int) -> tuple[int, int]:
+    """Shape of a Comfy `weight_scale`: `[roundup(R_p, 128), roundup(C_p / 16, 4)]`."""
+    rows, cols = padded_shape(out_features, in_features)
+    return _ceil_to(rows, TILE_ROWS), _ceil_to(cols // layout.BLOCK_ELEMENTS, TILE_COLUMNS)
+
+
+def to_comfy(w: NVFP4Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(weight, weight_scale)` as a Comfy file stores them (codes high nibble first, padded rows;
+    scales swizzled and zero-padded to whole tiles)."""
+    rows, cols = padded_shape(w.out_features, w.in_features)
+    packed = w.packed.new_zeros(rows, cols // layout.ELEMENTS_PER_BYTE)
+    packed[: w.out_features, : w.packed.shape[1]] = swap_nibbles(w.packed)
+    scale = torch.zeros(rows, cols // layout.BLOCK_ELEMENTS, dtype=torch.uint8, device=w.scale.device)
+    scale[: w.out_features, : w.scale.shape[1]] = w.scale.view(torch.uint8)
+    swizzled = swizzle_block_scales(scale.view(torch.float8_e4m3fn))
+    return packed, swizzled.view(scale_shape(w.out_features, w.in_features))
+
+
+def from_comfy(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, out_features: int, in_features: int) -> NVFP4Weight:
+    """A whole Comfy linear as h3's `NVFP4Weight` of logical shape `out_features x in_features`."""
+    check_comfy_shapes(tuple(packed.shape), tuple(scale.shape), out_features, in_features, "weight")
+    rows_128, cols_4 = scale.shape
+    table = unswizzle_block_scales(scale.reshape(-1), rows_128, cols_4)  # [rows_128, cols_4]
+    return NVFP4Weight(
+        swap_nibbles(packed[:out_features, : layout.packed_bytes(in_features)]).contiguous(),
+        table[:out_features, : layout.scale_columns(in_features)].contiguous(),
+        global_scale,
+    )
+
+
+def check_comfy_shapes(packed: tuple[int, ...], scale: tuple[int, ...], out_features: int, in_features: int, where: str) -> None:
+    """The stored shapes a Comfy linear of logical shape `out x in` must have."""
+    rows, cols = padded_shape(out_features, in_features)
+    if packed != (rows, cols // layout.ELEMENTS_PER_BYTE) or scale != scale_shape(out_features, in_features):
+        raise CheckpointError(
+            f"{where}: a Comfy NVFP4 linear of {out_features} x {in_features} stores weight {[rows, cols // 2]} and weight_scale "
+            f"{list(scale_shape(out_features, in_features))}, the file has {list(packed)} and {list(scale)}; it does not match the model"
+        )
+
+
+# --- scales of a row or column range, reading whole tiles only -----------------------------------------
+
+
+def scale_row_tiles(rows: Span, scale_columns_4: int) -> Span:
+    """The bytes of a swizzled scale tensor holding logical rows `rows`: whole 128-row tiles."""
+    first, last = rows.start // TILE_ROWS, -(-rows.stop // TILE_ROWS)
+    tile_row_bytes = TILE_ROWS * scale_columns_4
+    return Span(first * tile_row_bytes, last * tile_row_bytes)
+
+
+def rows_from_tiles(raw: torch.Tensor, rows: Span, scale_columns_4: int, scale_columns: int) -> torch.Tensor:
+    """Logical rows `rows` (first `scale_columns` columns) from the tiles `scale_row_tiles` read: fp8 `[len, scale_columns]`."""
+    first = rows.start // TILE_ROWS
+    tiles = raw.numel() // (TILE_ROWS * scale_columns_4)
+    table = unswizzle_block_scales(raw.view(torch.float8_e4m3fn), tiles * TILE_ROWS, scale_columns_4)
+    return table[rows.start - first * TILE_ROWS : rows.stop - first * TILE_ROWS, :scale_columns].contiguous()
+
+
+def scale_column_tiles(columns: Span, scale_rows_128: int, scale_columns_4: int) -> list[Span]:
+    """The bytes of a swizzled scale tensor holding scale columns `columns` of every row: per row tile,
+    one run of whole 4-column tiles."""
+    first, last = columns.start // TILE_COLUMNS, -(-columns.stop // TILE_COLUMNS)
+    tile_row_bytes = TILE_ROWS * scale_columns_4
+    return [
+        Span(tile * tile_row_bytes + first * TILE_BYTES, tile * tile_row_bytes + last * TILE_BYTES)
+        for tile in range(scale_rows_128 // TILE_ROWS)
+    ]
+
+
+def columns_from_tiles(raw: torch.Tensor, columns: Span, scale_rows_128: int, out_features: int) -> torch.Tensor:
+    """Scale columns `columns` of the first `out_features` rows from the runs `scale_column_tiles` read."""
+    first, last = columns.start // TILE_COLUMNS, -(-columns.stop // TILE_COLUMNS)
+    width = (last - first) * TILE_COLUMNS
+    table = unswizzle_block_scales(raw.view(torch.float8_e4m3fn), scale_rows_128, width)  # [rows_128, width]
+    return table[:out_features, columns.start - first * TILE_COLUMNS : columns.stop - first * TILE_COLUMNS].contiguous()
+
+
+def _ceil_to(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
