@@ -3,6 +3,7 @@ mistake (a bad VAE file, latents of the wrong shape, a full disk), leaving nothi
 
 from __future__ import annotations
 
+import ast
 import errno
 import json
 import sys
@@ -125,12 +126,17 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_mp4(h3, tmp_path, monkeyp
 
 
 def test_h3_decode_as_a_process(tmp_path, cache):
-    """A real process: exit 0, the files, and `h3 --help` still imports neither torch nor diffusers."""
+    """A real process: exit 0, the files; and `h3 --help` imports neither diffusers nor PyAV, and the
+    decode command's own modules not torch either (the VAEs and the codecs load when a decode starts)."""
     latents = _latents_file(tmp_path / "latents.safetensors")
     done = h3_process("decode", str(latents), "-o", str(tmp_path / "clip"), "--json", env={"H3_CACHE_DIR": cache})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["decode"]["files"]["video"] == str(tmp_path / "clip" / "video.mp4")
-    probe = [sys.executable, "-c", "import sys; from h3cli.main import app; import h3cli.decode; print(sorted(m for m in ('torch', 'diffusers', 'av') if m in sys.modules))"]
     import subprocess
 
-    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    def loaded(statement: str) -> list[str]:
+        probe = f"import sys; {statement}; print([m for m in ('torch', 'diffusers', 'av') if m in sys.modules])"
+        return ast.literal_eval(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip())
+
+    assert loaded("import h3cli.decode, h3core.decode.command, h3core.decode.memory") == []
+    assert set(loaded("from h3cli.main import app")) <= {"torch"}
