@@ -50,9 +50,10 @@ def _root(
 
 
 def _register() -> None:
-    from h3cli import bench_transport, generate, matrix, plan, pod, verify
+    from h3cli import bench_transport, decode, generate, matrix, plan, pod, verify
 
     generate.register(app)
+    decode.register(app)
     plan.register(app)
     bench_transport.register(app)
     matrix.register(app)

@@ -170,7 +170,7 @@ def _render_get(report: PodReport, console: Console) -> None:
     if access.ssh:
         _line(console, "ssh", access.ssh)
         _line(console, "copy", f"{access.rsync_checkout}   # from the checkout's root")
-        _line(console, "copy", f"{access.rsync_checkpoints}   # H3_MODEL_PATH / H3_TEXT_ENCODER_PATH: the local files")
+        _line(console, "copy", f"{access.rsync_checkpoints}   # H3_MODEL_PATH / H3_TEXT_ENCODER_PATH / H3_*_VAE_PATH: the local files")
     elif access.proxy_ssh:
         _line(console, "ssh", f"{access.proxy_ssh}   # proxy: interactive shell only")
     if access.note:

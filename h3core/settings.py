@@ -39,6 +39,8 @@ SAVE_LATENTS = "H3_SAVE_LATENTS"
 GPU_COUNTS = "H3_GPU_COUNTS"
 DISTRIBUTED_MODES = "H3_DISTRIBUTED_MODES"
 # --- h3's own ----------------------------------------------------------------------------------------
+VIDEO_VAE_PATH = "H3_VIDEO_VAE_PATH"
+AUDIO_VAE_PATH = "H3_AUDIO_VAE_PATH"
 CACHE_DIR = "H3_CACHE_DIR"
 EMULATE_FP4 = "H3_EMULATE_FP4"
 CPU_ALLOCATOR = "H3_CPU_ALLOCATOR"
@@ -176,6 +178,16 @@ def model_path(flag: Path | None) -> Path | None:
 def text_encoder_path(flag: Path | None) -> Path | None:
     """`--text-encoder`, else `H3_TEXT_ENCODER_PATH`, else None (the synthetic text encoder)."""
     return choose(flag, TEXT_ENCODER_PATH, _path, _none)
+
+
+def video_vae_path(flag: Path | None) -> Path | None:
+    """`--video-vae`, else `H3_VIDEO_VAE_PATH`, else None (beside the transformer, else the synthetic VAE)."""
+    return choose(flag, VIDEO_VAE_PATH, _path, _none)
+
+
+def audio_vae_path(flag: Path | None) -> Path | None:
+    """`--audio-vae`, else `H3_AUDIO_VAE_PATH`, else None (beside the transformer, else the synthetic VAE)."""
+    return choose(flag, AUDIO_VAE_PATH, _path, _none)
 
 
 def rank_counts(flag: str | None, default: Sequence[int]) -> list[int]:

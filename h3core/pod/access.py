@@ -25,6 +25,9 @@ from h3core.pod.models import Pod, SshEndpoint
 MODEL_CHECKPOINT = "minimax_h3_fl2va_pruned_nvfp4.safetensors"
 TEXT_ENCODER_CHECKPOINT = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"
 CHECKPOINT_BYTES = {MODEL_CHECKPOINT: 12_528_636_800, TEXT_ENCODER_CHECKPOINT: 15_687_142_551}
+# The two VAEs that decode the latents into video.mp4 (docs/decode.md).
+VIDEO_VAE_CHECKPOINT = "minimax_h3_video_vae_fp16.safetensors"
+AUDIO_VAE_CHECKPOINT = "minimax_h3_audio_vae_fp32.safetensors"
 
 
 class PodAccess(BaseModel):
@@ -36,7 +39,7 @@ class PodAccess(BaseModel):
     proxy_ssh: Optional[str] = Field(description="ssh through RunPod's proxy (interactive shell only).")
     rsync_checkout: Optional[str] = Field(description="Copy this checkout (run from its root) to the pod.")
     rsync_checkpoints: Optional[str] = Field(
-        description="Copy both checkpoints, named by the local H3_MODEL_PATH and H3_TEXT_ENCODER_PATH."
+        description="Copy the checkpoints, named by the local H3_MODEL_PATH, H3_TEXT_ENCODER_PATH, H3_VIDEO_VAE_PATH and H3_AUDIO_VAE_PATH."
     )
     remote_checkout: str = Field(description="Where the checkout lands on the pod.")
     remote_env: dict[str, str] = Field(description="Variables to export on the pod so h3 finds the checkpoints.")
@@ -71,6 +74,8 @@ def pod_access(pod: Pod) -> PodAccess:
     remote_env = {
         "H3_MODEL_PATH": f"{checkpoints}/{MODEL_CHECKPOINT}",
         "H3_TEXT_ENCODER_PATH": f"{checkpoints}/{TEXT_ENCODER_CHECKPOINT}",
+        "H3_VIDEO_VAE_PATH": f"{checkpoints}/{VIDEO_VAE_CHECKPOINT}",
+        "H3_AUDIO_VAE_PATH": f"{checkpoints}/{AUDIO_VAE_CHECKPOINT}",
     }
     ssh = pod.ssh
     direct = ssh.direct if ssh else None
@@ -89,8 +94,9 @@ def pod_access(pod: Pod) -> PodAccess:
         ssh=_ssh_command(direct),
         proxy_ssh=proxy,
         rsync_checkout=shell_line(*rsync, "-azP", "--filter=:- .gitignore", "./", f"{target}:{checkout}/"),
-        # the two local files are the user's own variables, left for their shell to expand
-        rsync_checkpoints=f'{shell_line(*rsync, "-P")} "$H3_MODEL_PATH" "$H3_TEXT_ENCODER_PATH" {shell_line(f"{target}:{checkpoints}/")}',
+        # the four local files are the user's own variables, left for their shell to expand
+        rsync_checkpoints=(f'{shell_line(*rsync, "-P")} "$H3_MODEL_PATH" "$H3_TEXT_ENCODER_PATH" "$H3_VIDEO_VAE_PATH" "$H3_AUDIO_VAE_PATH" '
+                           f'{shell_line(f"{target}:{checkpoints}/")}'),
         remote_checkout=checkout,
         remote_env=remote_env,
         on_pod=on_pod,

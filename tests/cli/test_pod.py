@@ -205,7 +205,8 @@ def test_get_prints_status_gpus_cost_and_the_ssh_and_rsync_lines(h3, runpod):
     assert "US-KS-2 · SECURE · host CUDA 13.0" in run.out and "$15.12/h" in run.out
     assert "ssh       ssh -p 40022 root@203.0.113.7" in run.out
     assert "rsync --protect-args -e 'ssh -p 40022' -azP '--filter=:- .gitignore' ./ root@203.0.113.7:/workspace/h3/" in run.out
-    assert "rsync --protect-args -e 'ssh -p 40022' -P \"$H3_MODEL_PATH\" \"$H3_TEXT_ENCODER_PATH\" root@203.0.113.7:/workspace/checkpoints/" in run.out
+    assert ("rsync --protect-args -e 'ssh -p 40022' -P \"$H3_MODEL_PATH\" \"$H3_TEXT_ENCODER_PATH\" \"$H3_VIDEO_VAE_PATH\" \"$H3_AUDIO_VAE_PATH\" "
+            "root@203.0.113.7:/workspace/checkpoints/") in run.out
     assert "cd /workspace/h3 && export H3_MODEL_PATH=/workspace/checkpoints/minimax_h3_fl2va_pruned_nvfp4.safetensors" in run.out
 
 

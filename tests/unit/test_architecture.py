@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("nvfp4", ("h3core.nvfp4",)),
     ("checkpoints", ("h3core.checkpoints",)),
     ("text", ("h3core.text",)),
+    ("decode", ("h3core.decode",)),
     ("model", ("h3core.model",)),
     ("parallel", ("h3core.parallel",)),
     ("commands", ("h3core.bench", "h3core.generate")),

@@ -206,11 +206,14 @@ def test_access_lines_for_a_running_pod(runpod):
     assert access.ssh == "ssh -p 40022 root@203.0.113.7"
     assert access.rsync_checkout == "rsync --protect-args -e 'ssh -p 40022' -azP '--filter=:- .gitignore' ./ root@203.0.113.7:/workspace/h3/"
     assert access.rsync_checkpoints == (
-        'rsync --protect-args -e \'ssh -p 40022\' -P "$H3_MODEL_PATH" "$H3_TEXT_ENCODER_PATH" root@203.0.113.7:/workspace/checkpoints/'
+        'rsync --protect-args -e \'ssh -p 40022\' -P "$H3_MODEL_PATH" "$H3_TEXT_ENCODER_PATH" "$H3_VIDEO_VAE_PATH" "$H3_AUDIO_VAE_PATH" '
+        "root@203.0.113.7:/workspace/checkpoints/"
     )
     assert access.remote_env == {
         "H3_MODEL_PATH": "/workspace/checkpoints/minimax_h3_fl2va_pruned_nvfp4.safetensors",
         "H3_TEXT_ENCODER_PATH": "/workspace/checkpoints/qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors",
+        "H3_VIDEO_VAE_PATH": "/workspace/checkpoints/minimax_h3_video_vae_fp16.safetensors",
+        "H3_AUDIO_VAE_PATH": "/workspace/checkpoints/minimax_h3_audio_vae_fp32.safetensors",
     }
     assert access.note is None and access.proxy_ssh.startswith("ssh -p 22 pod")
 

@@ -1,0 +1,165 @@
+"""Load an H3 VAE, whatever its container and key layout, into diffusers' own class.
+
+One path for every file: the config (the folder's `config.json`, or the widths read from the shapes),
+the latent statistics, the model built by diffusers' class without initializing its weights
+(diffusers' `no_init_weights`, as its own `from_pretrained` does: the untouched parameters cost no
+memory), the tensors read one at a time as float32 onto the device, renamed from the file's layout,
+and loaded with every name accounted for (a missing or an unexpected tensor is a CheckpointError).
+
+`decoder_only` (the default) leaves out what decoding never runs: the video VAE's encoder and
+`quant_conv` (180 M parameters, 0.7 GB in fp32), the audio VAE's encoder, `pre_block` and posterior
+heads (87 M).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from h3core.decode import audio_vae, video_vae
+from h3core.decode.report import VaeInfo
+from h3core.decode.vae_files import VaeFiles, read_tensors
+from h3core.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
+
+LATENT_CHANNELS = {"video": 24, "audio": 32}
+_SHOWN = 4  # names listed in an error line
+
+
+@dataclass
+class LoadedVae:
+    """A diffusers VAE in eval mode, float32, on its device, with what was loaded."""
+
+    model: "torch.nn.Module"
+    info: VaeInfo
+
+    @property
+    def device(self) -> "torch.device":
+        return next(self.model.parameters()).device
+
+
+def load_vae(files: VaeFiles, device: "torch.device | str" = "cpu", *, decoder_only: bool = True) -> LoadedVae:
+    """The VAE `files` describe, as diffusers' `AutoencoderKLMiniMaxH3` / `AutoencoderKLMiniMaxH3Audio`."""
+    where = f"{files.path}"
+    config = _config(files, where)
+    stats_from = _add_latent_stats(config, files, where)
+    if files.role == "video":
+        model = _video_model(files, config, device, decoder_only, where)
+    else:
+        model = _audio_model(files, config, device, decoder_only, where)
+    model.to(device).eval().requires_grad_(False)
+    info = VaeInfo(
+        role=files.role, path=str(files.path), container=files.container, key_layout=files.key_layout,
+        synthetic=files.synthetic, file_dtype=files.file_dtype(), latents_stats_from=stats_from,
+        parameters=sum(p.numel() for p in model.parameters()), decoder_only=decoder_only,
+        config={k: v for k, v in config.items() if k not in ("latents_mean", "latents_std")},
+    )
+    return LoadedVae(model=model, info=info)
+
+
+# --- config ------------------------------------------------------------------------------------------
+
+
+def _config(files: VaeFiles, where: str) -> dict[str, object]:
+    if files.container == "diffusers folder":
+        config = {k: v for k, v in files.config.items() if not k.startswith("_")}
+        (video_vae if files.role == "video" else audio_vae).check_structure(config, where)
+        return config
+    if files.role == "video":
+        return video_vae.config_from_shapes(files.shapes, files.key_layout, where)
+    return audio_vae.config_from_shapes(files.shapes, where)
+
+
+def _add_latent_stats(config: dict[str, object], files: VaeFiles, where: str) -> str:
+    """Put the per-channel latent mean and std into `config` (where diffusers' pipeline reads them);
+    returns where they came from: config.json, the file's tensors, or MiniMax's published values."""
+    channels = LATENT_CHANNELS[files.role]
+    module = video_vae if files.role == "video" else audio_vae
+    if isinstance(files.config.get("latents_mean"), list) and isinstance(files.config.get("latents_std"), list):
+        mean, std, source = files.config["latents_mean"], files.config["latents_std"], "config.json"
+    elif "latents_mean" in files.shapes and "latents_std" in files.shapes:
+        stats = read_tensors(files, skip=lambda name: name not in ("latents_mean", "latents_std"))
+        mean, std, source = stats["latents_mean"].tolist(), stats["latents_std"].tolist(), "the file's latents_mean/latents_std"
+    else:
+        mean, std = list(module.PUBLISHED_LATENTS_MEAN), list(module.PUBLISHED_LATENTS_STD)
+        source = "MiniMax's published values (the file has none)"
+    if len(mean) != channels or len(std) != channels or min(std) <= 0:
+        raise CheckpointError(f"{where}: latents_mean/latents_std have {len(mean)}/{len(std)} values; the {files.role} VAE needs {channels} each, std > 0")
+    config["latents_mean"], config["latents_std"] = [float(x) for x in mean], [float(x) for x in std]
+    return source
+
+
+# --- models ------------------------------------------------------------------------------------------
+
+
+def build_model(role: str, config: Mapping[str, object]) -> "torch.nn.Module":
+    """diffusers' class for `role`, built from `config` with its weights left uninitialized
+    (diffusers' `no_init_weights`; the weights come from a file next)."""
+    import inspect
+    import warnings
+
+    from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
+    from diffusers.models.modeling_utils import no_init_weights
+
+    cls = AutoencoderKLMiniMaxH3 if role == "video" else AutoencoderKLMiniMaxH3Audio
+    known = inspect.signature(cls.__init__).parameters
+    arguments = {k: v for k, v in config.items() if k in known}  # a config.json may carry keys of other diffusers versions
+    with no_init_weights(), warnings.catch_warnings():
+        # diffusers' audio VAE uses torch.nn.utils.weight_norm, which torch marks deprecated; h3 folds it anyway
+        warnings.filterwarnings("ignore", message=".*weight_norm.*", category=FutureWarning)
+        return cls(**arguments)
+
+
+def _video_model(files: VaeFiles, config: dict, device, decoder_only: bool, where: str) -> "torch.nn.Module":
+    model = build_model("video", config)
+    if decoder_only:
+        model.encoder = None
+        model.quant_conv = None
+    skips = video_vae.DECODER_ONLY_SKIPS if decoder_only else ()
+    tensors = read_tensors(files, skip=lambda name: name.startswith(skips) or name in video_vae.DROPPED, device=device)
+    if files.key_layout == "original":
+        tensors = video_vae.original_to_diffusers(tensors, int(config["decoder_num_attention_heads"]))
+    _load_exactly(model, tensors, where, computed=())
+    return model
+
+
+def _audio_model(files: VaeFiles, config: dict, device, decoder_only: bool, where: str) -> "torch.nn.Module":
+    model = build_model("audio", config)
+    if decoder_only:
+        for name in ("encoder", "pre_block", "mean_proj", "logs_proj"):
+            setattr(model, name, None)
+    skips = audio_vae.DECODER_ONLY_SKIPS if decoder_only else ()
+    tensors = read_tensors(
+        files, skip=lambda name: name.startswith(skips) or name in audio_vae.DROPPED or bool(audio_vae.BUFFERS.search(name)), device=device
+    )
+    if files.key_layout == "parametrized":
+        tensors = audio_vae.weight_norm_names(tensors)
+    folded = files.key_layout == "folded"
+    if folded:
+        audio_vae.fold_weight_norm(model)  # the file holds the folded weights: load into the folded model
+    _load_exactly(model, tensors, where, computed=(audio_vae.BUFFERS,))
+    if not folded:
+        audio_vae.fold_weight_norm(model)  # g, v loaded as diffusers loads them: fold into what its hook computes
+    return model
+
+
+def _load_exactly(model: "torch.nn.Module", tensors: Mapping[str, "torch.Tensor"], where: str, computed: Sequence) -> None:
+    """`load_state_dict(assign=True)` where every model tensor but the `computed` buffers comes from
+    the file and every file tensor has a place; otherwise a CheckpointError naming them."""
+    expected = {k: tuple(t.shape) for k, t in model.state_dict().items()}
+    missing = sorted(k for k in expected if k not in tensors and not any(p.search(k) for p in computed))
+    unexpected = sorted(k for k in tensors if k not in expected)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"lacks {len(missing)} tensors ({', '.join(missing[:_SHOWN])}{', ...' if len(missing) > _SHOWN else ''})")
+        if unexpected:
+            parts.append(f"has {len(unexpected)} tensors H3's VAE does not ({', '.join(unexpected[:_SHOWN])}{', ...' if len(unexpected) > _SHOWN else ''})")
+        raise CheckpointError(f"{where} {' and '.join(parts)}; it is not a whole H3 VAE of this layout (download it again)")
+    wrong = [(k, tuple(t.shape), expected[k]) for k, t in tensors.items() if tuple(t.shape) != expected[k]]
+    if wrong:
+        name, got, want = wrong[0]
+        raise CheckpointError(f"{where}: tensor {name} is {list(got)}, the model built from its config needs {list(want)}; the file and its config disagree")
+    model.load_state_dict(dict(tensors), strict=False, assign=True)

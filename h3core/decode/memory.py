@@ -1,0 +1,160 @@
+"""How much memory decoding a (width, height, frames) video takes on one device, before it runs.
+
+For `h3 plan` and the memory check: torch-free arithmetic over the decoders' sizes and diffusers
+0.42.1's decode as it runs (`AutoencoderKLMiniMaxH3._decode` / `_decode_clip`), all in float32:
+
+- weights: the video decoder (+ `post_quant_conv`) and the audio decoder (+ `dec_in_proj`), both
+  resident; the encoders are not loaded (`load_vae(decoder_only=True)`);
+- video: one temporal window (7 latent frames, 28 frames) at a time, each 256 px tile of it through
+  the ViT (tokens = 7 x tile latents + 5 suffix tokens; the block's live tensors, plus the attention
+  scores if the backend materializes them), every tile of the window kept until they are stitched,
+  the stitched window, on top of the frames accumulated so far; at the end the accumulated frames
+  are concatenated (two copies of the video, plus the two stitched windows the first and the last
+  kept frames are views of);
+- audio: the BigVGAN stage with the most values (channels x samples), both stereo channels, times
+  the handful of tensors an AMP block holds at once.
+
+The parameter counts are exact (tests compare them with diffusers' classes); the activation terms
+are an upper-leaning model of the allocations: for the synthetic VAEs at 864x480, 141 frames, the
+CPU's measured peak above the loaded VAEs was 1,594 MB against 1,682 MB estimated (docs/decode.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+from h3core.decode.geometry import CLIP_LATENTS, SPATIAL_RATIO, geometry_for
+
+FLOAT_BYTES = 4
+TILE_PX, TILE_OVERLAP_PX = 256, 64
+"""The reference's decode tiles (diffusers' `tile_sample_min_*`, MiniMax `vae_tile_size` / `vae_tile_overlap_min`)."""
+WINDOW_LATENTS = CLIP_LATENTS + 2
+"""Latent frames per decode window: 5 plus the 2 the next window overlaps."""
+WINDOW_FRAMES = 4 * WINDOW_LATENTS
+AMP_LIVE_TENSORS = 8
+"""Tensors of one stage's size an AMP block holds at once (input, residual sum, block output,
+2x-upsampled activation in and out, downsampled), rounded up."""
+
+
+@dataclass(frozen=True)
+class VideoDecoderSize:
+    """The widths of a video VAE's ViT decoder (diffusers' config names)."""
+
+    dim: int
+    layers: int
+    heads: int
+    ffn_mult: int = 4
+    registers: int = 4
+    latent_channels: int = 24
+    patch_values: int = 3 * 4 * 16 * 16
+
+    @classmethod
+    def of(cls, config: dict) -> "VideoDecoderSize":
+        heads, head_dim = int(config["decoder_num_attention_heads"]), int(config.get("decoder_attention_head_dim", 64))
+        return cls(
+            dim=heads * head_dim, layers=int(config["decoder_num_layers"]), heads=heads, ffn_mult=int(config.get("decoder_ffn_mult", 4)),
+            registers=int(config.get("decoder_num_register_tokens", 4)), latent_channels=int(config.get("latent_channels", 24)),
+        )
+
+    def parameters(self) -> int:
+        """`decoder.*` plus `post_quant_conv.*`."""
+        d, inner, c = self.dim, self.ffn_mult * self.dim, self.latent_channels
+        block = 2 * d + 4 * (d * d + d) + 2 * d + (d * 2 * inner + 2 * inner) + (inner * d + d)
+        return (c * d + d) + self.registers * d + self.layers * block + 2 * d + (d * self.patch_values + self.patch_values) + (c * c + c)
+
+
+@dataclass(frozen=True)
+class AudioDecoderSize:
+    """The widths of an audio VAE's decoder: `dec_in_proj` (latent_channels -> latent_dim) and BigVGAN."""
+
+    latent_dim: int
+    decoder_dim: int
+    latent_channels: int = 32
+    rates: tuple[int, ...] = (5, 5, 2, 2, 2, 2, 2)
+    kernels: tuple[int, ...] = (9, 9, 4, 4, 4, 4, 4)
+    amp_kernels: tuple[int, ...] = (3, 7, 11)
+
+    @classmethod
+    def of(cls, config: dict) -> "AudioDecoderSize":
+        return cls(latent_dim=int(config["latent_dim"]), decoder_dim=int(config["decoder_dim"]), latent_channels=int(config.get("latent_channels", 32)))
+
+    def channels(self, stage: int) -> int:
+        return self.decoder_dim // 2 ** (stage + 1)
+
+    def parameters(self) -> int:
+        """`dec_in_proj.*` plus `decoder.*`, weight norm folded."""
+        total = self.latent_channels * self.latent_dim + self.latent_dim  # dec_in_proj
+        total += self.latent_dim * self.decoder_dim * 7 + self.decoder_dim  # conv_pre
+        for i, kernel in enumerate(self.kernels):
+            c_in, c_out = self.decoder_dim // 2**i, self.channels(i)
+            total += c_in * c_out * kernel + c_out
+            for k in self.amp_kernels:  # an AMP block: 3 dilated + 3 plain convs, 6 SnakeBetas
+                total += 6 * (c_out * c_out * k + c_out) + 6 * 2 * c_out
+        last = self.channels(len(self.kernels) - 1)
+        return total + 2 * last + last * 7  # activation_post, conv_post (no bias)
+
+    def largest_stage_values(self, latents: int) -> int:
+        """channels x samples of the largest stage, for one channel of audio."""
+        length, most = latents, 0
+        for i, rate in enumerate(self.rates):
+            length *= rate
+            most = max(most, self.channels(i) * length)
+        return most
+
+
+REAL_VIDEO = VideoDecoderSize(dim=2048, layers=36, heads=32)
+REAL_AUDIO = AudioDecoderSize(latent_dim=2048, decoder_dim=1024)
+
+
+class DecodeMemory(BaseModel):
+    """Bytes a decode holds at its peak on its device (float32)."""
+
+    width: int
+    height: int
+    frames: int
+    weights_bytes: int = Field(description="Both decoders, resident together.")
+    video_activation_bytes: int = Field(description="The video decode's peak above its weights (frames accumulated + one window + one tile through the ViT).")
+    audio_activation_bytes: int
+    total_bytes: int = Field(description="weights + the larger of the two decodes' peaks.")
+    tiles_per_window: int
+    windows: int
+    tokens_per_tile: int
+
+
+def split_count(length_px: int, tile_px: int = TILE_PX, overlap_px: int = TILE_OVERLAP_PX) -> tuple[int, int]:
+    """(tiles, tile length in px) along one axis, as diffusers' `_split_tiles` lays them out."""
+    if tile_px >= length_px:
+        return 1, length_px
+    n = math.ceil(length_px / tile_px)
+    while tile_px * n - overlap_px * (n - 1) < length_px:
+        n += 1
+    return n, tile_px
+
+
+def estimate_decode_memory(
+    width: int, height: int, frames: int, *, video: VideoDecoderSize = REAL_VIDEO, audio: AudioDecoderSize = REAL_AUDIO
+) -> DecodeMemory:
+    """The decode of a `width` x `height`, `frames`-frame clip on one device (see the module docstring)."""
+    geometry = geometry_for(width, height, frames)
+    b = FLOAT_BYTES
+    ny, tile_h = split_count(height)
+    nx, tile_w = split_count(width)
+    tokens = WINDOW_LATENTS * (tile_h // SPATIAL_RATIO) * (tile_w // SPATIAL_RATIO) + video.registers + 1
+    inner = video.ffn_mult * video.dim
+    per_tile = tokens * (6 * video.dim + 3 * inner + 2 * video.patch_values) * b + video.heads * tokens * tokens * b
+    tile_out = 3 * WINDOW_FRAMES * tile_h * tile_w * b
+    window = ny * nx * tile_out + 3 * WINDOW_FRAMES * width * height * b
+    frame_bytes = 3 * width * height * b
+    during = frames * frame_bytes + window + per_tile
+    at_the_end = (2 * frames + 2 * WINDOW_FRAMES) * frame_bytes
+    video_peak = max(during, at_the_end)
+    audio_peak = 2 * AMP_LIVE_TENSORS * audio.largest_stage_values(geometry.audio_latents) * b
+    weights = (video.parameters() + audio.parameters()) * b
+    return DecodeMemory(
+        width=width, height=height, frames=frames, weights_bytes=weights, video_activation_bytes=video_peak,
+        audio_activation_bytes=audio_peak, total_bytes=weights + max(video_peak, audio_peak),
+        tiles_per_window=ny * nx, windows=(geometry.latent_frames - 2) // CLIP_LATENTS, tokens_per_tile=tokens,
+    )

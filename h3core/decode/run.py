@@ -1,0 +1,299 @@
+"""Decode H3 latents into `video.mp4`: the two VAEs on one device, then PyAV, staged atomically.
+
+The decode is the reference's (diffusers 0.42.1 `modular_pipelines/minimax_h3/decoders.py`):
+
+- video: z = z_norm * latents_std + latents_mean per channel (24 values from the VAE's config),
+  `AutoencoderKLMiniMaxH3.decode` (spatial tiles of 256 px blended over >= 64 px, temporal windows
+  of 7 latents cross-faded over 5 frames: both part of the output's semantics, both diffusers'),
+  then pixels = clamp(out * ImageNet std + ImageNet mean, 0, 1);
+- audio: the same de-normalization with 32 values, `AutoencoderKLMiniMaxH3Audio.decode` with the two
+  stereo channels as two batch items (a mono VAE), [2, 1, 800 * T_a] -> [2, samples].
+
+Then the frames (uint8) and the waveform, cut or zero-padded to the video's duration, go into an
+H.264 + AAC mp4 made in memory (`h3core.decode.mp4`), which is probed back and checked against the
+contract; `video.mp4`, `preview.png` and (asked for) `decoded.safetensors` are staged in the output
+folder, which its owner publishes whole.
+
+Entry points: `decode_to_folder` (what `h3 generate` calls on rank 0 once the denoiser is released),
+`Decoders` (load once, decode many: batches), `decode_latents_file` (`h3 decode`).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+
+from h3core.decode.geometry import FPS, SAMPLE_RATE, LatentGeometry, geometry_of
+from h3core.decode.memory import AudioDecoderSize, VideoDecoderSize, estimate_decode_memory
+from h3core.decode.report import DecodeFiles, DecodeReport, DecodeTimings, Mp4Probe
+from h3core.decode.sources import VaeChoice, choose_vaes
+from h3core.decode.vae_files import Role
+from h3core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from h3core.decode.load import LoadedVae
+    from h3core.reports.outputs import OutputFolder
+
+PIXEL_MEAN = (0.485, 0.456, 0.406)
+PIXEL_STD = (0.229, 0.224, 0.225)
+"""ImageNet's: the video VAE's pixel space (diffusers' `MiniMaxH3ModularPipeline.pixel_mean/std`)."""
+VIDEO_FILE, PREVIEW_FILE, DECODED_FILE = "video.mp4", "preview.png", "decoded.safetensors"
+Phase = Callable[[str], None]
+
+
+def no_phase(phase: str) -> None:
+    """A `Phase` callback that says nothing."""
+    pass
+
+
+@contextmanager
+def _clock(device: "torch.device", out: dict[str, float], name: str) -> Iterator[None]:
+    """Wall time of a block that ends when `device` has finished it."""
+    from h3core.runtime.device import synchronize
+
+    synchronize(device)
+    started = time.perf_counter()
+    yield
+    synchronize(device)
+    out[name] = time.perf_counter() - started
+
+
+# --- the two decodes ----------------------------------------------------------------------------------
+
+
+def _stats(model: "torch.nn.Module", shape: tuple[int, ...], device: "torch.device") -> tuple["torch.Tensor", "torch.Tensor"]:
+    import torch
+
+    mean = torch.tensor(model.config.latents_mean, device=device).view(shape)
+    std = torch.tensor(model.config.latents_std, device=device).view(shape)
+    return mean, std
+
+
+def decode_video(vae: "LoadedVae", latent: "torch.Tensor") -> "torch.Tensor":
+    """Normalized video latent [24, T, H/16, W/16] -> frames [3, F, H, W] in [0, 1] (float32, on the VAE's device)."""
+    import torch
+
+    device = vae.device
+    mean, std = _stats(vae.model, (1, -1, 1, 1, 1), device)
+    with torch.inference_mode():
+        z = latent.to(device=device, dtype=torch.float32)[None] * std + mean  # [1, 24, T, h, w]
+        video = vae.model.decode(z, return_dict=False)[0].float()  # [1, 3, F, H, W], ImageNet-normalized
+        pixel_mean = torch.tensor(PIXEL_MEAN, device=device).view(1, -1, 1, 1, 1)
+        pixel_std = torch.tensor(PIXEL_STD, device=device).view(1, -1, 1, 1, 1)
+        return video.mul_(pixel_std).add_(pixel_mean).clamp_(0, 1)[0]
+
+
+def decode_audio(vae: "LoadedVae", latent: "torch.Tensor") -> "torch.Tensor":
+    """Normalized audio latent [2, 32, T_a] -> stereo waveform [2, 800 * T_a] in [-1, 1] (float32, on the VAE's device)."""
+    import torch
+
+    device = vae.device
+    mean, std = _stats(vae.model, (1, -1, 1), device)
+    with torch.inference_mode():
+        z = latent.to(device=device, dtype=torch.float32) * std + mean  # [2, 32, T_a]: the channels as a batch
+        return vae.model.decode(z, return_dict=False)[0].float()[:, 0]  # [2, 1, samples] -> [2, samples]
+
+
+@dataclass
+class Decoded:
+    """A decoded clip, on the CPU."""
+
+    geometry: LatentGeometry
+    video: "torch.Tensor"
+    """[3, F, H, W] float32 in [0, 1]."""
+    audio: "torch.Tensor"
+    """[2, 800 * T_a] float32 in [-1, 1] (the VAE's whole output)."""
+    seconds: dict[str, float]
+
+    def frames_uint8(self) -> "torch.Tensor":
+        """[F, H, W, 3] uint8 = round(x * 255): what the encoder gets."""
+        import torch
+
+        return (self.video * 255).round_().to(torch.uint8).permute(1, 2, 3, 0).contiguous()
+
+    def muxed_audio(self) -> "torch.Tensor":
+        """[2, round(F / 24 * 32000)]: the waveform cut (or zero-padded) to the video's duration."""
+        import torch.nn.functional as F
+
+        wanted = self.geometry.muxed_samples
+        audio = self.audio[:, :wanted]
+        return F.pad(audio, (0, wanted - audio.shape[1])) if audio.shape[1] < wanted else audio
+
+
+def check_latents(latents: Mapping[str, "torch.Tensor"], where: str) -> LatentGeometry:
+    """The latents are H3's pair (shapes, channel counts, lengths that agree) and finite."""
+    import torch
+
+    missing = [k for k in ("video", "audio") if latents.get(k) is None]
+    if missing:
+        raise ConfigError(f"{where} has no {' and no '.join(repr(k) for k in missing)} latent; it needs 'video' [24, T, H/16, W/16] and 'audio' [2, 32, T_a]")
+    for name in ("video", "audio"):
+        tensor = latents[name]
+        if not tensor.is_floating_point():
+            raise ConfigError(f"{where}: the {name} latent is {tensor.dtype}, not a float tensor")
+    geometry = geometry_of(latents["video"].shape, latents["audio"].shape, where)
+    for name in ("video", "audio"):
+        if not bool(torch.isfinite(latents[name]).all()):
+            raise ConfigError(f"{where}: the {name} latent holds NaN or infinite values; it cannot be decoded")
+    return geometry
+
+
+# --- the loaded decoders -------------------------------------------------------------------------------
+
+
+class Decoders:
+    """Both VAEs loaded on one device: load once, decode many clips, then `release()`."""
+
+    def __init__(self, video: "LoadedVae", audio: "LoadedVae", device: "torch.device", load_s: float):
+        self.video, self.audio, self.device, self.load_s = video, audio, device, load_s
+
+    @classmethod
+    def load(cls, vaes: Mapping[Role, VaeChoice] | None = None, device: "torch.device | str" = "auto", on_phase: Phase = no_phase) -> "Decoders":
+        """Find, check and load both VAEs (`vaes` from `choose_vaes`; None: the variables, else the synthetic VAEs)."""
+        from h3core.decode.load import load_vae
+        from h3core.decode.synthetic import synthetic_vae_file
+        from h3core.decode.vae_files import find_vae_files
+
+        target = _device(device)
+        vaes = vaes or choose_vaes(None, None)
+        seconds: dict[str, float] = {}
+        with _clock(target, seconds, "load"):
+            found = {}
+            for role in ("video", "audio"):  # both checked before either loads
+                path = vaes[role].path if vaes[role].path is not None else synthetic_vae_file(role)[0]
+                found[role] = find_vae_files(path, role, vaes[role].source)
+            loaded = {}
+            for role, files in found.items():
+                on_phase(f"loading the {role} VAE")
+                loaded[role] = load_vae(files, target)
+                loaded[role].info.found_by = vaes[role].found_by
+        return cls(loaded["video"], loaded["audio"], target, seconds["load"])
+
+    def decode(self, latents: Mapping[str, "torch.Tensor"], where: str = "the latents", on_phase: Phase = no_phase) -> Decoded:
+        """Both latents -> frames and waveform on the CPU."""
+        geometry = check_latents(latents, where)
+        seconds: dict[str, float] = {}
+        on_phase("decoding the video")
+        with _clock(self.device, seconds, "video"):
+            video = decode_video(self.video, latents["video"]).cpu()
+        on_phase("decoding the audio")
+        with _clock(self.device, seconds, "audio"):
+            audio = decode_audio(self.audio, latents["audio"]).cpu()
+        return Decoded(geometry=geometry, video=video, audio=audio, seconds=seconds)
+
+    def to_folder(
+        self, latents: Mapping[str, "torch.Tensor"], folder: "OutputFolder", *, synthetic_label: bool = False, save_decoded: bool = False,
+        under: str = "", title: str = "h3", where: str = "the latents", on_phase: Phase = no_phase,
+    ) -> DecodeReport:
+        """Decode `latents` and stage video.mp4, preview.png (and decoded.safetensors) in `folder`
+        (its subfolder `under`); the report's `failure()` is set if the mp4 breaks the contract."""
+        from h3core.decode.mp4 import encode_mp4, probe_mp4
+        from h3core.runtime.device import peak_memory_bytes, reset_peak_memory
+
+        started = time.perf_counter()
+        reset_peak_memory(self.device)
+        decoded = self.decode(latents, where, on_phase)
+        peak = peak_memory_bytes(self.device)
+        on_phase("writing video.mp4")
+        seconds = dict(decoded.seconds)
+        with _clock(self.device, seconds, "mux"):
+            mp4 = encode_mp4(decoded.frames_uint8().numpy(), decoded.muxed_audio().numpy())
+        synthetic = synthetic_label or self.video.info.synthetic or self.audio.info.synthetic
+        with _clock(self.device, seconds, "write"):
+            probe = probe_mp4(mp4)
+            files = _stage(folder, under, mp4, decoded, f"{title} · {decoded.geometry.describe()}", synthetic, save_decoded)
+        seconds["total"] = time.perf_counter() - started + self.load_s
+        return self._report(latents, decoded, seconds, peak, probe, files, synthetic)
+
+    def _report(
+        self, latents: Mapping[str, "torch.Tensor"], decoded: Decoded, seconds: dict[str, float], peak: int, probe: Mp4Probe, files: DecodeFiles, synthetic: bool
+    ) -> DecodeReport:
+        from h3core.reports.schema import TensorChecksum
+        from h3core.runtime.device import device_name, peak_memory_kind
+
+        g = decoded.geometry
+        estimate = estimate_decode_memory(
+            g.width, g.height, g.frames, video=VideoDecoderSize.of(self.video.info.config), audio=AudioDecoderSize.of(self.audio.info.config)
+        )
+        return DecodeReport(
+            geometry=g,
+            latents={k: TensorChecksum.of(latents[k]) for k in ("video", "audio")},
+            decoded={"video": TensorChecksum.of(decoded.video), "audio": TensorChecksum.of(decoded.audio)},
+            video_vae=self.video.info, audio_vae=self.audio.info, weights="synthetic" if synthetic else "checkpoint",
+            device=str(self.device), device_name=device_name(self.device.type),
+            timings=DecodeTimings(
+                load_s=self.load_s, video_s=seconds["video"], audio_s=seconds["audio"], mux_s=seconds["mux"], write_s=seconds["write"], total_s=seconds["total"]
+            ),
+            peak_memory_bytes=peak, peak_memory_kind=peak_memory_kind(self.device.type), memory_estimate=estimate,
+            probe=probe, problems=probe.problems(g), files=files,
+        )
+
+    def release(self) -> None:
+        """Drop both models and hand their memory back (CUDA: the cached blocks too)."""
+        from h3core.runtime.device import release_memory
+
+        self.video.model = self.audio.model = None  # type: ignore[assignment]
+        release_memory(self.device.type)
+
+
+def _device(device: "torch.device | str") -> "torch.device":
+    import torch
+
+    from h3core.runtime.device import resolve_device
+
+    if isinstance(device, torch.device):
+        return device
+    kind = resolve_device(device)
+    return torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+
+
+def _stage(folder: "OutputFolder", under: str, mp4: bytes, decoded: Decoded, title: str, synthetic: bool, save_decoded: bool) -> DecodeFiles:
+    """video.mp4, preview.png and (asked for) decoded.safetensors into `folder` (subfolder `under`)."""
+    from h3core.reports.preview import decoded_preview_png
+
+    def place(name: str) -> str:
+        return str(Path(under) / name) if under else name
+
+    video = folder.write(place(VIDEO_FILE), mp4)
+    preview = folder.write(place(PREVIEW_FILE), decoded_preview_png(decoded.video, decoded.audio, title, SAMPLE_RATE, FPS, synthetic))
+    saved = folder.write(place(DECODED_FILE), _decoded_bytes(decoded)) if save_decoded else None
+    return DecodeFiles(video=str(video), preview=str(preview), decoded=str(saved) if saved else None)
+
+
+def _decoded_bytes(decoded: Decoded) -> bytes:
+    from safetensors.torch import save
+
+    g = decoded.geometry
+    metadata = {"fps": str(FPS), "sample_rate": str(SAMPLE_RATE), "frames": str(g.frames), "muxed_samples": str(g.muxed_samples)}
+    return save({"video": decoded.video.contiguous(), "audio": decoded.audio.contiguous()}, metadata=metadata)
+
+
+def output_bytes(geometry: LatentGeometry, save_decoded: bool) -> int:
+    """What a decode writes, for the free-space check: an mp4 bound (one byte per pixel per frame
+    and the audio's bit rate) and, when saved, the decoded float32 tensors."""
+    g = geometry
+    mp4 = g.frames * g.width * g.height + int(g.duration_s * 16_000)
+    decoded = 4 * (3 * g.frames * g.width * g.height + 2 * g.decoded_samples) if save_decoded else 0
+    return mp4 + decoded
+
+
+def decode_to_folder(
+    latents: Mapping[str, "torch.Tensor"], folder: "OutputFolder", *, vaes: Mapping[Role, VaeChoice] | None = None,
+    device: "torch.device | str" = "auto", synthetic_label: bool = False, save_decoded: bool = False, under: str = "",
+    title: str = "h3", on_phase: Phase = no_phase,
+) -> DecodeReport:
+    """Load both VAEs, decode `latents` ({'video': [24, T, H/16, W/16], 'audio': [2, 32, T_a]}, the
+    transformer's normalized latents), stage video.mp4 + preview.png (+ decoded.safetensors) in
+    `folder`, release the VAEs, and return the report. `vaes`: from `choose_vaes` (None: the
+    variables, else the synthetic VAEs). `synthetic_label`: the latents came from synthetic weights."""
+    check_latents(latents, "the latents")  # before any VAE loads
+    decoders = Decoders.load(vaes, device, on_phase)
+    try:
+        return decoders.to_folder(latents, folder, synthetic_label=synthetic_label, save_decoded=save_decoded, under=under, title=title, on_phase=on_phase)
+    finally:
+        decoders.release()
