@@ -1,0 +1,424 @@
+"""The dry run: h3's own rank code at a run's real shapes on fake tensors, and the memory it would take.
+
+`dry_run(run, arch)` executes, for every rank of `run`'s layout (ranks whose local shapes are all
+the same are run once), exactly what a rank runs: `RankPipeline.load` (the checkpoint's loader and
+`parallelize`: tensor mode reads its shards) and `RankPipeline.denoise` (the sequences, the refined
+text, the noise, the denoising loop with its collectives, the final gather), on fake tensors
+(`FakeTensorMode`) with a fake process group, and counts every device storage alive at each moment
+(`h3core.runtime.fake_cuda.StorageTracker`). Nothing is read from the checkpoint: its header (or
+the synthetic layout's specs) gives every tensor's name, shape and dtype, and each read hands back a
+fake tensor of that shape (`HeaderReader`); the Comfy markers, which decide the layout, are what
+the file's header-side parse found (`open_transformer`) or the synthetic layout's own.
+
+`arch` is the GPU the run is predicted for (`ARCHS`): `sm_90` (Hopper: the NVFP4 linears take
+`cuda-dequant-bf16`) or `sm_120` (Blackwell: `cuda-fp4-scaled-mm`, with the fused Triton
+quantizer's allocations and the fp4 self-test taken as passed). `torch.cuda` answers as that GPU
+(`simulated_cuda`); a CPU-only torch needs the no-op CUDA device guard (`cuda_guard_problem`). With
+`arch="cpu"` the same code runs on fake CPU tensors (how the tests compare a prediction with a real
+CPU run).
+
+What comes back per rank (`RankPrediction`): the device peak while loading, the peak of the
+sampling phase (the window `torch.cuda.max_memory_allocated` covers in a run's report:
+`peak_memory_sampling`), the live bytes after each step (equal from step to step, or something
+grows), the host syncs the CUDA path makes (a value read or a copy to the host, with the h3 line:
+`check_finite`'s one per step is by design), and the NVFP4 paths and attention kernels it took. A
+shape or dtype error anywhere in that code fails the dry run with the error and where it happened.
+It runs `steps` forwards (default 2, the first and a steady one), not the run's 49: the peak of a
+step does not depend on which step it is.
+
+`predicted_peaks(run, arch)` is the figure the memory check before a CUDA run uses
+(`h3core.generate.memory.check_predicted`): per rank, the peak over its whole life.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Sequence
+from unittest import mock
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from h3core.checkpoints.file import TransformerFile, _classify, open_transformer
+from h3core.files.safetensors import SafetensorsReader, _Entry
+from h3core.generate.report import HeldWeights
+from h3core.generate.request import ResolvedRun
+from h3core.model.checkpoint import SYNTHETIC, WEIGHTS_KEY, Checkpoint, TensorSpec
+from h3core.model.sequence import SegmentKind
+from h3core.nvfp4 import comfy
+from h3core.nvfp4.matmul import PATH_CUDA_BF16, PATH_CUDA_FP4
+from h3core.runtime import fake_cuda
+from h3core.runtime.context import RankContext
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+DEFAULT_STEPS = 3
+"""Sigma points of a dry run: two forwards, the first and a steady one."""
+
+
+class Arch(BaseModel):
+    """A GPU architecture a dry run predicts for."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    capability: tuple[int, int]
+    nvfp4_path: str = Field(description="The path h3's NVFP4 linears take there (h3core.nvfp4.matmul).")
+    example: str
+    total_memory: int = Field(description="Bytes of the example GPU (what torch.cuda reports for it).")
+
+
+ARCHS: dict[str, Arch] = {
+    "sm_90": Arch(name="sm_90", capability=(9, 0), nvfp4_path=PATH_CUDA_BF16, example="NVIDIA H100 / H200 (Hopper)", total_memory=150_096_625_664),
+    "sm_120": Arch(name="sm_120", capability=(12, 0), nvfp4_path=PATH_CUDA_FP4, example="NVIDIA RTX PRO 6000 Blackwell", total_memory=101_974_556_672),
+}
+"""The two GPU paths h3 has: Hopper's weight-only dequant, Blackwell's fp4 x fp4 GEMM."""
+
+
+class HostSyncCount(BaseModel):
+    """A host sync the CUDA path made, where, and how often (per rank, over the simulated steps)."""
+
+    what: str = Field(description="'item' (a device value read on the host) or 'copy to host'.")
+    op: str
+    where: str = Field(description="The innermost h3 source line that asked.")
+    phase: str = Field(description="'load' or 'sampling'.")
+    count: int
+
+
+class RankPrediction(BaseModel):
+    """What one rank would hold on its device, from the dry run of its own code."""
+
+    rank: int = Field(description="Global rank.")
+    same_as: list[int] = Field(default_factory=list, description="Other ranks with the same local shapes (run once, same figures).")
+    peak_load: int = Field(description="Device peak while loading and parallelizing (bytes).")
+    peak_sampling: int = Field(description="Device peak of the sampling phase: what a report's peak_memory_sampling measures.")
+    peak_total: int = Field(description="Device peak over the rank's whole life (load, the sequences and refined text, sampling).")
+    resident_after_load: int = Field(description="Device bytes alive once the model is loaded (weights and what load keeps).")
+    live_after_steps: list[int] = Field(description="Device bytes alive after each simulated step.")
+    weights: HeldWeights
+    host_syncs: list[HostSyncCount] = Field(default_factory=list)
+    nvfp4_paths: dict[str, int] = Field(default_factory=dict)
+    attention_kernels: dict[str, int] = Field(default_factory=dict)
+
+    @property
+    def peak(self) -> int:
+        return self.peak_total
+
+
+class DryRun(BaseModel):
+    """A dry run of one run on one architecture: every rank's prediction."""
+
+    arch: str
+    device: str
+    mode: str
+    world_size: int
+    preset: str
+    steps_simulated: int
+    ranks: list[RankPrediction]
+    seconds: float
+
+    def peaks(self) -> list[int]:
+        """Per global rank (every rank of the layout), its peak over load and sampling."""
+        by_rank = {r.rank: r.peak for r in self.ranks}
+        by_rank.update({other: r.peak for r in self.ranks for other in r.same_as})
+        return [by_rank[i] for i in range(self.world_size)]
+
+
+def dry_run_problem(arch: str) -> str | None:
+    """None when a dry run for `arch` can run in this process, else why not (one line)."""
+    if arch == "cpu":
+        return None
+    if arch not in ARCHS:
+        return f"unknown architecture {arch!r}; choose one of: {', '.join(ARCHS)}, cpu"
+    return fake_cuda.cuda_guard_problem()
+
+
+def predicted_peaks(run: ResolvedRun, arch: str) -> list[int]:
+    """Per rank of `run`, the device peak its own code would reach on `arch` (its whole life: load, sequences, sampling)."""
+    return dry_run(run, arch).peaks()
+
+
+def dry_run(run: ResolvedRun, arch: str, steps: int = DEFAULT_STEPS) -> DryRun:
+    """Run every distinct rank of `run` on fake tensors for `arch` (module docstring)."""
+    problem = dry_run_problem(arch)
+    if problem is not None:
+        raise RuntimeError(f"no dry run here: {problem}")
+    started = time.perf_counter()
+    short = run.model_copy(update={"shape": run.shape.model_copy(update={"steps": min(steps, run.shape.steps)})})
+    groups = _distinct_ranks(run)
+    ranks = []
+    for rank, same in groups.items():
+        prediction = _rank_dry_run(short, arch, rank)
+        ranks.append(prediction.model_copy(update={"same_as": same}))
+    return DryRun(arch=arch, device="cpu" if arch == "cpu" else "cuda", mode=run.plan.mode.value, world_size=run.plan.layout.world_size,
+                  preset=run.config.name, steps_simulated=short.shape.steps, ranks=ranks, seconds=time.perf_counter() - started)
+
+
+def _distinct_ranks(run: ResolvedRun) -> dict[int, list[int]]:
+    """The layout's ranks of the first replica grouped by what shapes their code sees: {first: others}
+    (a rank's shapes follow from its branch, its plan entry and whether it is rank 0; the other
+    replicas are copies of the first)."""
+    layout, plan = run.plan.layout, run.plan
+    first: dict[tuple, int] = {}
+    groups: dict[int, list[int]] = {}
+    for rank in range(layout.world_size):
+        c = layout.coords(rank)
+        mine = plan.ranks[c.local]
+        key = (c.branch, rank == 0, len(mine.heads),
+               tuple(tuple((s.kind, len(s)) for s in _clipped(seq, c.local)) for seq in plan.sequences),
+               mine.tensor.model_dump_json(exclude={"qkv_rows", "fc1_rows"}) if mine.tensor else None,
+               tuple(sum(len(s) for s in part) for part in (mine.tensor.qkv_rows, mine.tensor.fc1_rows)) if mine.tensor else None)
+        if key in first:
+            groups[first[key]].append(rank)
+        else:
+            first[key] = rank
+            groups[rank] = []
+    return groups
+
+
+def _clipped(sequence, local: int):  # type: ignore[no-untyped-def]
+    from h3core.parallel import partition
+
+    return partition.clip_segments(sequence.segments, sequence.tokens[local])
+
+
+# --- one rank ---------------------------------------------------------------------------------------
+
+
+def _rank_dry_run(run: ResolvedRun, arch: str, rank: int) -> RankPrediction:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from h3core.generate.pipeline import RankPipeline, rank_runtime
+    from h3core.nvfp4 import matmul
+    from h3core.model import attention
+
+    device = torch.device("cpu") if arch == "cpu" else torch.device("cuda", 0)
+    kind = device.type
+    tracker = fake_cuda.StorageTracker()
+    world = run.plan.layout.world_size
+    file = header_only_file(run)  # before the fake mode: the markers detection reads are real bytes
+    with ExitStack() as stack:
+        group = stack.enter_context(fake_cuda.fake_world(rank, world))
+        stack.enter_context(_device_answers(arch, tracker))
+        fake = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        stack.enter_context(tracker)
+        stack.enter_context(_header_only_checkpoint(file, run))
+        stack.enter_context(_real_on_host(fake))
+        ctx = RankContext(rank, world, rank, device, group, "fake" if group is not None else "none")
+        runtime = rank_runtime(ctx, run)
+        pipeline = RankPipeline.load(ctx, run, runtime)
+        peak_load, resident = tracker.peak(kind), tracker.live(kind)
+        tracker.phase = "sampling"
+        live_after: list[int] = []
+        texts = _text_states(run, rank, device)
+        with _live_after_each_step(tracker, kind, live_after), _sampling_window(tracker, kind):
+            done = pipeline.denoise(run, texts)
+        peak_sampling, peak_total = tracker.peak(kind), tracker.highest(kind)
+        paths, kernels = matmul.paths_run(), attention.kernels_run()
+        weights = pipeline.weights
+        del pipeline, done, texts
+    return RankPrediction(
+        rank=rank, peak_load=peak_load, peak_sampling=peak_sampling, peak_total=peak_total, resident_after_load=resident, live_after_steps=live_after,
+        weights=weights, host_syncs=_counted(tracker.syncs), nvfp4_paths=paths, attention_kernels=kernels,
+    )
+
+
+def _text_states(run: ResolvedRun, rank: int, device: torch.device) -> list[torch.Tensor]:
+    """The text encoder's output for each sequence, as rank 0's broadcast hands it to every rank (float32
+    `[L, text_dim]`; on the rank's device when it travelled, on the host at one rank)."""
+    where = device if run.plan.layout.world_size > 1 else torch.device("cpu")
+    lengths = [sum(len(s) for s in seq.segments if s.kind is SegmentKind.TEXT) for seq in run.plan.sequences]
+    return [torch.empty(n, run.config.text_dim, dtype=torch.float32, device=where) for n in lengths]
+
+
+@contextmanager
+def _real_on_host(fake: "FakeTensorMode") -> Iterator[None]:
+    """Host arithmetic whose values decide shapes runs on real host tensors (outside the fake mode), as
+    the rank computes it: the packed sequence's position ids (the RoPE table's rows), the sigma
+    schedules (`unique_consecutive`, kept real on the schedule) and each step's distinct timesteps
+    (`Denoiser.clocks`: `unique`, computed on the host, then moved); the tensors they return are
+    handed on as fake tensors (`fake.from_tensor`), as everything else is."""
+    from h3core.generate import sequences
+    from h3core.generate.loop import Denoiser
+    from h3core.model.sampler import FlowMatchH3
+
+    real_positions, real_clocks = _outside_fake(sequences.position_ids), _outside_fake(Denoiser.clocks)
+
+    def positions(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return fake.from_tensor(real_positions(*args, **kwargs))
+
+    def clocks(self, index, device):  # type: ignore[no-untyped-def]
+        host = real_clocks(self, index, torch.device("cpu"))
+        return replace(host, values=fake.from_tensor(host.values)).to(device)
+
+    with mock.patch.object(sequences, "position_ids", positions), mock.patch.object(Denoiser, "clocks", clocks), \
+            mock.patch.object(FlowMatchH3, "set_timesteps", _outside_fake(FlowMatchH3.set_timesteps)):
+        yield
+
+
+def _outside_fake(fn):  # type: ignore[no-untyped-def]
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def real(*args, **kwargs):  # type: ignore[no-untyped-def]
+        with unset_fake_temporarily():
+            return fn(*args, **kwargs)
+
+    return real
+
+
+@contextmanager
+def _sampling_window(tracker: fake_cuda.StorageTracker, kind: str) -> Iterator[None]:
+    """The tracker's peak window starts where the pipeline starts its own (`_reset_records`, before the
+    loop): on CUDA that is the same reset, on the CPU the pipeline's is the process's RSS."""
+    from h3core.generate import pipeline
+
+    real = pipeline._reset_records
+
+    def reset(device):  # type: ignore[no-untyped-def]
+        real(device)
+        tracker.reset_peak(kind)
+
+    with mock.patch.object(pipeline, "_reset_records", reset):
+        yield
+
+
+@contextmanager
+def _live_after_each_step(tracker: fake_cuda.StorageTracker, kind: str, record: list[int]) -> Iterator[None]:
+    """Record the live device bytes after every denoising step (the loop's `check_finite` runs once per step)."""
+    from h3core.generate import loop
+
+    real = loop.check_finite
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        real(*args, **kwargs)
+        record.append(tracker.live(kind))
+
+    with mock.patch.object(loop, "check_finite", counted):
+        yield
+
+
+def _counted(syncs: Sequence[fake_cuda.HostSync]) -> list[HostSyncCount]:
+    counts: dict[fake_cuda.HostSync, int] = {}
+    for sync in syncs:
+        counts[sync] = counts.get(sync, 0) + 1
+    return [HostSyncCount(what=s.what, op=s.op, where=s.where, phase=s.phase, count=n) for s, n in counts.items()]
+
+
+@contextmanager
+def _device_answers(arch: str, tracker: fake_cuda.StorageTracker) -> Iterator[None]:
+    """On a simulated GPU: torch.cuda as that GPU, the fp4 self-test passed (sm_120), the fused
+    quantizer's allocations made and its launch skipped (fake tensors have no data to quantize)."""
+    if arch == "cpu":
+        yield
+        return
+    from h3core.nvfp4 import activation, linear
+
+    spec = ARCHS[arch]
+    with ExitStack() as stack:
+        stack.enter_context(fake_cuda.simulated_cuda(spec.capability, tracker, spec.total_memory, spec.example))
+        stack.enter_context(mock.patch.object(linear, "fp4_kernel_problem", lambda device: None))
+        stack.enter_context(mock.patch.object(activation, "triton_available", lambda: True))
+        stack.enter_context(mock.patch.object(activation, "_kernel", lambda: _NoLaunch()))
+        yield
+
+
+class _NoLaunch:
+    """A Triton kernel's `kernel[grid](...)` that launches nothing (its outputs are allocated by the caller)."""
+
+    def __getitem__(self, grid: object) -> "_NoLaunch":
+        return self
+
+    def __call__(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+# --- the checkpoint, header only -------------------------------------------------------------------------
+
+
+class HeaderReader(SafetensorsReader):
+    """A `SafetensorsReader` over a checkpoint's header: the same names, shapes and dtypes, and every read
+    hands back an uninitialised tensor of the slice's shape (a fake one under FakeTensorMode), counted
+    in `bytes_read` as the real read would be; no byte is read. `values`: small tensors returned as
+    they are (the Comfy markers of a synthetic layout, which detection reads)."""
+
+    def __init__(self, entries: dict[str, tuple[str, tuple[int, ...]]], metadata: dict[str, str], paths: Sequence[Path],
+                 values: dict[str, torch.Tensor] | None = None):
+        self.paths = [Path(p) for p in paths]
+        self.bytes_read = 0
+        self._entries = {name: _Entry(self.paths[0], -1, dtype, shape, 0) for name, (dtype, shape) in entries.items()}
+        self._metadata = dict(metadata)
+        self._fds: list[int] = []
+        self._finalizer = weakref.finalize(self, lambda: None)
+        self._values = values or {}
+
+    @classmethod
+    def of_reader(cls, reader: SafetensorsReader) -> "HeaderReader":
+        return cls({n: (e.dtype, e.shape) for n, e in reader._entries.items()}, reader.metadata, reader.paths)
+
+    @classmethod
+    def of_specs(cls, specs: Sequence[TensorSpec], metadata: dict[str, str], path: Path, values: dict[str, torch.Tensor]) -> "HeaderReader":
+        return cls({s.name: (s.dtype, s.shape) for s in specs}, metadata, [path], values)
+
+    def _empty(self, name: str, shape: Sequence[int]) -> torch.Tensor:
+        out = torch.empty(tuple(shape), dtype=self.dtype(name))
+        self.bytes_read += out.numel() * out.element_size()
+        return out
+
+    def get(self, name: str) -> torch.Tensor:
+        if name in self._values:
+            return self._values[name]  # real bytes (read with .tolist(), which no fake mode sees)
+        return self._empty(name, self._entry(name).shape)
+
+    def get_rows(self, name: str, rows):  # type: ignore[no-untyped-def]
+        shape = self._entry(name).shape
+        for span in rows:
+            self._check_span(name, span, shape[0], "rows")
+        return self._empty(name, (sum(s.stop - s.start for s in rows), *shape[1:]))
+
+    def get_columns(self, name: str, cols):  # type: ignore[no-untyped-def]
+        shape = self._entry(name).shape
+        self._check_span(name, cols, shape[-1], "columns")
+        return self._empty(name, (*shape[:-1], cols.stop - cols.start))
+
+    def get_bytes(self, name: str, ranges):  # type: ignore[no-untyped-def]
+        self._entry(name)
+        return self._empty_bytes(sum(s.stop - s.start for s in ranges))
+
+    def _empty_bytes(self, n: int) -> torch.Tensor:
+        self.bytes_read += n
+        return torch.empty(n, dtype=torch.uint8)
+
+
+def header_only_file(run: ResolvedRun) -> TransformerFile:
+    """`run`'s checkpoint with a `HeaderReader`: the file's own header where the file exists, else the
+    synthetic layout of `run.config` (what `h3 plan --memory` predicts for without building it)."""
+    path = Path(run.checkpoint)
+    if path.exists():
+        file = open_transformer(path)
+        real, file.reader = file.reader, HeaderReader.of_reader(file.reader)
+        real.close()
+        return file
+    if not run.synthetic:
+        raise RuntimeError(f"no checkpoint at {path} to read a header from")
+    from h3core.model.synthetic import _NVFP4_MARKER, synthetic_specs
+
+    specs = synthetic_specs(run.config)
+    marker = comfy.marker_tensor(_NVFP4_MARKER)
+    values = {s.name: marker for s in specs if s.name.endswith(f".{comfy.MARKER}")}
+    reader = HeaderReader.of_specs(specs, {WEIGHTS_KEY: SYNTHETIC}, path, values)
+    return _classify(path, reader, folder=False)
+
+
+@contextmanager
+def _header_only_checkpoint(file: TransformerFile, run: ResolvedRun) -> Iterator[None]:
+    """`Checkpoint.open` (what `RankPipeline.load` calls) opens `file`, `run`'s checkpoint header-only."""
+
+    def opened(cls, path, base):  # type: ignore[no-untyped-def]
+        return Checkpoint(file, run.config)
+
+    with mock.patch.object(Checkpoint, "open", classmethod(opened)):
+        yield
