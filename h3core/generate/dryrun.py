@@ -32,6 +32,7 @@ step does not depend on which step it is.
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from contextlib import ExitStack, contextmanager
@@ -51,6 +52,7 @@ from h3core.model.checkpoint import SYNTHETIC, WEIGHTS_KEY, Checkpoint, TensorSp
 from h3core.model.sequence import SegmentKind
 from h3core.nvfp4 import comfy
 from h3core.nvfp4.matmul import PATH_CUDA_BF16, PATH_CUDA_FP4
+from h3core.parallel.plan import Mode, ParallelPlan
 from h3core.runtime import fake_cuda
 from h3core.runtime.context import RankContext
 
@@ -128,12 +130,23 @@ class DryRun(BaseModel):
         return [by_rank[i] for i in range(self.world_size)]
 
 
+def arch_of(capability: tuple[int, int]) -> str | None:
+    """The architecture whose path a GPU of `capability` takes (fp4 from 10.0 on, else the dequant path)."""
+    from h3core.nvfp4.matmul import FP4_MIN_CAPABILITY
+
+    return "sm_120" if tuple(capability) >= FP4_MIN_CAPABILITY else "sm_90"
+
+
 def dry_run_problem(arch: str) -> str | None:
     """None when a dry run for `arch` can run in this process, else why not (one line)."""
     if arch == "cpu":
         return None
     if arch not in ARCHS:
         return f"unknown architecture {arch!r}; choose one of: {', '.join(ARCHS)}, cpu"
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return "this process is a rank of a process group (torchrun): a dry run simulates ranks in a process without one"
     return fake_cuda.cuda_guard_problem()
 
 
@@ -422,3 +435,92 @@ def _header_only_checkpoint(file: TransformerFile, run: ResolvedRun) -> Iterator
 
     with mock.patch.object(Checkpoint, "open", classmethod(opened)):
         yield
+
+
+# --- the memory check before a CUDA run ----------------------------------------------------------------
+
+
+def check_predicted(run: ResolvedRun) -> list[int] | None:
+    """On a CUDA run, refuse (one line) a run whose dry run predicts a peak above a GPU's usable memory;
+    returns the predicted peaks, or None where no dry run can run here (not CUDA, H3_MEMORY_CHECK=0, no
+    guard): the formula's check (`h3core.generate.memory.check_limits`, a lower bound, run first in
+    `resolve`) is then the only one."""
+    from h3core import settings
+    from h3core.errors import ResourceLimit
+    from h3core.reports.units import format_bytes
+    from h3core.runtime.limits import capacity
+
+    if run.request.device != "cuda" or not settings.memory_check() or not torch.cuda.is_available():
+        return None
+    arch = arch_of(torch.cuda.get_device_capability(0))
+    if dry_run_problem(arch) is not None:
+        return None
+    try:
+        peaks = predicted_peaks(run, arch)
+    except Exception:  # noqa: BLE001 - a dry run that cannot finish is no prediction: the formula's check stands
+        if settings.debug():
+            raise
+        return None
+    usable = min(capacity("cuda", settings.ranks_on_this_machine(len(peaks))).gpu_bytes or [0])
+    if usable and max(peaks) > usable:
+        worst = max(range(len(peaks)), key=peaks.__getitem__)
+        raise ResourceLimit(
+            f"the dry run of this run's own code predicts a peak of {format_bytes(max(peaks))} of GPU memory on rank {worst}, but a GPU "
+            f"here has {format_bytes(usable)} usable; use tensor mode, more GPUs or a smaller --width/--height/--frames "
+            f"(h3 plan --memory shows each rank's peak); {settings.MEMORY_CHECK}=0 skips this check"
+        )
+    return peaks
+
+
+# --- h3 plan --memory ------------------------------------------------------------------------------------
+
+
+class PlanMemory(BaseModel):
+    """`h3 plan --memory`: the plan (with the decoded-weights choice of the first architecture) and, per
+    architecture, the dry run of every rank."""
+
+    plan: ParallelPlan
+    dry_runs: list[DryRun]
+    skipped: str | None = Field(None, description="Why no dry run ran here (then `dry_runs` is empty).")
+
+
+def plan_memory(preset_name: str, count: int | None, mode: Mode, *, archs: Sequence[str] = tuple(ARCHS), width: int | None = None,
+                height: int | None = None, frames: int | None = None, text_tokens: int | None = None, cfg_parallel: bool = False,
+                replicas: int = 1, decoded_weights: str = "auto") -> PlanMemory:
+    """The dry run of preset `preset_name`'s synthetic layout (the seed's file, tensor for tensor, for `h3`)
+    at `count` ranks for each of `archs`, without building any checkpoint."""
+    plan = ParallelPlan.for_preset(preset_name, count, mode, width=width, height=height, frames=frames, text_tokens=text_tokens,
+                                   cfg_parallel=cfg_parallel, replicas=replicas)
+    problems = [p for p in (dry_run_problem(a) for a in archs) if p]
+    runs, first = [], None
+    for arch in archs if not problems else ():
+        run = preset_run(plan, preset_name, arch, width=width, height=height, frames=frames, decoded_weights=decoded_weights)
+        first = first or run.plan
+        runs.append(dry_run(run, arch))
+    return PlanMemory(plan=first or plan, dry_runs=runs, skipped=problems[0] if problems else None)
+
+
+def preset_run(plan: ParallelPlan, preset_name: str, arch: str, *, width: int | None = None, height: int | None = None,
+               frames: int | None = None, decoded_weights: str = "auto", steps: int | None = None) -> ResolvedRun:
+    """A resolved run of a preset's synthetic checkpoint for `plan` on a GPU of `arch` (its example's memory),
+    with the decoded-weights choice made for that GPU; the checkpoint is not built (the dry run needs its specs only)."""
+    from h3core.generate.memory import plan_decoded_weights
+    from h3core.generate.request import GenerateRequest, RunShape
+    from h3core.model.config import preset
+    from h3core.model.synthetic import synthetic_specs
+    from h3core.runtime.limits import CUDA_CONTEXT_BYTES
+
+    config = preset(preset_name)
+    on_gpu = arch != "cpu"
+    request = GenerateRequest(preset=preset_name, mode=plan.mode, world_size=plan.layout.world_size, replicas=plan.layout.replicas,
+                              cfg_parallel=plan.layout.cfg_parallel, guidance_scale=2.0 if plan.layout.guided else 1.0,
+                              width=width, height=height, frames=frames, steps=steps, device="cuda" if on_gpu else "cpu", decoded_weights=decoded_weights)  # type: ignore[arg-type]
+    shape = RunShape.of(config, request)
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    prefixes = sorted({s.prefix for s in synthetic_specs(config) if s.name.endswith(".weight_scale")})
+    spec = ARCHS.get(arch)
+    elements = math.prod(shape.video_latent) + math.prod(shape.audio_latent)
+    decided = plan_decoded_weights(plan, config, decoded_weights, prefixes, capability=spec.capability if spec else None,
+                                   gpu_bytes=spec.total_memory - CUDA_CONTEXT_BYTES if spec else None,
+                                   latent_elements=elements, steps=shape.steps, dtype=dtype, attention="sdpa")
+    return ResolvedRun(request=request, config=config, checkpoint=Path(f"synthetic-{preset_name}.safetensors"), synthetic=True, shape=shape, plan=decided)

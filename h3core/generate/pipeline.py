@@ -39,6 +39,7 @@ from h3core.model.sampler import FlowMatchH3
 from h3core.model.sequence import SegmentKind
 from h3core.nvfp4 import matmul as nvfp4_matmul
 from h3core.parallel.collectives import broadcast_tensors
+from h3core.parallel.decoded import apply_decoded
 from h3core.parallel.layout import RankGroups
 from h3core.parallel.parallelize import left_out_at_load, parallelize
 from h3core.parallel.runtime import ParallelRuntime
@@ -98,6 +99,7 @@ class RankPipeline:
             loaded = checkpoint.bytes_read
             if parallel:
                 parallelize(model, runtime, checkpoint.weight_source(device, dtype))
+            apply_decoded(model, run.plan.decoded)
         weights = _held_weights(model, checkpoint, shards_read=checkpoint.bytes_read - loaded if skip else None)
         checkpoint.file.reader.close()
         return cls(model, runtime, device, dtype, weights, {"load": watch.seconds})
