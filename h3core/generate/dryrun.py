@@ -202,25 +202,33 @@ def _clipped(sequence, local: int):  # type: ignore[no-untyped-def]
 # --- one rank ---------------------------------------------------------------------------------------
 
 
-def _rank_dry_run(run: ResolvedRun, arch: str, rank: int) -> RankPrediction:
+def _rank_dry_run(run: ResolvedRun, arch: str, rank: int, fake: bool = True) -> RankPrediction:
+    """One rank's load and denoise under the tracker: on fake tensors (the dry run), or with `fake=False`
+    on real CPU tensors from the real checkpoint (the measurement a CPU prediction is compared with)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from h3core.generate.pipeline import RankPipeline, rank_runtime
-    from h3core.nvfp4 import matmul
     from h3core.model import attention
+    from h3core.nvfp4 import matmul
+    from h3core.parallel import collectives
 
     device = torch.device("cpu") if arch == "cpu" else torch.device("cuda", 0)
     kind = device.type
     tracker = fake_cuda.StorageTracker()
     world = run.plan.layout.world_size
-    file = header_only_file(run)  # before the fake mode: the markers detection reads are real bytes
+    file = header_only_file(run) if fake else None  # before the fake mode: the markers detection reads are real bytes
+    collectives.release_scratch()  # the CPU collectives' kept buffer belongs to this rank's run, counted in it
     with ExitStack() as stack:
+        stack.callback(collectives.release_scratch)
         group = stack.enter_context(fake_cuda.fake_world(rank, world))
         stack.enter_context(_device_answers(arch, tracker))
-        fake = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-        stack.enter_context(tracker)
-        stack.enter_context(_header_only_checkpoint(file, run))
-        stack.enter_context(_real_on_host(fake))
+        if fake:
+            mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            stack.enter_context(tracker)
+            stack.enter_context(_header_only_checkpoint(file, run))  # type: ignore[arg-type]
+            stack.enter_context(_real_on_host(mode))
+        else:
+            stack.enter_context(tracker)
         ctx = RankContext(rank, world, rank, device, group, "fake" if group is not None else "none")
         runtime = rank_runtime(ctx, run)
         pipeline = RankPipeline.load(ctx, run, runtime)
@@ -235,9 +243,16 @@ def _rank_dry_run(run: ResolvedRun, arch: str, rank: int) -> RankPrediction:
         weights = pipeline.weights
         del pipeline, done, texts
     return RankPrediction(
-        rank=rank, peak_load=peak_load, peak_sampling=peak_sampling, peak_total=peak_total, resident_after_load=resident, live_after_steps=live_after,
-        weights=weights, host_syncs=_counted(tracker.syncs), nvfp4_paths=paths, attention_kernels=kernels,
+        rank=rank, peak_load=peak_load, peak_sampling=peak_sampling, peak_total=peak_total, resident_after_load=resident,
+        live_after_steps=live_after, weights=weights, host_syncs=_counted(tracker.syncs), nvfp4_paths=paths, attention_kernels=kernels,
     )
+
+
+def measured_cpu_run(run: ResolvedRun, rank: int = 0, steps: int = DEFAULT_STEPS) -> RankPrediction:
+    """The same rank code on real CPU tensors from `run`'s real checkpoint, its live storage counted the
+    same way: what `dry_run(run, "cpu")` predicts, measured (tests compare the two)."""
+    short = run.model_copy(update={"shape": run.shape.model_copy(update={"steps": min(steps, run.shape.steps)})})
+    return _rank_dry_run(short, "cpu", rank, fake=False)
 
 
 def _text_states(run: ResolvedRun, rank: int, device: torch.device) -> list[torch.Tensor]:
@@ -245,7 +260,7 @@ def _text_states(run: ResolvedRun, rank: int, device: torch.device) -> list[torc
     `[L, text_dim]`; on the rank's device when it travelled, on the host at one rank)."""
     where = device if run.plan.layout.world_size > 1 else torch.device("cpu")
     lengths = [sum(len(s) for s in seq.segments if s.kind is SegmentKind.TEXT) for seq in run.plan.sequences]
-    return [torch.empty(n, run.config.text_dim, dtype=torch.float32, device=where) for n in lengths]
+    return [torch.randn(n, run.config.text_dim, dtype=torch.float32, device=where) for n in lengths]
 
 
 @contextmanager

@@ -196,7 +196,7 @@ class StorageTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in _VALUE_READS:
             return self._value_read(func, args[0])
-        if func is torch.ops.aten._fused_sdp_choice.default:
+        if func is torch.ops.aten._fused_sdp_choice.default and args[0].device.type == "cuda":
             return _first_fused_kernel(args[0])
         if func in _COPIES and _copies_to_host(func, args, kwargs):
             self._sync("copy to host", func)
