@@ -220,6 +220,7 @@ def _rank_dry_run(run: ResolvedRun, arch: str, rank: int, fake: bool = True) -> 
     collectives.release_scratch()  # the CPU collectives' kept buffer belongs to this rank's run, counted in it
     with ExitStack() as stack:
         stack.callback(collectives.release_scratch)
+        stack.enter_context(_own_caches())
         group = stack.enter_context(fake_cuda.fake_world(rank, world))
         stack.enter_context(_device_answers(arch, tracker))
         if fake:
@@ -261,6 +262,27 @@ def _text_states(run: ResolvedRun, rank: int, device: torch.device) -> list[torc
     where = device if run.plan.layout.world_size > 1 else torch.device("cpu")
     lengths = [sum(len(s) for s in seq.segments if s.kind is SegmentKind.TEXT) for seq in run.plan.sequences]
     return [torch.randn(n, run.config.text_dim, dtype=torch.float32, device=where) for n in lengths]
+
+
+@contextmanager
+def _own_caches() -> Iterator[None]:
+    """The process's module-level caches and records, emptied for the dry run and given back after it:
+    tables cached per device (a fake tensor left there would be read as data by a later real run), the
+    SDPA and fp4 verdicts decided for the simulated GPU, and the records of what ran."""
+    from h3core.model import attention
+    from h3core.nvfp4 import codec, matmul, selftest
+
+    caches = [codec._pair_tables, codec._e4m3_tables, attention._sdpa_choices, attention._choices, selftest._kernel_problems,
+              matmul._paths_run, attention._calls]
+    saved = [dict(c) for c in caches]
+    for c in caches:
+        c.clear()
+    try:
+        yield
+    finally:
+        for c, kept in zip(caches, saved):
+            c.clear()
+            c.update(kept)
 
 
 @contextmanager
