@@ -561,3 +561,31 @@ def preset_run(plan: ParallelPlan, preset_name: str, arch: str, *, width: int | 
                                    gpu_bytes=spec.total_memory - CUDA_CONTEXT_BYTES if spec else None,
                                    latent_elements=elements, steps=shape.steps, dtype=dtype, attention="sdpa")
     return ResolvedRun(request=request, config=config, checkpoint=Path(f"synthetic-{preset_name}.safetensors"), synthetic=True, shape=shape, plan=decided)
+
+
+# --- python -m h3core.generate.dryrun: a prediction against a run's report (scripts/gpu_check.sh) -----------
+
+
+def compare_with_report(report_path: Path, arch: str | None = None) -> dict:
+    """The dry run of the run an `h3 generate --json` report describes (its preset's synthetic layout,
+    mode, count and size) next to the peaks its ranks measured (`peak_memory_sampling`)."""
+    import json
+
+    report = json.loads(Path(report_path).read_text())
+    plan = ParallelPlan.model_validate(report["partition"])
+    shape = report.get("shape", {})
+    arch = arch or (arch_of(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else "sm_120")
+    run = preset_run(plan, plan.preset, arch, width=shape.get("width"), height=shape.get("height"), frames=shape.get("frames"), decoded_weights="off")
+    predicted = dry_run(run, arch)
+    measured = [r["peak_memory_sampling_bytes"] for r in sorted(report["ranks"], key=lambda r: r["rank"])]
+    sampling = {r.rank: r.peak_sampling for r in predicted.ranks} | {o: r.peak_sampling for r in predicted.ranks for o in r.same_as}
+    rows = [{"rank": i, "predicted_sampling_peak": sampling[i], "measured_sampling_peak": m, "predicted_over_measured": sampling[i] / m if m else None}
+            for i, m in enumerate(measured)]
+    return {"arch": arch, "preset": plan.preset, "mode": plan.mode.value, "ranks": rows, "dry_run_seconds": predicted.seconds}
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    print(json.dumps(compare_with_report(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None), indent=1))
