@@ -130,6 +130,7 @@ def generate(
     parity: Annotated[bool, typer.Option("--parity", help="Also run one rank with the same seed and record the latent error (at 1 rank: vs the other mode).")] = False,
     overwrite: options.Overwrite = False,
     profile: Annotated[bool, typer.Option("--profile", help="Split each step's time per rank: attention, NVFP4 linears, each collective, the rest (table and report).")] = False,
+    decoded_weights: options.DecodedWeights = "auto",
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Many prompts, one load: a text file (one prompt per line) or JSONL (prompt, negative_prompt, seed, width, height, frames, steps, guidance, name); the flags are every prompt's defaults. A folder per prompt and batch.json in --output; the same command again resumes.", show_default=False)] = None,
     json: options.Json = False,
 ) -> None:
@@ -148,7 +149,7 @@ def generate(
         attention=_pick(attn_arg, attention, "the attention backend") or "sdpa",
         prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
         cfg_parallel=cfg_parallel, replicas=replicas, preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, dtype=dtype,
-        model_path=model, text_encoder_path=text_encoder, profile=profile,
+        model_path=model, text_encoder_path=text_encoder, profile=profile, decoded_weights=decoded_weights,
     )
     out = Output(json)
     if prompts is not None:

@@ -76,12 +76,48 @@ def plan(
     text_tokens: Annotated[Optional[int], typer.Option("--text-tokens", help="Prompt length in tokens (default: the preset's).")] = None,
     cfg_parallel: Annotated[bool, typer.Option("--cfg-parallel", help="Lay the ranks out as two CFG halves (prompt | negative prompt), as h3 generate --cfg-parallel does.")] = False,
     replicas: options.Replicas = 1,
+    memory: Annotated[bool, typer.Option("--memory", help="Also dry-run every rank's own code on fake tensors and print its predicted GPU peak (sm_90 and sm_120; seconds at H3's shapes).")] = False,
+    arch: Annotated[Optional[list[str]], typer.Option("--arch", help="With --memory: the GPU path to predict for, sm_90 (Hopper, dequant) or sm_120 (Blackwell, fp4); repeat for both (default both).", show_default=False)] = None,
+    decoded_weights: options.DecodedWeights = "auto",
     json: options.Json = False,
 ) -> None:
     """Print the rank layout's groups and, per rank of a group, the heads, token interval, clipped segments and (tensor mode) NVFP4 slices."""
+    if memory:
+        from h3core.generate.dryrun import ARCHS, plan_memory
+
+        found = plan_memory(preset, count, Mode(mode), archs=arch or list(ARCHS), width=width, height=height, frames=frames, text_tokens=text_tokens,
+                            cfg_parallel=cfg_parallel, replicas=replicas, decoded_weights=decoded_weights)
+        out = Output(json)
+        out.result(found, lambda console: (_render(found.plan, console), _render_memory(found, console)))
+        if found.skipped:
+            raise typer.Exit(1)
+        return
     result = ParallelPlan.for_preset(preset, count, Mode(mode), width=width, height=height, frames=frames, text_tokens=text_tokens,
                                      cfg_parallel=cfg_parallel, replicas=replicas)
     Output(json).result(result, lambda console: _render(result, console))
+
+
+def _render_memory(found, console: Console) -> None:  # type: ignore[no-untyped-def]
+    """Each architecture's dry run: per rank, the predicted device peaks and what the rank holds."""
+    decoded = found.plan.decoded
+    if decoded is not None:
+        held = "held" if decoded.held else "not held"
+        console.print(f"decoded weights (Hopper's option, first architecture): {held}: {decoded.count} NVFP4 linears "
+                      f"({', '.join(decoded.linears)}), {format_bytes(max(decoded.bytes_per_rank, default=0))} per rank; {decoded.reason}")
+    if found.skipped:
+        console.print(f"[red]no dry run here: {found.skipped}[/red]")
+        return
+    for run in found.dry_runs:
+        table = Table(title=f"predicted GPU memory · {run.arch} · {run.mode} · {run.world_size} rank(s) · dry run of {run.steps_simulated - 1} steps in {run.seconds:.1f} s",
+                      title_justify="left")
+        for col in ("rank", "peak", "sampling peak", "load peak", "held after load", "NVFP4 path", "host syncs per step"):
+            table.add_column(col)
+        for r in run.ranks:
+            ranks = ", ".join(map(str, [r.rank, *r.same_as]))
+            syncs = "; ".join(f"{s.where.split()[-1]} x{s.count // max(1, len(r.live_after_steps))}" for s in r.host_syncs if s.phase == "sampling") or "none"
+            table.add_row(ranks, format_bytes(r.peak_total), format_bytes(r.peak_sampling), format_bytes(r.peak_load),
+                          format_bytes(r.resident_after_load), ", ".join(r.nvfp4_paths) or "-", syncs)
+        console.print(table)
 
 
 def register(app: typer.Typer) -> None:

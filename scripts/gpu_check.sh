@@ -49,11 +49,27 @@ step_json() {  # step_json NAME JSONFILE COMMAND...: stdout to the JSON file, st
 export PYTHONUNBUFFERED=1
 
 step environment "$out/environment.txt" bash -c 'nvidia-smi; python -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"gpus\", torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())], \"capability\", torch.cuda.get_device_capability(0))"'
+step_json versions "$out/versions.json" python - <<'PY'
+import ctypes, json, torch
+def cublaslt():
+    for name in ("libcublasLt.so", "libcublasLt.so.13", "libcublasLt.so.12"):
+        try:
+            return ctypes.CDLL(name).cublasLtGetVersion()
+        except (OSError, AttributeError):
+            pass
+    return None
+nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+                  "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl, "cublaslt": cublaslt(),
+                  "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+                  "capability": list(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None}))
+PY
 step gpu-tests "$out/gpu-tests.log" python -m pytest -q -rs tests/gpu
 step_json verify "$out/verify.json" h3 verify --device cuda --output "$out/verify" --json
 step_json bench-transport "$out/bench-transport.json" h3 bench-transport 1 sdpa --device cuda --width 864 --height 480 --frames 141 --iters 20 --json
 step nvfp4-linear "$out/nvfp4-linear.log" python scripts/bench_nvfp4_linear.py --device cuda --tokens 4096 --repeat 20 --json "$out/nvfp4-linear.json"
 step_json generate "$out/generate.json" h3 generate --device cuda --preset h3-2blocks --steps 4 --parity --no-save-latents --output "$out/generate" --json
+step_json dry-run-vs-measured "$out/dry-run-vs-measured.json" python -m h3core.generate.dryrun "$out/generate.json"
 step_json sdpa-rule "$out/sdpa-rule.json" python -c 'import sys; from h3core.model.attention import sdpa_rule_for_report; print(sdpa_rule_for_report(sys.argv[1]))' "$out/generate.json"
 # H3's four block linears at one GPU's rows (14,855) and eight GPUs' (1,857), after the defaults
 h3_shapes="1,256,128;77,1024,512;128,512,1024;300,2048,5376;1857,5376,7168"

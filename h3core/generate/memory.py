@@ -59,6 +59,7 @@ def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int,
     h_loc = max(plan.heads)
     on_device = {
         "weights": held_weight_bytes(plan, dtype.itemsize),
+        "decoded weights": max(plan.decoded.bytes_per_rank) if plan.decoded is not None and plan.decoded.held and plan.decoded.bytes_per_rank else 0,
         "activations": activation_elements(config, plan, s) * dtype.itemsize,
         "attention scores": scores_bytes(attention, device, dtype, h_loc, s, config.head_dim),
         "rope": s * config.rotary_dim * 4 + s * 3 * 8,
@@ -81,3 +82,23 @@ def activation_elements(config: ModelConfig, plan: ParallelPlan, s: int) -> int:
     """Elements of the larger of one block's attention and MLP working sets on the largest rank
     (`s`: tokens of the longest sequence): the plan's mode says (`ParallelMode.activation_elements`)."""
     return mode_of(plan.mode).activation_elements(config, plan, s)
+
+
+# --- Hopper's decoded weights, and the dry run's prediction ------------------------------------------
+
+
+def plan_decoded_weights(plan: ParallelPlan, config: ModelConfig, choice: str, nvfp4_prefixes: list[str], *, capability: tuple[int, int] | None,
+                         gpu_bytes: int | None, latent_elements: int, steps: int, dtype: "torch.dtype", attention: str) -> ParallelPlan:
+    """`plan` with its `decoded` record (`h3core.parallel.decoded`): `choice` 'auto' / 'on' / 'off' for a
+    GPU of `capability` (None: not a GPU) and `gpu_bytes` usable, against the formula's need per rank."""
+    from h3core.nvfp4.matmul import FP4_MIN_CAPABILITY
+    from h3core.parallel.decoded import choose, decoded_weights
+
+    cost = decoded_weights(config, plan, nvfp4_prefixes, held=False, reason="")
+    device = "cuda" if capability is not None else "cpu"
+    need = generate_need(config, plan, latent_elements, steps, device, dtype, attention, spawned=False)
+    dequant_on_gpu = capability is not None and tuple(capability) < FP4_MIN_CAPABILITY
+    held, why = choose(choice, dequant_on_gpu=dequant_on_gpu, need_bytes=sum(need.on_device.values()), gpu_bytes=gpu_bytes,
+                       cost_bytes=max(cost.bytes_per_rank, default=0))
+    return plan.model_copy(update={"decoded": cost.model_copy(update={"held": held, "reason": why})})
+

@@ -37,6 +37,7 @@ from h3core.model.dit import H3Model, tensor_parallel_prefixes, unpack_audio, un
 from h3core.model.sampler import FlowMatchH3
 from h3core.model.sequence import SegmentKind
 from h3core.parallel.collectives import broadcast_tensors
+from h3core.parallel.decoded import apply_decoded
 from h3core.parallel.layout import RankGroups
 from h3core.parallel.parallelize import left_out_at_load, parallelize
 from h3core.parallel.runtime import ParallelRuntime
@@ -83,6 +84,7 @@ class RankPipeline:
             loaded = checkpoint.bytes_read
             if parallel:
                 parallelize(model, runtime, checkpoint.weight_source(device, dtype))
+            apply_decoded(model, run.plan.decoded)
             runtime.record.attach(model)
         weights = _held_weights(model, checkpoint, shards_read=checkpoint.bytes_read - loaded if skip else None)
         checkpoint.file.reader.close()
@@ -98,7 +100,7 @@ class RankPipeline:
             schedule.set_timesteps(run.shape.steps)
         denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, schedules, self.runtime.cfg)
         latent = denoiser.own_rows(noise_rows(run.shape, run.request.seed), self.device)  # float32
-        dev.reset_peak_memory(self.device)  # the sampling phase's peak-memory window
+        _start_sampling_window(self.device)
         self.runtime.record.clear()
         on_step = (lambda step, steps, seconds: report(StepDone(step=step, steps=steps, seconds=seconds))) if report else (lambda *a: None)
         with torch.inference_mode(), profiling(self.model, self.device, self.runtime.rank, run.request.profile, self.runtime.stats) as profiler:
@@ -188,6 +190,11 @@ def rank_runtime(ctx: RankContext, run: ResolvedRun) -> ParallelRuntime:
     groups = RankGroups.create(ctx, layout)
     assert groups is not None  # every rank of ctx is in the layout
     return ParallelRuntime(run.plan, groups.coords.local, groups.sequence, groups.cfg_half)
+
+
+def _start_sampling_window(device: torch.device) -> None:
+    """The sampling phase's peak-memory window starts here (the dry run starts its tracker's with it)."""
+    dev.reset_peak_memory(device)
 
 
 def new_record(ctx: RankContext) -> RankReport:

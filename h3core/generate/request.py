@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from h3core import settings
 from h3core.errors import ConfigError
-from h3core.generate.memory import check_limits
+from h3core.generate.memory import check_limits, plan_decoded_weights
 from h3core.model.checkpoint import SYNTHETIC, Checkpoint
 from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
 from h3core.parallel.layout import RankLayout
@@ -39,7 +39,7 @@ class GenerateRequest(UserRequest):
     model_config = ConfigDict(frozen=True, extra="forbid")
     FLAGS: ClassVar[dict[str, str]] = {
         "guidance_scale": "--guidance", "world_size": "--gpus", "model_path": "--model", "text_encoder_path": "--text-encoder",
-        "cfg_parallel": "--cfg-parallel",
+        "cfg_parallel": "--cfg-parallel", "decoded_weights": "--decoded-weights",
     }
 
     prompt: str = Field(DEFAULT_PROMPT, description="What to generate.")
@@ -63,6 +63,7 @@ class GenerateRequest(UserRequest):
     model_path: Path | None = None
     text_encoder_path: Path | None = None
     profile: bool = Field(False, description="Split every step's time per rank: attention, NVFP4 linears, each collective, the rest (h3core.generate.profile).")
+    decoded_weights: Literal["auto", "on", "off"] = Field("auto", description="Hold the NVFP4 linears decoded once in bf16 (Hopper): auto where they fit (h3core.parallel.decoded).")
 
     @property
     def prompts(self) -> list[str]:
@@ -148,12 +149,30 @@ def resolve(request: GenerateRequest) -> ResolvedRun:
     config = checkpoint.config if checkpoint else base
     shape = RunShape.of(config, request)
     _check_backends(request, config)
-    plan = build_plan(request, config, shape, specs=checkpoint.specs() if checkpoint else None)
+    specs = checkpoint.specs() if checkpoint else None
+    plan = build_plan(request, config, shape, specs=specs)
     elements = math.prod(shape.video_latent) + math.prod(shape.audio_latent)
     dtype = compute_dtype(request.device, request.dtype)
+    plan = _with_decoded_weights(request, config, plan, specs, elements, shape.steps, dtype)
     check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention)
     path, synthetic = _weights(request, checkpoint, base)
     return ResolvedRun(request=request, config=config, checkpoint=path, synthetic=synthetic, shape=shape, plan=plan)
+
+
+def _with_decoded_weights(request: GenerateRequest, config: ModelConfig, plan: ParallelPlan, specs, elements: int, steps: int, dtype) -> ParallelPlan:  # type: ignore[no-untyped-def]
+    """The plan with its decoded-weights record for this machine's GPU (`h3core.parallel.decoded`)."""
+    from h3core.model.synthetic import synthetic_specs
+    from h3core.runtime.limits import capacity
+
+    capability = gpu_bytes = None
+    import torch
+
+    if request.device == "cuda" and torch.cuda.is_available():  # (a run planned for CUDA on a host without one: no GPU to decide for)
+        capability = tuple(torch.cuda.get_device_capability(0))
+        gpu_bytes = min(capacity("cuda", settings.ranks_on_this_machine(plan.layout.world_size)).gpu_bytes or [0]) or None
+    prefixes = sorted({s.prefix for s in (specs or synthetic_specs(config)) if s.name.endswith(".weight_scale")})
+    return plan_decoded_weights(plan, config, request.decoded_weights, prefixes, capability=capability, gpu_bytes=gpu_bytes,  # type: ignore[arg-type]
+                                latent_elements=elements, steps=steps, dtype=dtype, attention=request.attention)
 
 
 def _check_backends(request: GenerateRequest, config: ModelConfig) -> None:

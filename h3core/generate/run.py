@@ -20,6 +20,7 @@ from h3core.generate.files import output_bytes, write_outputs
 from h3core.generate.parity import LatentParity, latent_parity, run_tolerance
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.report import RankReport, RunReport, StepDone, build_report, request_fingerprint
+from h3core.generate.dryrun import check_predicted
 from h3core.generate.request import GenerateJob, GenerateRequest, ResolvedRun, build_plan, check_torchrun_parity, resolve
 from h3core.parallel.modes import Mode
 from h3core.reports.outputs import Outputs
@@ -91,6 +92,7 @@ def generate(job: GenerateJob, on_step: StepCallback | None = None) -> RunReport
     check_torchrun_parity(job.parity)
     check_one_group(job.request)
     run = resolve(job.request)
+    check_predicted(run)  # CUDA: the dry run of the ranks' own code predicts each rank's peak (h3core.generate.dryrun)
     with Outputs(enabled=settings.is_rank_zero()) as outputs:
         folder = bench = None
         if outputs.enabled:

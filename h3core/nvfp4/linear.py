@@ -59,6 +59,7 @@ from h3core.nvfp4.matmul import (
     PATH_CUDA_FP4,
     PathChoice,
     choose_path,
+    decode_weight,
     dequant_linear,
     emulate_fp4_from_env,
     emulated_scaled_mm_fp4,
@@ -104,6 +105,7 @@ class NVFP4Linear(nn.Module):
         self.register_buffer("swizzled_weight_scale", None, persistent=False)
         self.record: Counter[str] | None = None
         """The rank's NVFP4 path record (`h3core.parallel.runtime.RankRecord`): +1 per GEMM call."""
+        self.register_buffer("decoded_weight", None, persistent=False)  # [out, in] dense, `hold_decoded`
         self.agree_amax: Callable[[torch.Tensor], torch.Tensor] | None = None
         """Set by a parallel plan whose ranks each hold part of this linear's input: the max of a
         0-dim amax over those ranks. Every rank must then call `forward` (or, holding no rows,
@@ -200,7 +202,9 @@ class NVFP4Linear(nn.Module):
     def prepare(self) -> None:
         """Hold what this device's path reads, once (the loaders call it at load): on the fp4 paths
         the GEMM's operands, the swizzled scales replacing the row-major ones; on the dequant paths
-        the row-major scales (unswizzled back if the module was prepared for an fp4 path)."""
+        the row-major scales (unswizzled back if the module was prepared for an fp4 path). A decoded
+        weight (`hold_decoded`) is dropped: call `hold_decoded` again after changing the weight."""
+        self.decoded_weight = None
         if self.weight.device.type == "meta":
             return
         if self.path in FP4_PATHS:
@@ -209,6 +213,36 @@ class NVFP4Linear(nn.Module):
         else:
             self.weight_scale = self.block_scales
             self.fp4_weight = self.swizzled_weight_scale = None
+
+    # --- the decoded weight (Hopper: decode once, not per forward) -----------------------------------
+
+    @staticmethod
+    def decoded_bytes(out_features: int, in_features: int, dtype: torch.dtype = torch.bfloat16) -> int:
+        """What holding a linear of `out x in` decoded costs (`hold_decoded`)."""
+        return out_features * in_features * dtype.itemsize
+
+    @property
+    def gemm_dtype(self) -> torch.dtype | None:
+        """The dtype the dequant paths' GEMM runs in for this device (bf16 on CUDA; None on the CPU,
+        where it is the input's); not defined on the fp4 paths."""
+        return torch.bfloat16 if self.path == PATH_CUDA_BF16 else None
+
+    def hold_decoded(self, dtype: torch.dtype | None = None) -> int:
+        """Decode the weight once and keep it dense (`decoded_weight`, `[out, in]` in `dtype`: default the
+        path's GEMM dtype, bf16 on CUDA), so that the dequant paths multiply with it instead of decoding
+        every forward: bitwise the same outputs (`dequant_linear`), `decoded_bytes` more held (counted
+        in `resident_bytes`). Returns the bytes now held for it; 0 on the fp4 paths, which read codes."""
+        if self.path in FP4_PATHS or self.weight.device.type == "meta":
+            self.decoded_weight = None
+            return 0
+        dtype = dtype or self.gemm_dtype or torch.float32
+        self.decoded_weight = decode_weight(self.nvfp4, dtype)
+        return self.decoded_weight.numel() * self.decoded_weight.element_size()
+
+    def _held_for(self, gemm_dtype: torch.dtype) -> torch.Tensor | None:
+        """The decoded weight where it is in the GEMM's dtype (else the weight is decoded as usual)."""
+        held = self.decoded_weight
+        return held if held is not None and held.dtype == gemm_dtype else None
 
     @property
     def prepared(self) -> bool:
@@ -269,9 +303,9 @@ class NVFP4Linear(nn.Module):
         if path in FP4_PATHS:
             y = self._fp4_forward(x2, path)
         elif path == PATH_CUDA_BF16:
-            y = dequant_linear(x2.to(torch.bfloat16), self.nvfp4, self.bias)
+            y = dequant_linear(x2.to(torch.bfloat16), self.nvfp4, self.bias, decoded_weight=self._held_for(torch.bfloat16))
         else:
-            y = dequant_linear(x2, self.nvfp4, self.bias)
+            y = dequant_linear(x2, self.nvfp4, self.bias, decoded_weight=self._held_for(x2.dtype))
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # [..., out]
         if rows is None:
             return y
@@ -284,7 +318,8 @@ class NVFP4Linear(nn.Module):
         bias = None if self.bias is None else self.bias[rows]
         gemm_dtype = torch.bfloat16 if path == PATH_CUDA_BF16 else x2.dtype
         direct = out if out is not None and out.dtype == gemm_dtype else None
-        y = dequant_linear(x2.to(gemm_dtype), weight, bias, out=direct)  # [M, len(rows)]
+        held = self._held_for(gemm_dtype)
+        y = dequant_linear(x2.to(gemm_dtype), weight, bias, out=direct, decoded_weight=None if held is None else held[rows])  # [M, len(rows)]
         if out is not None:
             return y if direct is not None else out.copy_(y)
         return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
@@ -353,6 +388,7 @@ class NVFP4Linear(nn.Module):
         if self.weight_scale is None and self.swizzled_weight_scale is not None:
             self.weight_scale = self.block_scales
             self.fp4_weight = self.swizzled_weight_scale = None
+        self.decoded_weight = None  # decoded from the weight being replaced
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]

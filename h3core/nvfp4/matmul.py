@@ -136,29 +136,48 @@ def dequant_linear(
     bias: torch.Tensor | None,
     chunk_elements: int | None = None,
     out: torch.Tensor | None = None,
+    decoded_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`(x @ dequantize(w).T) + bias` in `x.dtype`, decoding `w` in row chunks.  x: [M, in] -> [M, out]
 
     `out` ([M, out] in x's dtype, unit column stride, any row stride, e.g. a view into an
     all-to-all's send buffer): each chunk's GEMM writes its columns there directly (BLAS takes the
     row stride as its leading dimension, so nothing is copied) and `out` is returned.
+
+    `decoded_weight` ([out, in] in x's dtype, contiguous: `decode_weight(w, x.dtype)`, held by the
+    caller): its row chunks replace the decoded ones. The GEMMs are the same calls on the same
+    values with the same shapes and strides, so the result is bitwise the decoding one's.
     """
     if chunk_elements is None:
         chunk_elements = DEQUANT_CHUNK_ELEMENTS.get(x.device.type, DEQUANT_CHUNK_ELEMENTS["cpu"])
     chunks = dequant_row_chunks(w.out_features, w.in_features, chunk_elements)
-    rows = max(c.stop - c.start for c in chunks)
-    index = torch.empty(rows * w.packed.shape[1], dtype=torch.int32, device=x.device)
-    decoded = torch.empty(rows * w.in_features, dtype=torch.float32, device=x.device)
-    dense = decoded if x.dtype == torch.float32 else torch.empty(rows * w.in_features, dtype=x.dtype, device=x.device)
+    if decoded_weight is not None:
+        chunk_weight = lambda chunk: decoded_weight[chunk]  # noqa: E731 - [r, in] contiguous rows
+    else:
+        rows = max(c.stop - c.start for c in chunks)
+        index = torch.empty(rows * w.packed.shape[1], dtype=torch.int32, device=x.device)
+        decoded = torch.empty(rows * w.in_features, dtype=torch.float32, device=x.device)
+        dense = decoded if x.dtype == torch.float32 else torch.empty(rows * w.in_features, dtype=x.dtype, device=x.device)
+        chunk_weight = lambda chunk: _decode_chunk(w, chunk, index, decoded, dense)  # noqa: E731
     if out is None and len(chunks) == 1:
-        out = F.linear(x, _decode_chunk(w, chunks[0], index, decoded, dense))
+        out = F.linear(x, chunk_weight(chunks[0]))
     else:
         out = torch.empty(x.shape[0], w.out_features, dtype=x.dtype, device=x.device) if out is None else out
         for chunk in chunks:  # the same GEMM as F.linear, its result written in place: bitwise equal
-            torch.mm(x, _decode_chunk(w, chunk, index, decoded, dense).t(), out=out[:, chunk])
+            torch.mm(x, chunk_weight(chunk).t(), out=out[:, chunk])
     # The bias is added after the GEMM, never fused into it: tensor mode adds a row-parallel
     # layer's bias after the reduction, and one rank must round exactly as that does.
     return out if bias is None else out.add_(bias.to(x.dtype))
+
+
+def decode_weight(w: NVFP4Weight, dtype: torch.dtype, chunk_elements: int = DEQUANT_CHUNK_ELEMENTS["cuda"]) -> torch.Tensor:
+    """The whole weight decoded once, `[out, in]` in `dtype` (what `dequant_linear`'s chunks hold, each
+    row decoded in float32 and cast exactly as there), decoded chunk by chunk to bound the float32
+    temporaries."""
+    dense = torch.empty(w.out_features, w.in_features, dtype=dtype, device=w.packed.device)
+    for chunk in dequant_row_chunks(w.out_features, w.in_features, chunk_elements):
+        dense[chunk] = decode_rows(w.packed[chunk], w.scale[chunk], w.global_scale)
+    return dense
 
 
 def _decode_chunk(

@@ -32,6 +32,7 @@ from h3core.errors import PartitionError
 from h3core.model.config import ModelConfig, preset
 from h3core.model.sequence import Segment
 from h3core.parallel import partition
+from h3core.parallel.decoded import DecodedWeights
 from h3core.parallel.layout import SEQUENCE_NAMES, RankLayout
 from h3core.parallel.modes import Mode, mode_of
 from h3core.parallel.modes.tensor import TensorShards
@@ -90,6 +91,7 @@ class ParallelPlan(BaseModel):
     weights: WeightBytes | None = None
     sequences: list[SequencePlan] = Field(default_factory=list, description="Every packed sequence of the run: the prompt's, then guidance's negative prompt's.")
     layout: RankLayout = Field(description="How the run's ranks form groups of `world_size`: replicas x CFG halves x degree, and the groups.")
+    decoded: DecodedWeights | None = Field(None, description="Hopper's option: the NVFP4 linears held decoded once in bf16, and the bytes (h3core.parallel.decoded).")
 
     @model_validator(mode="before")
     @classmethod

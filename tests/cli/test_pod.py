@@ -360,14 +360,16 @@ def test_the_ssh_and_rsync_lines_pass_a_server_path_as_one_word_and_run_nothing(
     bin_dir.mkdir()
     for name in ("rsync", "ssh"):
         _stub(bin_dir, name)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "H3_MODEL_PATH": "/local/m.safetensors", "H3_TEXT_ENCODER_PATH": "/local/t.safetensors"}
+    local = {"H3_MODEL_PATH": "/local/m.safetensors", "H3_TEXT_ENCODER_PATH": "/local/t.safetensors",
+             "H3_VIDEO_VAE_PATH": "/local/v.safetensors", "H3_AUDIO_VAE_PATH": "/local/a.safetensors"}
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **local}
     for key in ("rsync_checkout", "rsync_checkpoints"):
         subprocess.run(["bash", "-c", data[key]], check=True, env=env, cwd=tmp_path)
         words = (bin_dir / "rsync.args").read_text().splitlines()
         remote = "h3/" if key == "rsync_checkout" else "checkpoints/"
         assert words[-1] == f"root@203.0.113.7:{root}/{remote}", (key, data[key], words)
         assert "--protect-args" in words and words[words.index("-e") + 1] == "ssh -p 40022"
-    assert (bin_dir / "rsync.args").read_text().splitlines()[-3:-1] == ["/local/m.safetensors", "/local/t.safetensors"]
+    assert (bin_dir / "rsync.args").read_text().splitlines()[-5:-1] == list(local.values())
     (tmp_path / "remote").mkdir()
     checkout = tmp_path / "remote" / "checkout"
     checkout.mkdir()

@@ -75,7 +75,8 @@ def test_what_h3_plan_prints_is_what_the_ranks_ran(six, capsys):
     assert code == 0, err
     printed = ParallelPlan.model_validate_json(out)
     # `h3 plan` plans the prompt's sequence only (so its layout's one group runs the prompt alone)
-    assert printed == plan.model_copy(update={"sequences": plan.sequences[:1], "layout": plan.layout.model_copy(update={"guided": False})})
+    # (the decoded-weights choice depends on the GPU a run finds: `h3 plan --memory` makes it, plain `h3 plan` does not)
+    assert printed == plan.model_copy(update={"sequences": plan.sequences[:1], "layout": plan.layout.model_copy(update={"guided": False}), "decoded": None})
     assert [g.ranks for g in plan.layout.groups] == [list(range(6))] and plan.layout.groups[0].runs == ["prompt", "negative prompt"]
     assert [s.name for s in plan.sequences] == ["prompt", "negative prompt"] and plan.sequences[0].tokens != plan.sequences[1].tokens
     for rank in six.ranks:  # recorded where each was used: the QKV shard's heads, the rows fed to the model, the shards read

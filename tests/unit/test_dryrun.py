@@ -1,0 +1,76 @@
+"""The dry run: a rank's own load and denoise code on fake tensors at H3's real widths (`h3-2blocks`),
+on both GPU paths, and its CPU prediction against the same code on real CPU tensors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from h3core.generate import dryrun
+from h3core.model.config import preset
+from h3core.model.synthetic import synthetic_checkpoint
+from h3core.nvfp4.matmul import PATH_CUDA_BF16
+from h3core.parallel.plan import Mode, ParallelPlan
+
+GUARD = dryrun.dry_run_problem("sm_120")
+needs_guard = pytest.mark.skipif(GUARD is not None, reason=f"no fake CUDA here: {GUARD}")
+
+
+def _run(name: str, count: int, mode: Mode, arch: str, decoded: str = "off"):  # type: ignore[no-untyped-def]
+    return dryrun.preset_run(ParallelPlan.for_preset(name, count, mode), name, arch, decoded_weights=decoded)
+
+
+@needs_guard
+@pytest.mark.parametrize(("mode", "count", "arch"), [(Mode.ULYSSES, 1, "sm_120"), (Mode.ULYSSES, 1, "sm_90"), (Mode.TENSOR, 2, "sm_120")])
+def test_the_rank_code_runs_at_h3_widths_on_fake_cuda(mode, count, arch):
+    result = dryrun.dry_run(_run("h3-2blocks", count, mode, arch), arch)
+    assert len(result.peaks()) == count
+    for rank in result.ranks:
+        assert rank.nvfp4_paths and set(rank.nvfp4_paths) == {dryrun.ARCHS[arch].nvfp4_path}
+        assert set(rank.attention_kernels) == {"sdpa:flash_attention"}  # never the math kernel's scores
+        assert rank.resident_after_load >= rank.weights.resident > 0  # the weights are device storage
+        assert len(set(rank.live_after_steps)) == 1  # nothing grows from step to step
+        assert rank.peak_sampling > rank.live_after_steps[0] > rank.weights.resident
+        # the CUDA path's only host sync in the loop: check_finite, once per step (by design)
+        loop = [s for s in rank.host_syncs if s.phase == "sampling"]
+        assert [(s.where.split()[-1], s.count) for s in loop] == [("check_finite", len(rank.live_after_steps))]
+    if mode == Mode.TENSOR:
+        assert all(r.weights.block_share < 0.6 for r in result.ranks)
+
+
+@needs_guard
+def test_hopper_decoded_weights_are_held_and_counted():
+    off = dryrun.dry_run(_run("h3-2blocks", 1, Mode.ULYSSES, "sm_90", "off"), "sm_90").ranks[0]
+    run = _run("h3-2blocks", 1, Mode.ULYSSES, "sm_90", "on")
+    on = dryrun.dry_run(run, "sm_90").ranks[0]
+    cost = run.plan.decoded.bytes_per_rank[0]
+    assert run.plan.decoded.held and run.plan.decoded.count == 8
+    assert on.weights.resident - off.weights.resident == cost  # 2 bytes per weight of every NVFP4 linear
+    assert on.nvfp4_paths == off.nvfp4_paths and set(on.nvfp4_paths) == {PATH_CUDA_BF16}
+    assert dryrun.dry_run(_run("h3-2blocks", 1, Mode.ULYSSES, "sm_120", "auto"), "sm_120").ranks[0].weights.resident < off.weights.resident + 1
+
+
+def test_cpu_prediction_equals_the_real_cpu_run():
+    """tiny at one rank: the fake run's peak and live bytes against the same code on real tensors."""
+    run = _run("tiny", 1, Mode.ULYSSES, "cpu")
+    run = run.model_copy(update={"checkpoint": synthetic_checkpoint(preset("tiny"))[0]})
+    predicted = dryrun.dry_run(run, "cpu").ranks[0]
+    measured = dryrun.measured_cpu_run(run)
+    assert predicted.resident_after_load == measured.resident_after_load
+    # the fake run also holds a host tensor it computed for real (the position ids: under 24 bytes a row)
+    extra = {p - m for p, m in zip(predicted.live_after_steps, measured.live_after_steps)}
+    assert len(extra) == 1 and 0 <= extra.pop() <= 24 * run.plan.num_tokens
+    assert 0 <= predicted.peak_sampling - measured.peak_sampling <= 24 * run.plan.num_tokens
+
+
+def test_fake_cuda_needs_the_guard_on_a_cpu_build():
+    """What the guard is for: without it (a fresh process), moving a tensor to CUDA under FakeTensorMode fails."""
+    if torch.backends.cuda.is_built():
+        pytest.skip("a CUDA build has its own device guard")
+    code = ("import torch\nfrom torch._subclasses.fake_tensor import FakeTensorMode\n"
+            "with FakeTensorMode(allow_non_fake_inputs=True):\n    torch.zeros(2).to('cuda')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "not linked with support for cuda" in done.stderr
