@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
+import torch
+
+# Triton builds its language for the interpreter or for a GPU once, when `triton.language` is first
+# imported, and diffusers and comfy-kitchen import it. On a host without CUDA Triton can only
+# interpret, so the whole session interprets: the fused-quantizer tests (tests/unit) then run on the
+# CPU wherever they are collected. A CUDA host keeps the GPU build (tests/gpu runs its kernels).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _TIERS = {"dist": pytest.mark.dist, "cli": pytest.mark.cli, "gpu": pytest.mark.gpu}
 
