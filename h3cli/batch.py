@@ -24,7 +24,8 @@ def run_batch_command(job: Any, prompts: Path, out: Output) -> None:
 
     if job.benchmark is not None:
         raise ConfigError("--benchmark / H3_DISTRIBUTED_BENCHMARK copy one run's report: a batch writes batch.json and a report.json per prompt in --output; unset it")
-    batch = BatchJob(template=job.request, prompts_file=prompts, output=job.output, save_latents=job.save_latents, overwrite=job.overwrite)
+    batch = BatchJob(template=job.request, prompts_file=prompts, output=job.output, save_latents=job.save_latents, overwrite=job.overwrite,
+                     decode=job.decode, video_vae=job.video_vae, audio_vae=job.audio_vae)
     with batch_bars(out.err if out.json_mode else out.console) as update:
         report = run_batch(batch, on_progress=update)
     out.result(report, lambda console: render_batch(report, console))

@@ -51,8 +51,8 @@ def render(report, console: Console) -> None:
 
 def decode(
     latents: Annotated[Path, typer.Argument(metavar="LATENTS", help="latents.safetensors of an h3 generate run: video [24, T, H/16, W/16], audio [2, 32, T_a].", show_default=False)],
-    video_vae: Annotated[Optional[Path], typer.Option("--video-vae", help="Video VAE: minimax_h3_video_vae_fp16.safetensors, a diffusers vae/ folder or MiniMax's video_vae/. Default: H3_VIDEO_VAE_PATH, else beside H3_MODEL_PATH's transformer/, else synthetic.", show_default=False)] = None,
-    audio_vae: Annotated[Optional[Path], typer.Option("--audio-vae", help="Audio VAE: minimax_h3_audio_vae_fp32.safetensors or an audio_vae/ folder. Default: H3_AUDIO_VAE_PATH, else beside H3_MODEL_PATH's transformer/, else synthetic.", show_default=False)] = None,
+    video_vae: options.VideoVae = None,
+    audio_vae: options.AudioVae = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="New or empty folder for video.mp4, preview.png and report.json. Default: outputs/<time>-decode-<4 hex>.", show_default=False)] = None,
     save_decoded: Annotated[bool, typer.Option("--save-decoded", help="Also write decoded.safetensors: video [3, F, H, W] in [0, 1], audio [2, samples] in [-1, 1] (no codec loss).")] = False,
     device: options.Device = "auto",

@@ -56,9 +56,21 @@ def render_run(report, console: Console) -> None:
         p = report.parity
         verdict = styled("bitwise identical", "green") if p.bitwise else (styled("ok", "green") if p.passed else styled("FAILED", "red"))
         table.add_row("parity", line(f"vs {p.reference}: max abs {p.max_abs:.3g}, relative {p.relative:.3g} (tolerance {p.tolerance:g}) ", verdict))
+    if report.decode is not None:
+        d, p = report.decode, report.decode.probe
+        table.add_row(
+            "decode",
+            f"{d.device_name} · load {d.timings.load_s:.2f}s · video {d.timings.video_s:.2f}s · audio {d.timings.audio_s:.2f}s · mp4 {d.timings.mux_s:.2f}s · "
+            f"peak {format_bytes(d.peak_memory_bytes)} (estimated {format_bytes(d.memory_estimate.total_bytes)}) · weights: {d.weights}",
+        )
+        table.add_row(
+            "video.mp4",
+            f"{p.video_codec} {p.width}x{p.height} {p.fps:g} fps, {p.frames} frames, {p.video_duration_s:.3f}s · {p.audio_codec} {p.channels} ch "
+            f"{p.sample_rate} Hz · A/V drift {p.av_drift_s * 1000:.1f} ms" + (styled(" · " + "; ".join(d.problems), "red") if d.problems else ""),
+        )
     if report.files:
         f = report.files
-        table.add_row("files", "\n".join(x for x in (f.report, f.latents or "(latents not saved)", f.preview) if x))
+        table.add_row("files", "\n".join(x for x in (f.video, f.preview, f.latents or "(latents not saved)", f.report) if x))
     console.print(table)
     if report.profile is not None:
         render_profile(report.profile, console)
@@ -131,6 +143,9 @@ def generate(
     overwrite: options.Overwrite = False,
     profile: Annotated[bool, typer.Option("--profile", help="Split each step's time per rank: attention, NVFP4 linears, each collective, the rest (table and report).")] = False,
     decoded_weights: options.DecodedWeights = "auto",
+    decode: Annotated[bool, typer.Option("--decode/--no-decode", help="Decode the latents into video.mp4 (H.264 + AAC) once the ranks are done; --no-decode: latents only (then `h3 decode`).")] = True,
+    video_vae: options.VideoVae = None,
+    audio_vae: options.AudioVae = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Many prompts, one load: a text file (one prompt per line) or JSONL (prompt, negative_prompt, seed, width, height, frames, steps, guidance, name); the flags are every prompt's defaults. A folder per prompt and batch.json in --output; the same command again resumes.", show_default=False)] = None,
     json: options.Json = False,
 ) -> None:
@@ -144,7 +159,7 @@ def generate(
         _check_batch_flags(prompt, parity)
     job = GenerateJob.from_flags(
         count=_pick(count_arg, gpus, "the rank count"), device=device, output=output, save_latents=save_latents,
-        benchmark=benchmark, parity=parity, overwrite=overwrite,
+        benchmark=benchmark, parity=parity, overwrite=overwrite, decode=decode, video_vae=video_vae, audio_vae=audio_vae,
         mode=Mode(_pick(mode_arg, mode.value if mode else None, "the mode") or Mode.ULYSSES.value),
         attention=_pick(attn_arg, attention, "the attention backend") or "sdpa",
         prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
@@ -155,7 +170,10 @@ def generate(
     if prompts is not None:
         return run_batch_command(job, prompts, out)
     with progress_bar(out.err if json else out.console, *_BAR) as update:
-        report = run_generate(job, on_step=lambda msg: update(completed=msg.step, total=msg.steps, description=f"{msg.seconds:.2f}s/step"))
+        report = run_generate(
+            job, on_step=lambda msg: update(completed=msg.step, total=msg.steps, description=f"{msg.seconds:.2f}s/step"),
+            on_phase=lambda phase: update(description=phase),
+        )
     out.result(report, lambda console: render_run(report, console))
     out.exit_for(report)
 

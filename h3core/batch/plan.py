@@ -20,6 +20,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +30,9 @@ from h3core.errors import ConfigError, H3Error
 from h3core.files.paths import read_bounded
 from h3core.generate.report import request_fingerprint
 from h3core.generate.request import GenerateRequest, ResolvedRun, resolve
+
+if TYPE_CHECKING:
+    from h3core.decode.plan import DecodePlan
 
 REPORT_LIMIT = 64 << 20
 """The largest report.json a resume reads (one with --profile over many steps is a few MiB)."""
@@ -43,6 +47,9 @@ class BatchJob(BaseModel):
     output: Path | None = Field(None, description="The batch folder (None: outputs/<time>-batch-<mode>-<N>-<4 hex>).")
     save_latents: bool = True
     overwrite: bool = Field(False, description="Replace a folder of h3 results at `output` whole: every prompt runs again.")
+    decode: bool = Field(True, description="Decode each prompt's latents into its video.mp4 (one load of the VAEs for the batch).")
+    video_vae: Path | None = None
+    audio_vae: Path | None = None
 
 
 @dataclass
@@ -51,6 +58,7 @@ class PlannedPrompt:
 
     result: PromptResult
     run: ResolvedRun | None
+    decode: "DecodePlan | None" = None
 
 
 def plan_prompts(template: GenerateRequest, entries: list[PromptEntry]) -> list[PlannedPrompt]:
@@ -75,7 +83,8 @@ def batch_fingerprint(job: BatchJob) -> str:
     """What makes two commands the same batch: the prompt file (its resolved path) and the flags
     every prompt starts from, as given (a changed line of the file is still the same batch)."""
     fields = {"prompts_file": str(Path(job.prompts_file).resolve()), "template": job.template.model_dump(mode="json"),
-              "save_latents": job.save_latents}
+              "save_latents": job.save_latents, "decode": job.decode,
+              "vaes": [str(Path(p).resolve()) if p else None for p in (job.video_vae, job.audio_vae)]}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
@@ -86,7 +95,7 @@ def agreement_digest(planned: list[PlannedPrompt]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def match_existing(planned: list[PlannedPrompt], folder: Path, save_latents: bool) -> list[str]:
+def match_existing(planned: list[PlannedPrompt], folder: Path, save_latents: bool, decode: bool = False) -> list[str]:
     """Match the results already in `folder` to the prompts by fingerprint (module docstring).
 
     A prompt whose complete result is in its own folder, or in another one no other prompt
@@ -94,7 +103,7 @@ def match_existing(planned: list[PlannedPrompt], folder: Path, save_latents: boo
     name, or that name with a suffix where a kept result holds it. Returns the folders no prompt
     claims (left as they are: a result whose line or weights changed, or that another version of
     the file asked for), except those a prompt now writes into (a changed line, redone in place)."""
-    results = _results_in(folder, save_latents)  # folder name -> fingerprint of the complete result in it
+    results = _results_in(folder, save_latents, decode)  # folder name -> fingerprint of the complete result in it
     by_fingerprint: dict[str, list[str]] = defaultdict(list)
     for name, fingerprint in sorted(results.items()):
         by_fingerprint[fingerprint].append(name)
@@ -136,12 +145,12 @@ def _subfolders(folder: Path) -> list[str]:
         return []
 
 
-def _results_in(folder: Path, save_latents: bool) -> dict[str, str]:
+def _results_in(folder: Path, save_latents: bool, decode: bool = False) -> dict[str, str]:
     """Subfolder name -> the fingerprint of the complete result it holds."""
     found = {}
     for name in _subfolders(folder):
         fingerprint = written_fingerprint(folder / name)
-        if fingerprint is not None and is_complete(folder / name, fingerprint, save_latents):
+        if fingerprint is not None and is_complete(folder / name, fingerprint, save_latents, decode):
             found[name] = fingerprint
     return found
 
@@ -156,11 +165,12 @@ def written_fingerprint(folder: Path) -> str | None:
     return written if isinstance(written, str) else None
 
 
-def is_complete(folder: Path, fingerprint: str | None, save_latents: bool) -> bool:
-    """`folder` holds the report of the request with `fingerprint` (and its latents, when saved)."""
-    latents = folder / "latents.safetensors"
-    has_latents = latents.is_file() and not latents.is_symlink()
-    return fingerprint is not None and written_fingerprint(folder) == fingerprint and (not save_latents or has_latents)
+def is_complete(folder: Path, fingerprint: str | None, save_latents: bool, decode: bool = False) -> bool:
+    """`folder` holds the report of the request with `fingerprint` (and its latents when saved, its
+    video.mp4 when decoded)."""
+    wanted = [name for name, want in (("latents.safetensors", save_latents), ("video.mp4", decode)) if want]
+    present = all((folder / name).is_file() and not (folder / name).is_symlink() for name in wanted)
+    return fingerprint is not None and written_fingerprint(folder) == fingerprint and present
 
 
 def to_run(planned: list[PlannedPrompt]) -> list[int]:

@@ -32,7 +32,7 @@ same command redoes them), the next round starts fresh ranks.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from h3core import settings
 from h3core.batch.plan import (
@@ -57,6 +57,9 @@ from h3core.reports.schema import Versions, report_json, timestamp
 from h3core.runtime.context import RankContext
 from h3core.runtime.world import World
 
+if TYPE_CHECKING:
+    from h3core.decode.run import Decoders
+
 
 def run_batch(job: BatchJob, on_progress: ProgressCallback | None = None) -> BatchReport | None:
     """Run every prompt of `job` (module docstring). Returns the summary (None on torchrun ranks
@@ -64,6 +67,7 @@ def run_batch(job: BatchJob, on_progress: ProgressCallback | None = None) -> Bat
     entries = read_prompts(job.prompts_file)
     check_flags(job.template)
     planned = plan_prompts(job.template, entries)
+    plan_decodes(job, planned)
     batch = _Batch(job, planned, on_progress)
     try:
         if settings.under_torchrun():
@@ -71,7 +75,7 @@ def run_batch(job: BatchJob, on_progress: ProgressCallback | None = None) -> Bat
         if not settings.is_rank_zero():
             batch.run(None)
             return None
-        need = sum(output_bytes(p.run, job.save_latents) for p in planned if p.run is not None)
+        need = sum(output_bytes(p.run, job.save_latents, p.decode) for p in planned if p.run is not None)
         req = job.template
         path = job.output or default_folder(f"batch-{req.mode.value}-{req.world_size}")
         with ResultsFolder(path, "--output", REPORT_NAME, need_bytes=need) as folder:
@@ -98,7 +102,30 @@ def _take_folder(folder: ResultsFolder, job: BatchJob, planned: list[PlannedProm
             f"--output {folder.path} holds {what} with other flags or another prompt file; h3 does not mix batches: "
             "choose a new folder, or pass --overwrite to replace it whole"
         )
-    return match_existing(planned, folder.path, job.save_latents)
+    return match_existing(planned, folder.path, job.save_latents, job.decode)
+
+
+def plan_decodes(job: BatchJob, planned: list[PlannedPrompt]) -> None:
+    """Each prompt's decode (`h3core.decode.plan`), decided before any rank starts: the VAEs must be
+    there for every prompt (a missing or wrong one is the command's error, exit 2); a clip too big to
+    decode beside the held pipeline on its GPU is that prompt's failure."""
+    if not job.decode:
+        return
+    from h3core.errors import ResourceLimit
+    from h3core.generate.memory import run_device_bytes
+    from h3core.generate.run import plan_run_decode
+    from h3core.generate.request import GenerateJob
+
+    as_job = GenerateJob(request=job.template, decode=True, video_vae=job.video_vae, audio_vae=job.audio_vae)
+    for p in planned:
+        if p.run is None:
+            continue
+        beside = run_device_bytes(p.run) if p.run.request.device == "cuda" else 0  # the batch's pipeline stays loaded meanwhile
+        try:
+            p.decode = plan_run_decode(as_job, p.run, beside_bytes=beside)
+        except ResourceLimit as err:
+            p.result.status, p.result.error = PromptStatus.FAILED, str(err)
+            p.run = None
 
 
 def run_round(world: World, runs: list[ResolvedRun | None], texts: EncodedPrompts | None, slots: list[int | None]) -> list[list[RankReport]] | None:
@@ -123,6 +150,7 @@ class _Batch:
         self.job, self.planned, self.on_progress = job, planned, on_progress
         self.folder: ResultsFolder | None = None
         self.world: World | None = None
+        self.decoders: "Decoders | None" = None
         self.current = ""
         self.other_folders: list[str] = []
 
@@ -174,6 +202,19 @@ class _Batch:
         if self.world is not None:  # what every rank held (its pipeline) ends with the World
             self.world.close()
             self.world = None
+        if self.decoders is not None:
+            self.decoders.release()
+            self.decoders = None
+
+    def _decoders(self, prompt: PlannedPrompt) -> "Decoders | None":
+        """The VAEs, loaded in this process for the first prompt that decodes and kept for the batch."""
+        if prompt.decode is None:
+            return None
+        if self.decoders is None:
+            from h3core.decode.run import Decoders
+
+            self.decoders = Decoders.load(prompt.decode.vaes, self.job.template.device)
+        return self.decoders
 
     def _agreed(self, indices: list[int]) -> list[int]:
         """Under torchrun, every rank runs the prompts rank 0 chose (only rank 0 reads the folder)."""
@@ -195,7 +236,7 @@ class _Batch:
         """Up to one prompt per replica group at once (`first`: the first one's place in `texts`).
         The disk must hold their results before they are computed (`NoRoom` stops the batch)."""
         if self.folder is not None:
-            self.folder.check_room(sum(output_bytes(p.run, self.job.save_latents) for p in prompts if p.run is not None))
+            self.folder.check_room(sum(output_bytes(p.run, self.job.save_latents, p.decode) for p in prompts if p.run is not None))
         groups = self.job.template.replicas
         runs = [p.run for p in prompts] + [None] * (groups - len(prompts))
         slots = [first + i for i in range(len(prompts))] + [None] * (groups - len(prompts))
@@ -240,9 +281,9 @@ class _Batch:
         """Write the prompt's folder as `h3 generate` does, published whole; record it as done."""
         assert self.folder is not None and prompt.run is not None
         report = build_report(prompt.run, outcomes)
-        folder = self.folder.entry(prompt.result.folder, need_bytes=output_bytes(prompt.run, self.job.save_latents), overwrite=True)
+        folder = self.folder.entry(prompt.result.folder, need_bytes=output_bytes(prompt.run, self.job.save_latents, prompt.decode), overwrite=True)
         try:
-            write_outputs(report, outcomes[0], folder, self.job.save_latents, None)
+            write_outputs(report, outcomes[0], folder, self.job.save_latents, None, decoders=self._decoders(prompt))
             folder.publish()
             folder.finish()
         except OSError as err:

@@ -1,31 +1,50 @@
-"""The files of one `h3 generate` run, staged in its output folder (`h3core.reports.outputs`): the latents
-(unless not saved), a preview PNG of the video latent, the report, and the report's `--benchmark` copy."""
+"""The files of one `h3 generate` run, staged in its output folder (`h3core.reports.outputs`): video.mp4
+and its preview (the decode, unless --no-decode), the latents (unless not saved; without a decode the
+preview is the video latent's), the report, and the report's `--benchmark` copy."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from h3core.generate.report import RankReport, RunFiles, RunReport
 from h3core.generate.request import ResolvedRun
+from h3core.model.checkpoint import SYNTHETIC
 from h3core.reports.outputs import FileInFolder, OutputFile, OutputFolder
 from h3core.reports.preview import preview_png
 
+if TYPE_CHECKING:
+    from h3core.decode.plan import DecodePlan
+    from h3core.decode.run import Decoders, Phase
+
 
 def write_outputs(
-    report: RunReport, outcome: RankReport, folder: OutputFolder, save_latents: bool, benchmark: OutputFile | FileInFolder | None, under: str = ""
+    report: RunReport, outcome: RankReport, folder: OutputFolder, save_latents: bool, benchmark: OutputFile | FileInFolder | None, under: str = "",
+    decoders: "Decoders | None" = None, on_phase: "Phase | None" = None,
 ) -> RunFiles:
-    """Stage the latents (unless not saved), a preview PNG and the report in `folder` (in its
-    subfolder `under`), and the report copy in `benchmark`; they appear when the caller publishes
-    them. The report names the paths the files will have."""
+    """Stage video.mp4 and preview.png (decoded by `decoders`, when given), the latents (unless not
+    saved), and the report in `folder` (in its subfolder `under`), and the report copy in
+    `benchmark`; they appear when the caller publishes them. The report names the paths the files
+    will have."""
     place = (lambda name: str(Path(under) / name)) if under else (lambda name: name)
     latents = _latents(report, outcome, folder, place("latents.safetensors")) if save_latents else None
-    preview = _preview(report, outcome, folder, place("preview.png"))
+    video = None
+    if decoders is not None:
+        report.decode = decoders.to_folder(
+            outcome.latents, folder, synthetic_label=report.weights == SYNTHETIC, under=under,
+            title=f"h3 {report.mode.value} x{report.world_size} · seed {report.seed}", on_phase=on_phase or (lambda phase: None),
+        )
+        report.timings["decode"] = report.decode.timings.total_s
+        video, preview = report.decode.files.video, report.decode.files.preview
+    else:
+        preview = _preview(report, outcome, folder, place("preview.png"))
     report.files = RunFiles(
         directory=str(folder.path / under if under else folder.path),
         report=str(folder.path / place("report.json")),
         latents=str(latents) if latents else None,
         preview=str(preview) if preview else None,
+        video=str(video) if video else None,
         benchmark=str(benchmark.path) if benchmark else None,
     )
     data = (report.model_dump_json(indent=2) + "\n").encode()
@@ -39,7 +58,9 @@ def _latents(report: RunReport, outcome: RankReport, folder: OutputFolder, name:
     from safetensors.torch import save as save_tensors
 
     tensors = {k: t.contiguous() for k, t in outcome.latents.items() if t is not None}
-    return folder.write(name, save_tensors(tensors, metadata={"seed": str(report.seed)}))
+    # `weights: synthetic` travels with the latents: `h3 decode` labels what it makes of them
+    metadata = {"seed": str(report.seed), "weights": SYNTHETIC if report.weights == SYNTHETIC else "checkpoint"}
+    return folder.write(name, save_tensors(tensors, metadata=metadata))
 
 
 def _preview(report: RunReport, outcome: RankReport, folder: OutputFolder, name: str) -> Path | None:
@@ -49,7 +70,8 @@ def _preview(report: RunReport, outcome: RankReport, folder: OutputFolder, name:
     return folder.write(name, preview_png(outcome.video, title))
 
 
-def output_bytes(run: ResolvedRun, save_latents: bool) -> int:
-    """What a run writes, for the free-space check: the float32 latents when saved (report and
-    preview fit in the outputs' margin)."""
-    return 4 * (math.prod(run.shape.video_latent) + math.prod(run.shape.audio_latent)) if save_latents else 0
+def output_bytes(run: ResolvedRun, save_latents: bool, decode: "DecodePlan | None" = None) -> int:
+    """What a run writes, for the free-space check: the float32 latents when saved, the mp4's bound
+    when decoded (report and preview fit in the outputs' margin)."""
+    latents = 4 * (math.prod(run.shape.video_latent) + math.prod(run.shape.audio_latent)) if save_latents else 0
+    return latents + (decode.output_bytes() if decode is not None else 0)

@@ -9,6 +9,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, computed_field
 
 from h3core import settings
+from h3core.decode.report import DecodeReport
 from h3core.errors import CheckFailed
 from h3core.files.fingerprint import file_identity
 from h3core.generate.parity import LatentParity
@@ -115,6 +116,7 @@ class RunFiles(BaseModel):
     report: str
     latents: str | None
     preview: str | None
+    video: str | None = Field(None, description="video.mp4 (None with --no-decode).")
     benchmark: str | None = None
 
 
@@ -161,15 +163,17 @@ class RunReport(BaseModel):
     parity: LatentParity | None = None  # with --parity: vs the single-rank run (at 1 rank: vs the other mode)
     cpu_allocator: str = "n/a"  # CPU runs: the ranks' allocator policy (h3core.runtime.cpu_memory)
     profile: RunProfile | None = None  # with --profile: per rank and step, where the time went
+    decode: DecodeReport | None = Field(None, description="The latents decoded into video.mp4 in this process once the ranks were done (None with --no-decode).")
     files: RunFiles | None = None
     request_fingerprint: str | None = Field(None, description="sha256 of the resolved request (`request_fingerprint`): equal for two runs of the same request; how `h3 generate --prompts` knows a result is complete.")
     versions: Versions
 
     def failure(self) -> CheckFailed | None:
-        """The error to exit with: parity measured and not within its bound (None otherwise)."""
+        """The error to exit with: parity measured and not within its bound, or a video.mp4 that
+        breaks the mp4 contract (None otherwise)."""
         p = self.parity
         if p is None or p.passed:
-            return None
+            return self.decode.failure() if self.decode is not None else None
         where = f" (report: {self.files.report})" if self.files else ""
         return CheckFailed(f"latent parity failed: relative error {p.relative:.3g} > tolerance {p.tolerance:g} vs {p.reference}{where}")
 

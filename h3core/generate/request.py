@@ -81,10 +81,14 @@ class GenerateJob(BaseModel):
     benchmark: Path | None = Field(None, description="Also write the report JSON here (H3_DISTRIBUTED_BENCHMARK).")
     parity: bool = Field(False, description="Also run one rank and record the latent error against the derived bound.")
     overwrite: bool = Field(False, description="Replace an existing folder of h3 results at `output` whole.")
+    decode: bool = Field(True, description="Decode the latents into video.mp4 once the ranks are done (--no-decode: latents only, `h3 decode` later).")
+    video_vae: Path | None = Field(None, description="--video-vae (else H3_VIDEO_VAE_PATH, beside the transformer, the synthetic VAE for a synthetic transformer).")
+    audio_vae: Path | None = Field(None, description="--audio-vae (else H3_AUDIO_VAE_PATH, beside the transformer, the synthetic VAE for a synthetic transformer).")
 
     @classmethod
     def from_flags(cls, *, count: int | None, device: str, output: Path | None, save_latents: bool | None,
-                   benchmark: Path | None, parity: bool, overwrite: bool, **request: object) -> "GenerateJob":
+                   benchmark: Path | None, parity: bool, overwrite: bool, decode: bool = True,
+                   video_vae: Path | None = None, audio_vae: Path | None = None, **request: object) -> "GenerateJob":
         """The job of the command line: the device resolved, the rank count (COUNT/--gpus, else
         H3_WORLD_SIZE, else every visible GPU, else 1) checked against it, every variable applied."""
         from h3core.runtime.device import check_world_size_fits, resolve_device, visible_gpu_count
@@ -100,6 +104,7 @@ class GenerateJob(BaseModel):
             ),
             output=settings.output_folder(output), save_latents=settings.save_latents(save_latents),
             benchmark=settings.benchmark_path(benchmark), parity=parity, overwrite=overwrite,
+            decode=decode, video_vae=video_vae, audio_vae=audio_vae,
         )
 
 

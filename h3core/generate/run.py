@@ -15,12 +15,14 @@ from typing import Callable
 import torch
 
 from h3core import settings
+from h3core.decode.plan import DecodePlan, plan_decode
+from h3core.decode.run import Decoders, Phase, no_phase
 from h3core.errors import ConfigError
 from h3core.generate.files import output_bytes, write_outputs
 from h3core.generate.parity import LatentParity, latent_parity, run_tolerance
 from h3core.generate.pipeline import rank_generate
-from h3core.generate.report import RankReport, RunReport, StepDone, build_report, request_fingerprint
 from h3core.generate.dryrun import check_predicted
+from h3core.generate.report import RankReport, RunReport, StepDone, build_report, request_fingerprint
 from h3core.generate.request import GenerateJob, GenerateRequest, ResolvedRun, build_plan, check_torchrun_parity, resolve
 from h3core.parallel.modes import Mode
 from h3core.reports.outputs import Outputs
@@ -83,21 +85,32 @@ def check_one_group(request: GenerateRequest) -> None:
         )
 
 
-def generate(job: GenerateJob, on_step: StepCallback | None = None) -> RunReport | None:
-    """Resolve, reserve the output folder, launch every rank, and publish the report with its files
-    (only after every rank succeeded; on any failure or Ctrl-C nothing is written).
+def plan_run_decode(job: GenerateJob, run: ResolvedRun, beside_bytes: int = 0) -> DecodePlan | None:
+    """The decode `run` ends with (its VAEs found and checked, its memory checked), or None with --no-decode."""
+    if not job.decode:
+        return None
+    s = run.shape
+    return plan_decode(job.video_vae, job.audio_vae, run.request.model_path, synthetic_transformer=run.synthetic,
+                       width=s.width, height=s.height, frames=s.frames, device=run.request.device, beside_bytes=beside_bytes)
+
+
+def generate(job: GenerateJob, on_step: StepCallback | None = None, on_phase: Phase | None = None) -> RunReport | None:
+    """Resolve (the decode's VAEs too), reserve the output folder, launch every rank, decode the
+    latents into video.mp4 here once the ranks are done (their memory released), and publish the
+    report with its files (only after all of it succeeded; on any failure or Ctrl-C nothing is written).
 
     Returns None on the ranks of a torchrun launch other than rank 0 (which writes everything).
     """
     check_torchrun_parity(job.parity)
     check_one_group(job.request)
     run = resolve(job.request)
+    decode = plan_run_decode(job, run)
     check_predicted(run)  # CUDA: the dry run of the ranks' own code predicts each rank's peak (h3core.generate.dryrun)
     with Outputs(enabled=settings.is_rank_zero()) as outputs:
         folder = bench = None
         if outputs.enabled:
             kind = f"generate-{run.request.mode.value}{'-cfg' if run.request.cfg_parallel else ''}-{run.request.world_size}"
-            folder = outputs.folder(job.output, kind=kind, need_bytes=output_bytes(run, job.save_latents), overwrite=job.overwrite)
+            folder = outputs.folder(job.output, kind=kind, need_bytes=output_bytes(run, job.save_latents, decode), overwrite=job.overwrite)
             bench = outputs.file(job.benchmark, flag="--benchmark") if job.benchmark is not None else None
         outcomes = execute(run, on_step)
         if outcomes is None or folder is None:
@@ -105,6 +118,11 @@ def generate(job: GenerateJob, on_step: StepCallback | None = None) -> RunReport
         report = build_report(run, outcomes)
         if job.parity:
             report.parity = reference_parity(run, outcomes[0])
-        write_outputs(report, outcomes[0], folder, job.save_latents, bench)
+        decoders = Decoders.load(decode.vaes, run.request.device, on_phase or no_phase) if decode is not None else None
+        try:
+            write_outputs(report, outcomes[0], folder, job.save_latents, bench, decoders=decoders, on_phase=on_phase)
+        finally:
+            if decoders is not None:
+                decoders.release()
         outputs.publish()
     return report

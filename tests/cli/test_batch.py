@@ -38,15 +38,25 @@ def test_a_batch_writes_a_folder_per_prompt_records_failures_and_resumes(h3, tmp
     assert report.prompts[0].load_seconds > 0 and report.prompts[2].load_seconds == 0.0  # loaded once
     assert sorted(p.name for p in out.iterdir()) == ["000-fox", "002-rain-on-a-tin-roof", "batch.json"]
     for name in ("000-fox", "002-rain-on-a-tin-roof"):  # each exactly what `h3 generate` writes
-        assert sorted(p.name for p in (out / name).iterdir()) == ["latents.safetensors", "preview.png", "report.json"]
+        assert sorted(p.name for p in (out / name).iterdir()) == ["latents.safetensors", "preview.png", "report.json", "video.mp4"]
     assert BatchReport.model_validate_json((out / "batch.json").read_text()) == report
 
-    # The same prompt alone through `h3 generate`: the same latents, bit for bit.
+    # The same prompt alone through `h3 generate`: the same latents, bit for bit, and the same clip
+    # (the batch loaded its VAEs once for both prompts).
     code, stdout, _ = h3("generate", "--prompt", "a red fox in snow", "--seed", "3", "--steps", "2", "-o", str(tmp_path / "one"), "--json")
     alone = RunReport.model_validate_json(stdout)
     batched = RunReport.model_validate_json((out / "000-fox" / "report.json").read_text())
     assert code == 0 and alone.video == batched.video and alone.audio == batched.audio
     assert alone.request_fingerprint == batched.request_fingerprint
+    assert alone.decode.decoded == batched.decode.decoded
+    assert (tmp_path / "one" / "video.mp4").read_bytes() == (out / "000-fox" / "video.mp4").read_bytes()
+    rain = RunReport.model_validate_json((out / "002-rain-on-a-tin-roof" / "report.json").read_text())
+    assert rain.decode.timings.load_s == batched.decode.timings.load_s  # one load, reported by both
+
+    # A result whose video.mp4 went missing is not complete: it is redone.
+    (out / "002-rain-on-a-tin-roof" / "video.mp4").unlink()
+    code, mended, _ = _batch(h3, prompts, out)
+    assert [p.status.value for p in mended.prompts] == ["skipped", "failed", "ok"]
 
     # Again: the finished prompts are skipped, the failed one is tried again (and fails again).
     code, again, _ = _batch(h3, prompts, out)

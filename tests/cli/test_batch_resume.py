@@ -158,10 +158,10 @@ def _fill_after(monkeypatch, published: int, fill) -> list[int]:
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 2 MiB tmpfs (needs root; where mounting is not allowed, the ENOSPC test below covers the class)."""
+    """An 8 MiB tmpfs (needs root; where mounting is not allowed, the ENOSPC test below covers the class)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()}); test_a_full_disk_while_publishing covers it")
     try:

@@ -25,8 +25,28 @@ def test_main_command_writes_report_latents_and_preview(tmp_path, cache):
     assert report.weights == "synthetic" and report.world_size == 1 and report.video is not None
     assert (tmp_path / "run" / "latents.safetensors").stat().st_size > 0
     assert (tmp_path / "run" / "preview.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["latents.safetensors", "preview.png", "report.json"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["latents.safetensors", "preview.png", "report.json", "video.mp4"]
+    d = report.decode
+    assert d is not None and d.problems == [] and d.weights == "synthetic" and report.files.video == str(tmp_path / "run" / "video.mp4")
+    assert (d.probe.video_codec, d.probe.frames, d.probe.audio_codec, d.probe.channels) == ("h264", report.shape.frames, "aac", 2)
+    assert d.latents["video"] == report.video and d.latents["audio"] == report.audio  # the latents it wrote are the ones it decoded
     assert elapsed < 120  # generous: the README promises under a minute on 2 quiet cores
+    # `h3 decode` of the saved latents is the same clip, labelled by the latents' own metadata
+    decode = h3_process("decode", str(tmp_path / "run" / "latents.safetensors"), "-o", str(tmp_path / "again"), "--json", env={"H3_CACHE_DIR": cache})
+    assert decode.returncode == 0, decode.stderr
+    again = json.loads(decode.stdout)
+    assert again["latents_metadata"]["weights"] == "synthetic" and again["decode"]["weights"] == "synthetic"
+    assert again["decode"]["decoded"] == d.model_dump(mode="json")["decoded"]
+    assert (tmp_path / "again" / "video.mp4").read_bytes() == (tmp_path / "run" / "video.mp4").read_bytes()
+
+
+def test_no_decode_writes_the_latents_and_their_preview(tmp_path, cache):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["generate", "--steps", "2", "--no-decode", "--output", str(out)], env={"H3_CACHE_DIR": cache})
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["latents.safetensors", "preview.png", "report.json"]
+    report = RunReport.model_validate_json((out / "report.json").read_text())
+    assert report.decode is None and report.files.video is None
 
 
 def _checksums(args, tmp_path, cache):
@@ -76,6 +96,8 @@ def test_benchmark_env_writes_a_copy_of_the_report(tmp_path, cache):
         (["tensor", "18", "--cfg-parallel", "--guidance", "3"], "8 attention heads over 9 ranks"),
         (["ulysses", "4", "--replicas", "2"], "--replicas 2 runs independent groups that share the prompts of --prompts FILE out"),
         (["ulysses", "3", "--replicas", "2", "--prompts", "PROMPTS"], "3 ranks do not split into 2 replica groups"),
+        (["--video-vae", "/nonexistent/vae.safetensors"], "--video-vae"),
+        (["--audio-vae", "PROMPTS"], "--audio-vae"),
     ],
 )
 def test_user_errors_are_one_line_exit_2_and_write_nothing(h3, tmp_path, args, needle):

@@ -28,10 +28,10 @@ def test_a_rerun_into_a_folder_with_results_is_refused_or_replaces_it_whole(h3, 
     run = tmp_path / "run"
     assert h3("generate", "--steps", "2", "--seed", "1", "-o", str(run))[0] == 0
     code, _, err = h3("generate", "--steps", "2", "--seed", "2", "--no-save-latents", "-o", str(run))
-    assert code == 2 and "already holds files (latents.safetensors, preview.png, report.json)" in _error(err) and "--overwrite" in err
+    assert code == 2 and "already holds files (latents.safetensors, preview.png, report.json, ...)" in _error(err) and "--overwrite" in err
     assert json.loads((run / "report.json").read_text())["seed"] == 1  # untouched
     assert h3("generate", "--steps", "2", "--seed", "2", "--no-save-latents", "--overwrite", "-o", str(run))[0] == 0
-    assert _entries(run) == ["preview.png", "report.json"]  # no stale latents of the first run beside the new report
+    assert _entries(run) == ["preview.png", "report.json", "video.mp4"]  # no stale latents of the first run beside the new report
     assert json.loads((run / "report.json").read_text())["seed"] == 2
     assert _entries(tmp_path) == ["run"]
 
@@ -127,7 +127,7 @@ def test_two_runs_into_one_folder_the_second_is_refused_at_once(h3, tmp_path, ca
         os.kill(first.pid, signal.SIGCONT)
         _, first_err = first.communicate(timeout=300)
     assert first.returncode == 0, first_err
-    assert _entries(run) == ["latents.safetensors", "preview.png", "report.json"]
+    assert _entries(run) == ["latents.safetensors", "preview.png", "report.json", "video.mp4"]
     assert json.loads((run / "report.json").read_text())["seed"] == 1
     assert _entries(tmp_path) == ["run"]
 
