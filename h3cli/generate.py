@@ -34,6 +34,10 @@ def render_run(report, console: Console) -> None:
     table.add_row("layout", layout_line(report.partition.layout))
     table.add_row("partition", f"heads {report.partition.heads} · tokens {report.partition.tokens}" + (" (each group)" if len(report.partition.layout.groups) > 1 else ""))
     table.add_row("compute", f"{report.device_name} · {report.dtype} · attention {report.attention_kernel} · NVFP4 {report.nvfp4_path}")
+    if report.fp4_selftest:
+        verdicts = sorted({r.reason for r in report.fp4_selftest.values()})
+        untested = f" · {len(report.fp4_untested_shapes)} GEMM shapes ran untested" if report.fp4_untested_shapes else ""
+        table.add_row("fp4 self-test", f"{len(report.fp4_selftest)} GPU(s): " + "; ".join(verdicts) + untested)
     t = report.timings
     steps = report.step_seconds
     table.add_row(

@@ -49,6 +49,7 @@ from h3core.batch.prompts import read_prompts
 from h3core.batch.report import REPORT_NAME, BatchProgress, BatchReport, ProgressCallback, PromptStatus
 from h3core.errors import ConfigError, H3Error, Interrupted, NoRoom, OutputError, stop_name
 from h3core.generate.files import output_bytes, write_outputs
+from h3core.generate.fp4gate import with_fp4_selftest
 from h3core.generate.report import RankReport, StepDone, build_report
 from h3core.generate.request import ResolvedRun
 from h3core.generate.resident import EncodedPrompts, denoise_round, drop_held, encode_prompts_once
@@ -238,6 +239,8 @@ class _Batch:
         if self.folder is not None:
             self.folder.check_room(sum(output_bytes(p.run, self.job.save_latents, p.decode) for p in prompts if p.run is not None))
         groups = self.job.template.replicas
+        for p in prompts:  # CUDA fp4: each GPU's GEMM checked before its ranks first need it (once per batch)
+            p.run = with_fp4_selftest(p.run) if p.run is not None else None
         runs = [p.run for p in prompts] + [None] * (groups - len(prompts))
         slots = [first + i for i in range(len(prompts))] + [None] * (groups - len(prompts))
         self.current = ", ".join(p.result.folder for p in prompts)

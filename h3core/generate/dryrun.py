@@ -105,6 +105,7 @@ class RankPrediction(BaseModel):
     host_syncs: list[HostSyncCount] = Field(default_factory=list)
     nvfp4_paths: dict[str, int] = Field(default_factory=dict)
     attention_kernels: dict[str, int] = Field(default_factory=dict)
+    fp4_gemm_shapes: list[list[int]] = Field(default_factory=list, description="Every distinct fp4 GEMM [M, N, K] the rank's code called (padded): what the fp4 self-test before a run checks.")
 
     @property
     def peak(self) -> int:
@@ -122,6 +123,10 @@ class DryRun(BaseModel):
     steps_simulated: int
     ranks: list[RankPrediction]
     seconds: float
+
+    def gemm_shapes(self) -> list[list[int]]:
+        """Every distinct fp4 GEMM [M, N, K] any rank called (ranks with the same shapes ran once)."""
+        return [list(s) for s in sorted({tuple(s) for r in self.ranks for s in r.fp4_gemm_shapes})]
 
     def peaks(self) -> list[int]:
         """Per global rank (every rank of the layout), its peak over load and sampling."""
@@ -238,12 +243,13 @@ def _rank_dry_run(run: ResolvedRun, arch: str, rank: int, fake: bool = True) -> 
         with _live_after_each_step(tracker, kind, live_after), _sampling_window(tracker, kind):
             done = pipeline.denoise(run, texts, new_record(ctx))
         peak_sampling, peak_total = tracker.peak(kind), tracker.highest(kind)
-        paths, kernels = runtime.record.paths(), runtime.record.kernels()
+        paths, kernels, shapes = runtime.record.paths(), runtime.record.kernels(), runtime.record.gemm_shapes()
         weights = pipeline.weights
         del pipeline, done, texts
     return RankPrediction(
         rank=rank, peak_load=peak_load, peak_sampling=peak_sampling, peak_total=peak_total, resident_after_load=resident,
         live_after_steps=live_after, weights=weights, host_syncs=_counted(tracker.syncs), nvfp4_paths=paths, attention_kernels=kernels,
+        fp4_gemm_shapes=shapes,
     )
 
 
@@ -474,11 +480,11 @@ def _header_only_checkpoint(file: TransformerFile, run: ResolvedRun) -> Iterator
 # --- the memory check before a CUDA run ----------------------------------------------------------------
 
 
-def check_predicted(run: ResolvedRun) -> list[int] | None:
+def check_predicted(run: ResolvedRun) -> DryRun | None:
     """On a CUDA run, refuse (one line) a run whose dry run predicts a peak above a GPU's usable memory;
-    returns the predicted peaks, or None where no dry run can run here (not CUDA, H3_MEMORY_CHECK=0, no
-    guard): the formula's check (`h3core.generate.memory.check_limits`, a lower bound, run first in
-    `resolve`) is then the only one."""
+    returns the dry run (its peaks, and the fp4 GEMM shapes the self-test then checks), or None where no
+    dry run can run here (not CUDA, H3_MEMORY_CHECK=0, no guard): the formula's check
+    (`h3core.generate.memory.check_limits`, a lower bound, run first in `resolve`) is then the only one."""
     from h3core import settings
     from h3core.errors import ResourceLimit
     from h3core.reports.units import format_bytes
@@ -490,7 +496,8 @@ def check_predicted(run: ResolvedRun) -> list[int] | None:
     if dry_run_problem(arch) is not None:
         return None
     try:
-        peaks = predicted_peaks(run, arch)
+        dry = dry_run(run, arch)
+        peaks = dry.peaks()
     except Exception:  # noqa: BLE001 - a dry run that cannot finish is no prediction: the formula's check stands
         if settings.debug():
             raise
@@ -503,7 +510,7 @@ def check_predicted(run: ResolvedRun) -> list[int] | None:
             f"here has {format_bytes(usable)} usable; use tensor mode, more GPUs or a smaller --width/--height/--frames "
             f"(h3 plan --memory shows each rank's peak); {settings.MEMORY_CHECK}=0 skips this check"
         )
-    return peaks
+    return dry
 
 
 # --- h3 plan --memory ------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from h3core.generate.fp4gate import install_on_rank
 from h3core.generate.loop import Denoiser, denoise
 from h3core.generate.profile import profiling
 from h3core.generate.report import HeldWeights, RankReport, StepDone
@@ -75,6 +76,7 @@ class RankPipeline:
     @classmethod
     def _load(cls, ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, parallel: bool) -> "RankPipeline":
         device, dtype = ctx.device, dev.compute_dtype(ctx.device.type, run.request.dtype)
+        install_on_rank(run, device)  # the launcher's fp4 self-test of this GPU decides its linears' path
         with dev.Stopwatch(device) as watch:
             checkpoint = Checkpoint.open(run.checkpoint, run.config)
             skip = left_out_at_load(run.plan, run.config.num_blocks) if parallel else ()
@@ -111,6 +113,7 @@ class RankPipeline:
         record.step_seconds, record.peak_memory_sampling_bytes = step_seconds, peak
         record.timings.update(sampling=sum(step_seconds), gather=watch.seconds)
         record.nvfp4_paths, record.attention_kernels = self.runtime.record.paths(), self.runtime.record.kernels()
+        record.fp4_gemm_shapes = self.runtime.record.gemm_shapes()
         record.profile = profiler.result() if profiler is not None else None
         return whole
 

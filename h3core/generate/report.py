@@ -12,11 +12,13 @@ from h3core import settings
 from h3core.decode.report import DecodeReport
 from h3core.errors import CheckFailed
 from h3core.files.fingerprint import file_identity
+from h3core.generate.fp4gate import untested_shapes
 from h3core.generate.parity import LatentParity
 from h3core.generate.profile import RankProfile, RunProfile
 from h3core.generate.request import ResolvedRun, RunShape
 from h3core.model.checkpoint import SYNTHETIC
 from h3core.model.config import ModelConfig
+from h3core.nvfp4.selftest import FP4SelfTest
 from h3core.model.sequence import KINDS, kind_length
 from h3core.parallel.collectives import CommStats
 from h3core.parallel.modes import Mode
@@ -64,6 +66,7 @@ class RankReport(BaseModel):
     comm: CommStats = Field(default_factory=CommStats)
     nvfp4_paths: dict[str, int] = Field(default_factory=dict, description="NVFP4 matmul path -> GEMM calls this rank ran in the denoising loop.")
     attention_kernels: dict[str, int] = Field(default_factory=dict, description="Attention kernel -> calls this rank ran in the denoising loop.")
+    fp4_gemm_shapes: list[list[int]] = Field(default_factory=list, description="Every distinct fp4 GEMM [M, N, K] this rank ran (padded), to compare with the fp4 self-test's.")
     used: RankUsage | None = Field(None, description="The heads, rows of each sequence and tensor-mode shards this rank ran with (the run's `partition` planned them).")
     cpu_allocator: str = Field("n/a", description="CPU runs: this rank's allocator policy (h3core.runtime.cpu_memory).")
     profile: RankProfile | None = Field(None, description="With --profile: where each step's time went on this rank.")
@@ -163,6 +166,8 @@ class RunReport(BaseModel):
     parity: LatentParity | None = None  # with --parity: vs the single-rank run (at 1 rank: vs the other mode)
     cpu_allocator: str = "n/a"  # CPU runs: the ranks' allocator policy (h3core.runtime.cpu_memory)
     profile: RunProfile | None = None  # with --profile: per rank and step, where the time went
+    fp4_selftest: dict[str, FP4SelfTest] | None = Field(None, description="The fp4 GEMM self-test of each GPU, run before the ranks started (h3core.generate.fp4gate); None where no fp4 GEMM could run.")
+    fp4_untested_shapes: list[list[int]] = Field(default_factory=list, description="fp4 GEMM [M, N, K] a rank ran that the self-test did not check (empty: it covered every call).")
     decode: DecodeReport | None = Field(None, description="The latents decoded into video.mp4 in this process once the ranks were done (None with --no-decode).")
     files: RunFiles | None = None
     request_fingerprint: str | None = Field(None, description="sha256 of the resolved request (`request_fingerprint`): equal for two runs of the same request; how `h3 generate --prompts` knows a result is complete.")
@@ -186,7 +191,8 @@ def request_fingerprint(run: ResolvedRun, portable: bool = False) -> str:
     (`settings.result_settings`). A changed prompt, seed, size, weight file or H3_EMULATE_FP4
     changes it; `portable` is the same on machines holding their own copies (torchrun's ranks)."""
     request = run.request
-    fields = run.model_dump(mode="json", exclude={"checkpoint": True, "request": {"model_path", "text_encoder_path", "profile"}})
+    # (the fp4 self-test is this machine's verdict on its GPUs, each torchrun process its own: not the request)
+    fields = run.model_dump(mode="json", exclude={"checkpoint": True, "fp4_selftest": True, "request": {"model_path", "text_encoder_path", "profile"}})
     fields["weights"] = {
         "checkpoint": file_identity(run.checkpoint, portable),
         "text_encoder": file_identity(request.text_encoder_path, portable) if request.text_encoder_path else "synthetic",
@@ -232,6 +238,8 @@ def build_report(run: ResolvedRun, outcomes: list[RankReport]) -> RunReport:
         cpu_allocator=first.cpu_allocator,
         profile=RunProfile.of([o.profile for o in outcomes]) if all(o.profile for o in outcomes) else None,
         request_fingerprint=request_fingerprint(run), versions=Versions.collect(),
+        fp4_selftest=run.fp4_selftest,
+        fp4_untested_shapes=untested_shapes(run, sorted({tuple(s) for o in outcomes for s in o.fp4_gemm_shapes})) if run.fp4_selftest else [],
     )
 
 

@@ -20,6 +20,7 @@ from h3core.errors import ConfigError
 from h3core.generate.memory import check_limits, plan_decoded_weights
 from h3core.model.checkpoint import SYNTHETIC, Checkpoint
 from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
+from h3core.nvfp4.selftest import FP4SelfTest
 from h3core.parallel.layout import RankLayout
 from h3core.parallel.modes import Mode
 from h3core.parallel.plan import ParallelPlan
@@ -141,6 +142,7 @@ class ResolvedRun(BaseModel):
     synthetic: bool
     shape: RunShape
     plan: ParallelPlan = Field(description="The partition every rank runs: heads, each sequence's tokens, tensor-mode shards, weights per rank.")
+    fp4_selftest: dict[str, FP4SelfTest] | None = Field(None, description="The launcher's fp4 GEMM self-test per GPU of this machine's ranks (h3core.generate.fp4gate); None where no fp4 GEMM can run.")
 
 
 def _given(value, default):  # type: ignore[no-untyped-def]

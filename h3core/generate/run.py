@@ -19,6 +19,7 @@ from h3core.decode.plan import DecodePlan, plan_decode
 from h3core.decode.run import Decoders, Phase, no_phase
 from h3core.errors import ConfigError
 from h3core.generate.files import output_bytes, write_outputs
+from h3core.generate.fp4gate import with_fp4_selftest
 from h3core.generate.parity import LatentParity, latent_parity, run_tolerance
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.dryrun import check_predicted
@@ -37,6 +38,7 @@ def execute(run: ResolvedRun, on_step: StepCallback | None = None) -> list[RankR
 
     Under torchrun every process calls this; only rank 0 gets the outcomes, the others None.
     """
+    run = with_fp4_selftest(run)  # CUDA fp4: each GPU's GEMM checked before any rank (a no-op when `run` carries it)
     with World(run.request.world_size, run.request.device, on_progress=on_step) as world:
         world.agree(request_fingerprint(run, portable=True), "request")  # torchrun: the run rank 0 resolved, or none
         try:
@@ -105,7 +107,8 @@ def generate(job: GenerateJob, on_step: StepCallback | None = None, on_phase: Ph
     check_one_group(job.request)
     run = resolve(job.request)
     decode = plan_run_decode(job, run)
-    check_predicted(run)  # CUDA: the dry run of the ranks' own code predicts each rank's peak (h3core.generate.dryrun)
+    dry = check_predicted(run)  # CUDA: the dry run of the ranks' own code predicts each rank's peak (h3core.generate.dryrun)
+    run = with_fp4_selftest(run, dry.gemm_shapes() if dry is not None else None)  # ... and the fp4 GEMMs it will call
     with Outputs(enabled=settings.is_rank_zero()) as outputs:
         folder = bench = None
         if outputs.enabled:

@@ -105,6 +105,8 @@ class NVFP4Linear(nn.Module):
         self.register_buffer("swizzled_weight_scale", None, persistent=False)
         self.record: Counter[str] | None = None
         """The rank's NVFP4 path record (`h3core.parallel.runtime.RankRecord`): +1 per GEMM call."""
+        self.shapes: Counter[tuple[int, int, int]] | None = None
+        """The rank's fp4 GEMM shapes (`RankRecord.fp4_shapes`): +1 per (M, N, K) the fp4 GEMM ran."""
         self.register_buffer("decoded_weight", None, persistent=False)  # [out, in] dense, `hold_decoded`
         self.agree_amax: Callable[[torch.Tensor], torch.Tensor] | None = None
         """Set by a parallel plan whose ranks each hold part of this linear's input: the max of a
@@ -336,6 +338,8 @@ class NVFP4Linear(nn.Module):
         if not self.prepared:
             self.prepare()
         weight = self.fp4_weight if self.fp4_weight is not None else self.weight
+        if self.shapes is not None:
+            self.shapes[(act_packed.shape[0], *fp4_gemm_shape(self.out_features, self.in_features))] += 1
         gemm, out_dtype = (scaled_mm_fp4, torch.bfloat16) if path == PATH_CUDA_FP4 else (emulated_scaled_mm_fp4, dtype)
         return fp4_gemm(
             act_packed, act_scale, act_global, weight, self.swizzled_weight_scale, self.weight_scale_2, self.out_features,

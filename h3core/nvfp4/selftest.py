@@ -279,7 +279,9 @@ _installed: dict[str, FP4SelfTest] = {}
 
 def install(result: FP4SelfTest) -> None:
     """Make `result` this process's verdict for its device (a rank, given the launcher's record)."""
-    _installed[_device_key(result.device)] = result
+    key = _device_key(result.device)
+    _installed[key] = result
+    _kernel_problems.pop(torch.device(key), None)  # a verdict cached from an earlier record gives way
 
 
 def installed(device: torch.device | str) -> FP4SelfTest | None:

@@ -40,12 +40,14 @@ class RankUsage(BaseModel):
 
 class RankRecord:
     """What one rank ran, counted where it ran and kept on its runtime (no process-wide state): the
-    attention kernel of every `attend` call and the NVFP4 path of every GEMM call. `attach` points a
-    model's attention cores and NVFP4 linears at it; `clear` starts a request's record."""
+    attention kernel of every `attend` call, the NVFP4 path of every GEMM call, and the (M, N, K) of
+    every fp4 GEMM (padded as the GEMM takes it: what the fp4 self-test must have covered). `attach`
+    points a model's attention cores and NVFP4 linears at it; `clear` starts a request's record."""
 
     def __init__(self) -> None:
         self.attention: Counter[str] = Counter()
         self.nvfp4: Counter[str] = Counter()
+        self.fp4_shapes: Counter[tuple[int, int, int]] = Counter()
 
     def attach(self, model: torch.nn.Module) -> None:
         from h3core.model.dit import AttentionCore
@@ -55,11 +57,16 @@ class RankRecord:
             if isinstance(module, AttentionCore):
                 module.record = self.attention
             elif isinstance(module, NVFP4Linear):
-                module.record = self.nvfp4
+                module.record, module.shapes = self.nvfp4, self.fp4_shapes
 
     def clear(self) -> None:
         self.attention.clear()
         self.nvfp4.clear()
+        self.fp4_shapes.clear()
+
+    def gemm_shapes(self) -> list[list[int]]:
+        """Every distinct fp4 GEMM (M, N, K) this rank ran, sorted."""
+        return [list(shape) for shape in sorted(self.fp4_shapes)]
 
     def kernels(self) -> dict[str, int]:
         return dict(sorted(self.attention.items()))

@@ -46,7 +46,7 @@ def _emulated_generate(ctx, count, run, agree=True):
     finally:
         NVFP4Linear.emulate_fp4 = None
         ParallelRuntime.agree_activation_scales = real_agree
-    return {"latents": outcome.latents if sub.rank == 0 else None, "paths": outcome.nvfp4_paths, "comm": outcome.comm}
+    return {"latents": outcome.latents if sub.rank == 0 else None, "paths": outcome.nvfp4_paths, "comm": outcome.comm, "shapes": outcome.fp4_gemm_shapes}
 
 
 # --- this process ---------------------------------------------------------------------------------
@@ -106,3 +106,21 @@ def test_without_the_agreement_ranks_quantize_differently(world8, checkpoints, r
     parity = latent_parity(result["latents"], references["dynamic"]["latents"], tolerance(mode, torch.float32), "1 rank")
     print(f"fp4 emulated, no agreement, {mode.value} x2: relative {parity.relative:.3g} (bound {parity.tolerance:.3g})")
     assert parity.relative > 100 * parity.tolerance
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_the_dry_run_predicts_every_fp4_gemm_shape_the_ranks_run(world8, checkpoints, mode):
+    """What the fp4 self-test before a CUDA run checks (`h3core.generate.fp4gate`) is the set of GEMM
+    shapes the dry run of the ranks' own code called on simulated sm_120 GPUs: here it is held against
+    the shapes real ranks ran on the CPU's fp4 path (the same code from the GEMM's padding on), at
+    6 ranks (ragged heads and fc2 blocks), for both sequences of a guided run."""
+    from h3core.generate import dryrun
+
+    problem = dryrun.dry_run_problem("sm_120")
+    if problem is not None:
+        pytest.skip(f"no fake CUDA here: {problem}")
+    run = _run("dynamic", checkpoints, mode, 6)
+    ran = sorted({tuple(s) for r in world8.run(_emulated_generate, 6, run)[:6] for s in r["shapes"]})
+    on_gpu = run.model_copy(update={"request": run.request.model_copy(update={"device": "cuda"})})
+    predicted = [tuple(s) for s in dryrun.dry_run(on_gpu, "sm_120").gemm_shapes()]
+    assert ran and predicted == ran

@@ -69,3 +69,17 @@ def test_an_in_process_run_leaves_nothing_on_the_gpu():
     assert outcome.peak_memory_sampling_bytes > 0
     assert torch.cuda.memory_allocated(0) == allocated
     assert torch.cuda.memory_reserved(0) <= reserved
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability(0) < (10, 0), reason="the fp4 GEMM needs Blackwell")
+def test_a_generate_run_self_tests_exactly_the_fp4_gemms_its_ranks_call(tmp_path):
+    """`h3 generate` on a Blackwell GPU: the launcher's self-test (h3core.generate.fp4gate) checked the
+    shapes the dry run predicted, and those are every fp4 GEMM the rank then ran."""
+    from h3core.generate.request import GenerateJob
+    from h3core.generate.run import generate
+
+    report = generate(GenerateJob(request=GenerateRequest(preset="narrow", steps=2, device="cuda"), output=tmp_path / "run", decode=False))
+    (record,) = report.fp4_selftest.values()
+    assert record.accepted, record.reason
+    assert report.ranks[0].fp4_gemm_shapes and report.fp4_untested_shapes == []
+    assert report.ranks[0].nvfp4_paths.keys() == {"cuda-fp4-scaled-mm"}
