@@ -68,8 +68,11 @@ def quantize_local_rows(x_local: torch.Tensor, act_global: torch.Tensor, width: 
     quantized element depends only on its own 16-element block and that scale, so concatenating
     the ranks' results in rank order is bitwise `quantize_unchecked(gathered rows)`, and
     `swizzle_block_scales` of the gathered scales is the GEMM's operand (`gathered_gemm_operands`).
-    With per-rank scales the bits differ (and so would the product).
+    With per-rank scales the bits differ (and so would the product). Fused on CUDA where triton
+    imports (`fused_quantize_rows`), else the codec; same bits.
     """
+    if x_local.is_cuda and FUSED_ON_CUDA and triton_available():
+        return fused_quantize_rows(x_local, act_global, width)
     return quantize_unchecked(x_local, act_global, padded_width=width)
 
 
@@ -97,6 +100,19 @@ def triton_available() -> bool:
 def fused_quantize_activation(x: torch.Tensor, act_global: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The eager result in one Triton launch (any device Triton runs on: CUDA, or the CPU under
     `TRITON_INTERPRET=1`).  x: [M, K] fp32/bf16/fp16 with unit column stride."""
+    packed, swizzled = _fused(x, act_global, width, swizzled=True)
+    return packed, swizzled.view(torch.float8_e4m3fn)
+
+
+def fused_quantize_rows(x: torch.Tensor, act_global: torch.Tensor, width: int) -> NVFP4Weight:
+    """`quantize_unchecked(x, act_global, padded_width=width)` in one Triton launch: packed codes
+    [M, width/2] and row-major (not swizzled) scales [M, width/16], what tensor mode gathers."""
+    packed, scales = _fused(x, act_global, width, swizzled=False)
+    global_scale = act_global.detach().to(device=x.device, dtype=torch.float32).reshape(())
+    return NVFP4Weight(packed, scales.view(torch.float8_e4m3fn).view(x.shape[0], layout.scale_columns(width)), global_scale)
+
+
+def _fused(x: torch.Tensor, act_global: torch.Tensor, width: int, *, swizzled: bool) -> tuple[torch.Tensor, torch.Tensor]:
     rows, cols = x.shape
     layout.check_width(cols, "activation width")
     layout.check_width(width, "padded width")
@@ -106,15 +122,15 @@ def fused_quantize_activation(x: torch.Tensor, act_global: torch.Tensor, width: 
     scale_cols = layout.scale_columns(width)
     padded_rows, padded_scale_cols = _ceil_to(rows, TILE_ROWS), _ceil_to(scale_cols, TILE_COLUMNS)
     packed = torch.empty(rows, layout.packed_bytes(width), dtype=torch.uint8, device=x.device)
-    swizzled = torch.empty(swizzled_size(rows, scale_cols), dtype=torch.uint8, device=x.device)
+    scales = torch.empty(swizzled_size(rows, scale_cols) if swizzled else rows * scale_cols, dtype=torch.uint8, device=x.device)
     global_scale = act_global.detach().to(device=x.device, dtype=torch.float32).reshape(1)
     grid = (padded_rows // FUSED_BLOCK_ROWS, -(-padded_scale_cols // FUSED_BLOCK_SCALES))
     _kernel()[grid](
-        x, x.stride(0), global_scale, packed, swizzled,
+        x, x.stride(0), global_scale, packed, scales,
         rows, cols, layout.scale_columns(cols), scale_cols, packed.shape[1], padded_rows, padded_scale_cols,
-        BLOCK_R=FUSED_BLOCK_ROWS, BLOCK_C=FUSED_BLOCK_SCALES,
+        BLOCK_R=FUSED_BLOCK_ROWS, BLOCK_C=FUSED_BLOCK_SCALES, SWIZZLED=swizzled,
     )
-    return packed, swizzled.view(torch.float8_e4m3fn)
+    return packed, scales
 
 
 def _ceil_to(n: int, multiple: int) -> int:

@@ -58,7 +58,7 @@ def e2m1_codes(q):
 def quantize_kernel(
     x_ptr, x_row_stride, global_ptr, packed_ptr, swizzled_ptr,
     rows, cols, real_blocks, blocks, packed_cols, padded_rows, padded_blocks,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SWIZZLED: tl.constexpr = True,
 ):
     # One program: BLOCK_R rows x BLOCK_C 16-element blocks, over the scale matrix padded to
     # whole 128x4 tiles (its padding gets zero scales; rows >= `rows` get no codes).
@@ -85,9 +85,14 @@ def quantize_kernel(
     stored = real_row[:, None, None] & (block < blocks)[None, :, None]
     tl.store(packed_ptr + row[:, None, None] * packed_cols + byte[None, :, :], packed, mask=stored)
 
-    # 128x4 swizzle: tiles row-tile major; in a tile, (r, c) at (r % 32) * 16 + (r // 32) * 4 + c
-    tile = (row // 128)[:, None] * (padded_blocks // 4) + (block // 4)[None, :]
-    offset = tile * 512 + ((row % 32) * 16 + ((row % 128) // 32) * 4)[:, None] + (block % 4)[None, :]
-    inside = (row < padded_rows)[:, None] & (block < padded_blocks)[None, :]
-    tl.store(swizzled_ptr + offset, scale_bits.to(tl.uint8), mask=inside)
+    if SWIZZLED:
+        # 128x4 swizzle: tiles row-tile major; in a tile, (r, c) at (r % 32) * 16 + (r // 32) * 4 + c
+        tile = (row // 128)[:, None] * (padded_blocks // 4) + (block // 4)[None, :]
+        offset = tile * 512 + ((row % 32) * 16 + ((row % 128) // 32) * 4)[:, None] + (block % 4)[None, :]
+        inside = (row < padded_rows)[:, None] & (block < padded_blocks)[None, :]
+        tl.store(swizzled_ptr + offset, scale_bits.to(tl.uint8), mask=inside)
+    else:
+        # row-major [rows, blocks] (tensor mode gathers these, then swizzles the whole matrix)
+        inside = real_row[:, None] & (block < blocks)[None, :]
+        tl.store(swizzled_ptr + row[:, None] * blocks + block[None, :], scale_bits.to(tl.uint8), mask=inside)
 

@@ -76,6 +76,20 @@ _FORMAT_BUFFERS = ("weight_scale", "weight_scale_2", "input_scale", "swizzled_we
 """Buffers whose dtype is part of the format (the packed `weight` is uint8, which casts leave alone)."""
 
 
+class GatheredCodes:
+    """A linear's input already quantized and gathered (tensor mode's `_GatherRows`): the whole input's
+    packed codes [M, K/2] and row-major block scales [M, K/16] at the GEMM's padded width K, with the
+    agreed activation global scale, and the dtype the rows had. Only `NVFP4Linear` on an fp4 path
+    takes it (`forward` hands it to `forward_gathered`)."""
+
+    def __init__(self, codes: NVFP4Weight, dtype: torch.dtype):
+        self.codes, self.dtype = codes, dtype
+
+    @property
+    def rows(self) -> int:
+        return self.codes.packed.shape[0]
+
+
 class NVFP4Linear(nn.Module):
     """`y = (x * pre_quant_scale) @ W.T + bias` with `W` stored as NVFP4.  x: [..., in] -> [..., out]"""
 
@@ -288,6 +302,8 @@ class NVFP4Linear(nn.Module):
         copied (`torch._scaled_mm` takes no strided output). Called through the module either way,
         so forward hooks (calibration, `--profile`) see every GEMM.
         """
+        if isinstance(x, GatheredCodes):
+            return self.forward_gathered([x.codes], x.dtype)
         if x.shape[-1] != self.in_features or not x.is_floating_point():
             raise ValueError(
                 f"NVFP4Linear({self.in_features} -> {self.out_features}) got input {x.dtype} {tuple(x.shape)}"

@@ -31,20 +31,25 @@ GUIDED = dict(preset="tiny", steps=2, guidance_scale=3.0, negative_prompt="blurr
 # --- rank side -----------------------------------------------------------------------------------
 
 
-def _emulated_generate(ctx, count, run, agree=True):
+def _emulated_generate(ctx, count, run, agree=True, codes_first=True):
     """World task: the pipeline on ranks 0..count-1 with fp4 emulation on (and the scale agreement
-    switched off when `agree` is False); rank 0 returns latents, every rank its paths."""
+    switched off when `agree` is False; tensor mode gathering rows, not codes, when `codes_first` is
+    False); rank 0 returns latents, every rank its paths."""
+    from h3core.parallel.modes import tensor
+
     sub = ctx.first_ranks(count) if count > 1 else (as_world_of_one(ctx) if ctx.rank == 0 else None)
     if sub is None:
         return None
     real_agree = ParallelRuntime.agree_activation_scales
     NVFP4Linear.emulate_fp4 = True
+    tensor.QUANTIZE_BEFORE_GATHER = codes_first
     if not agree:
         ParallelRuntime.agree_activation_scales = lambda self, linears: None
     try:
         outcome = rank_generate(sub, run)
     finally:
         NVFP4Linear.emulate_fp4 = None
+        tensor.QUANTIZE_BEFORE_GATHER = True
         ParallelRuntime.agree_activation_scales = real_agree
     return {"latents": outcome.latents if sub.rank == 0 else None, "paths": outcome.nvfp4_paths, "comm": outcome.comm, "shapes": outcome.fp4_gemm_shapes}
 
@@ -124,3 +129,19 @@ def test_the_dry_run_predicts_every_fp4_gemm_shape_the_ranks_run(world8, checkpo
     on_gpu = run.model_copy(update={"request": run.request.model_copy(update={"device": "cuda"})})
     predicted = [tuple(s) for s in dryrun.dry_run(on_gpu, "sm_120").gemm_shapes()]
     assert ran and predicted == ran
+
+
+@pytest.mark.parametrize("scales", ["static", "dynamic"])
+def test_tensor_mode_gathers_codes_bitwise_as_it_gathered_rows(world8, checkpoints, scales):
+    """Quantize-before-gather (tensor mode on the fp4 paths) gives the bits of gathering the rows and
+    quantizing the whole sequence, at ragged counts, and its row gathers move a fraction of the bytes:
+    K/2 + K/16 bytes a row of codes and scales for 4K bytes a float32 row (2K in bf16)."""
+    for count in (2, 6):
+        run = _run(scales, checkpoints, Mode.TENSOR, count)
+        codes = world8.run(_emulated_generate, count, run)[:count]
+        rows = world8.run(_emulated_generate, count, run, True, False)[:count]
+        for kind in ("video", "audio"):
+            assert torch.equal(codes[0]["latents"][kind], rows[0]["latents"][kind]), (scales, count, kind)
+        sent = [sum(r["comm"].kinds["gather_rows"].bytes_sent for r in result) for result in (codes, rows)]
+        print(f"tensor x{count}, {scales} scales: gather_rows sent {sent[0]:,} bytes with codes, {sent[1]:,} with rows")
+        assert sent[0] < 0.3 * sent[1]  # the gathers before qkv and fc1 are most of them; fp32 rows 4K vs 9K/16

@@ -15,8 +15,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from h3core.nvfp4 import activation
-from h3core.nvfp4.activation import eager_quantize_activation, fused_quantize_activation
-from h3core.nvfp4.codec import E2M1_VALUES, global_scale_for
+from h3core.nvfp4.activation import eager_quantize_activation, fused_quantize_activation, fused_quantize_rows
+from h3core.nvfp4.codec import E2M1_VALUES, global_scale_for, quantize_unchecked
 
 # Triton builds its own standard library (tl.max, ...) for the interpreter or for a GPU when it is
 # first imported, so the mode is set before that; a session that imported triton for a GPU first
@@ -34,6 +34,13 @@ def assert_bit_identical(x: torch.Tensor, global_scale: torch.Tensor, width: int
     assert torch.equal(got_packed, want_packed), f"{int((got_packed != want_packed).sum())} packed bytes differ"
     differ = got_scales.view(torch.uint8) != want_scales.view(torch.uint8)
     assert not differ.any(), f"{int(differ.sum())} swizzled scale bytes differ"
+    # the row-major form tensor mode quantizes its own rows into before it gathers them
+    want = quantize_unchecked(x, global_scale, padded_width=width)
+    got = fused_quantize_rows(x, global_scale, width)
+    assert torch.equal(got.packed, want.packed), f"{int((got.packed != want.packed).sum())} packed bytes of the rows differ"
+    differ = got.scale.view(torch.uint8) != want.scale.view(torch.uint8)
+    assert not differ.any(), f"{int(differ.sum())} row-major scale bytes differ"
+    assert torch.equal(got.global_scale, want.global_scale.float().reshape(()))
 
 
 def e4m3_values() -> torch.Tensor:
