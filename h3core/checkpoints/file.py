@@ -218,8 +218,8 @@ class TransformerFile:
         if f"{stored}.bias" in self.reader and columns is None:
             bias = self.reader.get(f"{stored}.bias") if rows is None else self.reader.get_rows(f"{stored}.bias", list(rows))
         linear = NVFP4Linear(weight, bias, pre_scale, extras.get("input_scale")).to(device)
-        if self.full_precision(prefix):
-            linear.fp4_matmul = False
+        if self.full_precision(prefix):  # the marker's full_precision_matrix_mult: dequantize and multiply, never fp4 (nor emulated)
+            linear.fp4_matmul, linear.emulate_fp4 = False, False
         linear.prepare()
         return linear
 

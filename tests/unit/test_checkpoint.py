@@ -224,3 +224,17 @@ def test_tensor_mode_shards_read_from_the_swizzled_file_are_slices_of_the_whole(
     shard = source.linear("blocks.1.attn.qkv_proj", rows=rows)
     full = dequantize(whole.blocks[1].attn.qkv_proj.nvfp4)
     assert torch.equal(dequantize(shard.nvfp4), torch.cat([full[s.start : s.stop] for s in rows]))
+
+
+def test_a_full_precision_marker_never_takes_an_fp4_gemm_not_even_emulated(ckpt_path, tmp_path, monkeypatch):
+    """`full_precision_matrix_mult` in a linear's comfy_quant: dequantize and multiply, on every device."""
+    from h3core.nvfp4.comfy import ComfyQuant, marker_tensor
+    from h3core.nvfp4.matmul import PATH_CPU_DEQUANT, PATH_CPU_FP4_EMULATED
+
+    marked = "blocks.1.mlp.fc2"
+    full = _rewrite(ckpt_path, tmp_path / "full.safetensors",
+                    lambda t, m: t.update({f"{marked}.comfy_quant": marker_tensor(ComfyQuant("nvfp4", full_precision_matrix_mult=True))}))
+    monkeypatch.setenv("H3_EMULATE_FP4", "1")
+    model = Checkpoint.open(full, CFG).load()
+    assert model.get_submodule(marked).path == PATH_CPU_DEQUANT
+    assert model.get_submodule("blocks.0.mlp.fc2").path == PATH_CPU_FP4_EMULATED  # the others still emulate the fp4 GEMM
