@@ -14,6 +14,9 @@
 #   7. h3's SDPA rule on this GPU for that run (sdpa-rule.json: the fused kernels allowed)
 #   8. the fp4 GEMM self-test in its own process (fp4-selftest.json: accepted, or the refused
 #      shape and the fallback; on a GPU without fp4 it says so and the check expects the bf16 path)
+#   9. the kernels of a step at the real shapes (kernels.json, scripts/bench_gpu_kernels.py): SDPA as
+#      h3 calls it at 17,608 and 73,514 rows (56 and 7 heads) against each allowed fused kernel alone,
+#      and each block linear's quantizer (fused and eager) against its fp4 GEMM and the bf16 GEMM
 # Sized to finish in under 8 minutes on one H200.
 #
 # JSON reports get stdout only (stderr, e.g. warnings, goes to the step's .log beside them), so
@@ -75,6 +78,7 @@ step_json sdpa-rule "$out/sdpa-rule.json" python -c 'import sys; from h3core.mod
 h3_shapes="1,256,128;77,1024,512;128,512,1024;300,2048,5376;1857,5376,7168"
 for m in 14855 1857; do h3_shapes="$h3_shapes;$m,21504,5376;$m,5376,7168;$m,28672,5376;$m,5376,14336"; done
 step_json fp4-selftest "$out/fp4-selftest.json" python -m h3core.nvfp4.selftest --device cuda:0 --shapes "$h3_shapes"
+step kernels "$out/kernels.log" python scripts/bench_gpu_kernels.py --repeat 10 --json "$out/kernels.json"
 
 expected=$(python - "$out/fp4-selftest.json" <<'PY'
 import json, sys, torch
