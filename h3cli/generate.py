@@ -154,21 +154,23 @@ def generate(
     json: options.Json = False,
 ) -> None:
     """Generate video + audio latents from a prompt, on one rank or across all of them."""
-    from h3core.generate.request import DEFAULT_PROMPT, GenerateJob
+    from h3core.generate.request import DEFAULT_PROMPT, GenerateJob, GenerateRequest
     from h3core.generate.run import generate as run_generate
 
     if mode_arg is not None and mode_arg not in (m.value for m in Mode):
         raise ConfigError(f"unknown mode {mode_arg!r}: the first argument is the mode, ulysses or tensor")
     if prompts is not None:
         _check_batch_flags(prompt, parity)
-    job = GenerateJob.from_flags(
-        count=_pick(count_arg, gpus, "the rank count"), device=device, output=output, save_latents=save_latents,
-        benchmark=benchmark, parity=parity, overwrite=overwrite, decode=decode, video_vae=video_vae, audio_vae=audio_vae,
+    flags = GenerateRequest(
         mode=Mode(_pick(mode_arg, mode.value if mode else None, "the mode") or Mode.ULYSSES.value),
         attention=_pick(attn_arg, attention, "the attention backend") or "sdpa",
         prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
-        cfg_parallel=cfg_parallel, replicas=replicas, preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, dtype=dtype,
-        model_path=model, text_encoder_path=text_encoder, profile=profile, decoded_weights=decoded_weights,
+        cfg_parallel=cfg_parallel, replicas=replicas, preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed,
+        device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile, decoded_weights=decoded_weights,
+    )
+    job = GenerateJob.from_flags(
+        flags, count=_pick(count_arg, gpus, "the rank count"), output=output, save_latents=save_latents,
+        benchmark=benchmark, parity=parity, overwrite=overwrite, decode=decode, video_vae=video_vae, audio_vae=audio_vae,
     )
     out = Output(json)
     if prompts is not None:

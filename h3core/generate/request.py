@@ -58,7 +58,7 @@ class GenerateRequest(UserRequest):
     world_size: int = Field(1, ge=1, description="Every rank of the run: replicas x CFG halves x ranks per sequence.")
     cfg_parallel: bool = Field(False, description="With guidance: half the ranks run the prompt's sequence, half the negative prompt's; one exchange per step.")
     replicas: int = Field(1, ge=1, description="Independent groups of ranks, each running the whole request (h3core.parallel.layout).")
-    device: str = Field("cpu", description="'cpu' or 'cuda' (resolved).")
+    device: str = Field("cpu", description="'cpu' or 'cuda' once resolved; as the flags give it (auto, cpu, cuda) until a job or matrix resolves it.")
     dtype: str | None = Field(None, description="Compute dtype override: fp32, bf16, fp16.")
     attention: str = "sdpa"
     model_path: Path | None = None
@@ -87,22 +87,22 @@ class GenerateJob(BaseModel):
     audio_vae: Path | None = Field(None, description="--audio-vae (else H3_AUDIO_VAE_PATH, beside the transformer, the synthetic VAE for a synthetic transformer).")
 
     @classmethod
-    def from_flags(cls, *, count: int | None, device: str, output: Path | None, save_latents: bool | None,
-                   benchmark: Path | None, parity: bool, overwrite: bool, decode: bool = True,
-                   video_vae: Path | None = None, audio_vae: Path | None = None, **request: object) -> "GenerateJob":
-        """The job of the command line: the device resolved, the rank count (COUNT/--gpus, else
-        H3_WORLD_SIZE, else every visible GPU, else 1) checked against it, every variable applied."""
+    def from_flags(cls, flags: GenerateRequest, *, count: int | None, output: Path | None = None, save_latents: bool | None = None,
+                   benchmark: Path | None = None, parity: bool = False, overwrite: bool = False, decode: bool = True,
+                   video_vae: Path | None = None, audio_vae: Path | None = None) -> "GenerateJob":
+        """The job of the command line: `flags` as typed (`device` as given: auto, cpu or cuda), the
+        device resolved, the rank count (COUNT/--gpus, else H3_WORLD_SIZE, else every visible GPU,
+        else 1) checked against it, every variable applied."""
         from h3core.runtime.device import check_world_size_fits, resolve_device, visible_gpu_count
 
-        device_type = resolve_device(device)
+        device_type = resolve_device(flags.device)
         world = settings.world_size(count, visible_gpu_count)
         check_world_size_fits(world, device_type)
-        model, text_encoder = request.pop("model_path", None), request.pop("text_encoder_path", None)
         return cls(
-            request=GenerateRequest(
-                **request, world_size=world, device=device_type,
-                model_path=settings.model_path(model), text_encoder_path=settings.text_encoder_path(text_encoder),  # type: ignore[arg-type]
-            ),
+            request=flags.model_copy(update={
+                "world_size": world, "device": device_type,
+                "model_path": settings.model_path(flags.model_path), "text_encoder_path": settings.text_encoder_path(flags.text_encoder_path),
+            }),
             output=settings.output_folder(output), save_latents=settings.save_latents(save_latents),
             benchmark=settings.benchmark_path(benchmark), parity=parity, overwrite=overwrite,
             decode=decode, video_vae=video_vae, audio_vae=audio_vae,

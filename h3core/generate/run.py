@@ -10,6 +10,7 @@ nothing is written). With `--parity` the run is compared with a one-rank run of 
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -96,19 +97,37 @@ def plan_run_decode(job: GenerateJob, run: ResolvedRun, beside_bytes: int = 0) -
                        width=s.width, height=s.height, frames=s.frames, device=run.request.device, beside_bytes=beside_bytes)
 
 
-def generate(job: GenerateJob, on_step: StepCallback | None = None, on_phase: Phase | None = None) -> RunReport | None:
-    """Resolve (the decode's VAEs too), reserve the output folder, launch every rank, decode the
-    latents into video.mp4 here once the ranks are done (their memory released), and publish the
-    report with its files (only after all of it succeeded; on any failure or Ctrl-C nothing is written).
+@dataclass(frozen=True)
+class ResolvedJob:
+    """A `GenerateJob` with every check done: the run the ranks execute and the decode that follows."""
 
-    Returns None on the ranks of a torchrun launch other than rank 0 (which writes everything).
-    """
+    job: GenerateJob
+    run: ResolvedRun
+    decode: DecodePlan | None
+
+
+def resolve_job(job: GenerateJob) -> ResolvedJob:
+    """Every check of `h3 generate` before any rank starts, in this order: the flags that need one
+    prompt or no torchrun, the request (`resolve`: config, sizes, plan, backends, memory formula,
+    weights), the decode (VAEs and their memory), the dry run's predicted peaks on CUDA, and the fp4
+    GEMM self-test of every GPU at the shapes the dry run called."""
     check_torchrun_parity(job.parity)
     check_one_group(job.request)
     run = resolve(job.request)
     decode = plan_run_decode(job, run)
     dry = check_predicted(run)  # CUDA: the dry run of the ranks' own code predicts each rank's peak (h3core.generate.dryrun)
     run = with_fp4_selftest(run, dry.gemm_shapes() if dry is not None else None)  # ... and the fp4 GEMMs it will call
+    return ResolvedJob(job, run, decode)
+
+
+def generate(job: GenerateJob, on_step: StepCallback | None = None, on_phase: Phase | None = None) -> RunReport | None:
+    """Resolve (`resolve_job`), reserve the output folder, launch every rank, decode the latents into
+    video.mp4 here once the ranks are done (their memory released), and publish the report with its
+    files (only after all of it succeeded; on any failure or Ctrl-C nothing is written).
+
+    Returns None on the ranks of a torchrun launch other than rank 0 (which writes everything).
+    """
+    run, decode = (resolved := resolve_job(job)).run, resolved.decode
     with Outputs(enabled=settings.is_rank_zero()) as outputs:
         folder = bench = None
         if outputs.enabled:
