@@ -66,6 +66,10 @@ _H3_ROOT = str(Path(__file__).resolve().parents[1])
 # --- the device guard ---------------------------------------------------------------------------
 
 
+NO_COMPILER = "no C++ compiler (c++ or g++, or $CXX) to build the no-op CUDA device guard a CPU-only torch needs for fake CUDA tensors"
+"""The one reason a CPU build cannot make fake CUDA tensors that is the machine's, not h3's (tests skip on it alone)."""
+
+
 def cuda_guard_problem() -> str | None:
     """None when fake CUDA tensors can be made and moved in this process, else why not (one line).
     Compiles and loads the no-op CUDA guard on a CPU build (cached; see the module docstring)."""
@@ -78,7 +82,7 @@ def _guard_problem() -> str | None:
         return None  # a CUDA build registers its own guard
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if compiler is None:
-        return "no C++ compiler (c++ or g++, or $CXX) to build the no-op CUDA device guard a CPU-only torch needs for fake CUDA tensors"
+        return NO_COMPILER
     try:
         library = _built_guard(compiler)
         torch.ops.load_library(str(library))

@@ -14,9 +14,11 @@ from h3core.model.config import preset
 from h3core.model.synthetic import synthetic_checkpoint
 from h3core.nvfp4.matmul import PATH_CUDA_BF16
 from h3core.parallel.plan import Mode, ParallelPlan
+from h3core.runtime import fake_cuda
 
 GUARD = dryrun.dry_run_problem("sm_120")
-needs_guard = pytest.mark.skipif(GUARD is not None, reason=f"no fake CUDA here: {GUARD}")
+# only a machine without a C++ compiler skips; a guard that does not build or load fails the tests
+needs_guard = pytest.mark.skipif(GUARD == fake_cuda.NO_COMPILER, reason=f"no fake CUDA here: {GUARD}")
 
 
 def _run(name: str, count: int, mode: Mode, arch: str, decoded: str = "off"):  # type: ignore[no-untyped-def]
