@@ -110,28 +110,3 @@ def from_diffusers(name: str) -> str:
     for pattern, replacement in _FROM_DIFFUSERS:
         name = re.sub(pattern, replacement, name)
     return name
-
-
-def to_diffusers(name: str) -> str:
-    """The diffusers name of an original tensor name (`qkv_proj` is three tensors there: see `split_qkv`)."""
-    inverse = [
-        (r"^blocks\.(\d+)\.", r"transformer_blocks.\1."),
-        (r"^token_refiner\.blocks\.(\d+)\.", r"token_refiner.refiner_blocks.\1."),
-        (r"^video_patch_proj\.", "proj_in."),
-        (r"^audio_patch_proj\.", "audio_proj_in."),
-        (r"^condition_proj\.", "context_embedder."),
-        (r"^time_embedder\.proj_in\.", "time_embedder.linear_1."),
-        (r"^time_embedder\.proj_out\.", "time_embedder.linear_2."),
-        (r"^final_layer\.norm\.", "norm_out.norm."),
-        (r"^final_layer\.adaln_proj\.linear\.", "norm_out.linear."),
-        (r"^final_layer\.video_out\.", "proj_out."),
-        (r"^final_layer\.audio_out\.", "audio_proj_out."),
-        (r"\.attn\.q_norm\.", ".attn.norm_q."),
-        (r"\.attn\.k_norm\.", ".attn.norm_k."),
-        (r"\.attn\.out_proj\.", ".attn.to_out.0."),
-        (r"\.mlp\.fc1\.", ".ff.net.0.proj."),
-        (r"\.mlp\.fc2\.", ".ff.net.2."),
-    ]
-    for pattern, replacement in inverse:
-        name = re.sub(pattern, replacement, name)
-    return name

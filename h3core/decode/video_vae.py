@@ -76,23 +76,30 @@ PUBLISHED_LATENTS_STD = (
 """The video latent statistics MiniMax publishes (`FL2VA/video_vae/config.json`; the same in ComfyUI's
 `vae.py`), used for a file that does not carry its own."""
 
-# (original, diffusers) name patterns; the rest keep their names.
-_RENAMES = (
-    (r"^encoder\.down\.(\d+)\.block\.(\d+)\.nin_shortcut\.", r"encoder.down_blocks.\1.resnets.\2.conv_shortcut."),
-    (r"^encoder\.down\.(\d+)\.block\.(\d+)\.", r"encoder.down_blocks.\1.resnets.\2."),
-    (r"^encoder\.down\.(\d+)\.downsample\.conv\.", r"encoder.down_blocks.\1.downsamplers.0.conv."),
-    (r"^decoder\.x_embedder\.", "decoder.proj_in."),
-    (r"^(decoder\.transformer_blocks\.\d+)\.attn\.to_out\.", r"\1.attn.to_out.0."),
-    (r"^(decoder\.transformer_blocks\.\d+)\.ff\.w2\.", r"\1.ff.net.2."),
+# (original, diffusers) name prefixes, "{i}" / "{j}" an index kept as it is; the first that matches renames
+# a name, both ways (the more specific first); the rest keep their names.
+_NAME_PAIRS = (
+    ("encoder.down.{i}.block.{j}.nin_shortcut.", "encoder.down_blocks.{i}.resnets.{j}.conv_shortcut."),
+    ("encoder.down.{i}.block.{j}.", "encoder.down_blocks.{i}.resnets.{j}."),
+    ("encoder.down.{i}.downsample.conv.", "encoder.down_blocks.{i}.downsamplers.0.conv."),
+    ("decoder.x_embedder.", "decoder.proj_in."),
+    ("decoder.transformer_blocks.{i}.attn.to_out.", "decoder.transformer_blocks.{i}.attn.to_out.0."),
+    ("decoder.transformer_blocks.{i}.ff.w2.", "decoder.transformer_blocks.{i}.ff.net.2."),
 )
-_BACK = (
-    (r"^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.conv_shortcut\.", r"encoder.down.\1.block.\2.nin_shortcut."),
-    (r"^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.", r"encoder.down.\1.block.\2."),
-    (r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.conv\.", r"encoder.down.\1.downsample.conv."),
-    (r"^decoder\.proj_in\.", "decoder.x_embedder."),
-    (r"^(decoder\.transformer_blocks\.\d+)\.attn\.to_out\.0\.", r"\1.attn.to_out."),
-    (r"^(decoder\.transformer_blocks\.\d+)\.ff\.net\.2\.", r"\1.ff.w2."),
-)
+
+
+def _prefix_rule(source: str, target: str) -> tuple[str, str]:
+    """(pattern, replacement) that renames the prefix `source` to `target`, indices kept."""
+    pattern, replacement, group = "^" + re.escape(source), target, 0
+    for index in ("{i}", "{j}"):
+        if index in source:
+            group += 1
+            pattern, replacement = pattern.replace(re.escape(index), r"(\d+)"), replacement.replace(index, f"\\{group}")
+    return pattern, replacement
+
+
+_RENAMES = tuple(_prefix_rule(original, diffusers) for original, diffusers in _NAME_PAIRS)
+_BACK = tuple(_prefix_rule(diffusers, original) for original, diffusers in _NAME_PAIRS)
 _QKV = re.compile(r"^(decoder\.transformer_blocks\.\d+\.attn)\.to_qkv\.(weight|bias)$")
 _W1 = re.compile(r"^(decoder\.transformer_blocks\.\d+\.ff)\.w1\.(weight|bias)$")
 _Q = re.compile(r"^(decoder\.transformer_blocks\.\d+\.attn)\.to_q\.(weight|bias)$")
