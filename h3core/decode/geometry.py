@@ -1,4 +1,5 @@
-"""H3's media clock and the latents it decodes: frames, latent frames, audio latents, samples.
+"""The latents a decode takes and what they decode to: frames, latent frames, audio latents, samples
+(counted with H3's media clock, `h3core.media`).
 
 Facts (MINIMAX_H3.md §2.5, §6; diffusers 0.42.1 `modular_pipelines/minimax_h3/modular_pipeline.py`
 `video_latent_num_frames` / `audio_latent_num_frames`, `AutoencoderKLMiniMaxH3._decode`):
@@ -22,45 +23,33 @@ from typing import Sequence
 
 from pydantic import BaseModel, Field
 
+from h3core import media
 from h3core.errors import ConfigError
+from h3core.media import AUDIO_STEREO, FPS, FRAMES_PER_CHUNK, LATENTS_PER_CHUNK, SAMPLE_RATE, SAMPLES_PER_AUDIO_LATENT, SPATIAL_STRIDE, audio_latents
 
-FPS = 24
-SAMPLE_RATE = 32_000
-AUDIO_LATENTS_PER_SECOND = 40
-SAMPLES_PER_AUDIO_LATENT = SAMPLE_RATE // AUDIO_LATENTS_PER_SECOND  # 800
-AUDIO_CHANNELS = 2
 VIDEO_LATENT_CHANNELS = 24
 AUDIO_LATENT_CHANNELS = 32
-SPATIAL_RATIO = 16
-CLIP_FRAMES = 17
-"""Pixel frames the video VAE encodes per clip (`clip_length`)."""
-CLIP_LATENTS = 5
-"""Latent frames each clip keeps after `token_drop` (`tokens_chunk_size`)."""
 
 
 def latent_frames(frames: int) -> int:
-    """17n + 5 frames -> 5n + 2 latent frames (n >= 1); anything else is a ConfigError."""
-    n, rest = divmod(frames - 5, CLIP_FRAMES)
-    if frames < 22 or rest:
+    """17n + 5 frames -> 5n + 2 latent frames with n >= 1 (the VAE decodes no 2-frame latent); anything
+    else is a ConfigError."""
+    n, rest = divmod(frames - LATENTS_PER_CHUNK, FRAMES_PER_CHUNK)
+    if n < 1 or rest:
         low = max(1, n)
         raise ConfigError(f"{frames} frames is not 17n+5 (n >= 1); H3 makes e.g. {17 * low + 5} or {17 * (low + 1) + 5} frames")
-    return CLIP_LATENTS * n + 2
+    return media.latent_frames(frames)
 
 
 def frames_of(latent_frames: int) -> int:
     """5n + 2 latent frames -> 17n + 5 frames (n >= 1); anything else is a ConfigError."""
-    n, rest = divmod(latent_frames - 2, CLIP_LATENTS)
+    n, rest = divmod(latent_frames - 2, LATENTS_PER_CHUNK)
     if latent_frames < 7 or rest:
         raise ConfigError(
             f"{latent_frames} latent frames is not 5n+2 (n >= 1): H3's video latents have 7, 12, 17, ... frames "
             "(17n+5 video frames)"
         )
-    return CLIP_FRAMES * n + 5
-
-
-def audio_latents(frames: int) -> int:
-    """Audio latents per channel that cover `frames` video frames: round(F / 24 * 40)."""
-    return round(frames * AUDIO_LATENTS_PER_SECOND / FPS)
+    return FRAMES_PER_CHUNK * n + 5
 
 
 def muxed_samples(frames: int) -> int:
@@ -93,10 +82,10 @@ def geometry_of(video_shape: Sequence[int], audio_shape: Sequence[int], where: s
             f"{where}: the video latent has shape {list(video_shape)}; H3's video VAE takes "
             f"[{VIDEO_LATENT_CHANNELS}, T, H/16, W/16] (24 channels)"
         )
-    if len(audio_shape) != 3 or audio_shape[:2] != (AUDIO_CHANNELS, AUDIO_LATENT_CHANNELS):
+    if len(audio_shape) != 3 or audio_shape[:2] != (AUDIO_STEREO, AUDIO_LATENT_CHANNELS):
         raise ConfigError(
             f"{where}: the audio latent has shape {list(audio_shape)}; H3's audio VAE takes "
-            f"[{AUDIO_CHANNELS}, {AUDIO_LATENT_CHANNELS}, T_a] (stereo, 32 channels)"
+            f"[{AUDIO_STEREO}, {AUDIO_LATENT_CHANNELS}, T_a] (stereo, 32 channels)"
         )
     _, t, h, w = video_shape
     if h < 1 or w < 1:
@@ -112,14 +101,14 @@ def geometry_of(video_shape: Sequence[int], audio_shape: Sequence[int], where: s
             f"({t} latent frames) go with round({frames} / 24 * 40) = {expected}; the two latents are not one H3 clip"
         )
     return LatentGeometry(
-        frames=frames, latent_frames=t, width=w * SPATIAL_RATIO, height=h * SPATIAL_RATIO, audio_latents=expected,
+        frames=frames, latent_frames=t, width=w * SPATIAL_STRIDE, height=h * SPATIAL_STRIDE, audio_latents=expected,
         decoded_samples=expected * SAMPLES_PER_AUDIO_LATENT, muxed_samples=muxed_samples(frames), duration_s=frames / FPS,
     )
 
 
 def geometry_for(width: int, height: int, frames: int) -> LatentGeometry:
     """The geometry of a request (for estimates): pixel size and frame count checked, latents derived."""
-    if width % SPATIAL_RATIO or height % SPATIAL_RATIO or width < SPATIAL_RATIO or height < SPATIAL_RATIO:
-        raise ConfigError(f"{width}x{height} is not a multiple of {SPATIAL_RATIO} pixels per side; the video VAE needs one")
+    if width % SPATIAL_STRIDE or height % SPATIAL_STRIDE or width < SPATIAL_STRIDE or height < SPATIAL_STRIDE:
+        raise ConfigError(f"{width}x{height} is not a multiple of {SPATIAL_STRIDE} pixels per side; the video VAE needs one")
     t = latent_frames(frames)
-    return geometry_of((VIDEO_LATENT_CHANNELS, t, height // SPATIAL_RATIO, width // SPATIAL_RATIO), (AUDIO_CHANNELS, AUDIO_LATENT_CHANNELS, audio_latents(frames)), "request")
+    return geometry_of((VIDEO_LATENT_CHANNELS, t, height // SPATIAL_STRIDE, width // SPATIAL_STRIDE), (AUDIO_STEREO, AUDIO_LATENT_CHANNELS, audio_latents(frames)), "request")

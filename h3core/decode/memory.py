@@ -26,12 +26,13 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from h3core.decode.geometry import CLIP_LATENTS, SPATIAL_RATIO, geometry_for
+from h3core.decode.geometry import geometry_for
+from h3core.media import LATENTS_PER_CHUNK, SPATIAL_STRIDE
 
 FLOAT_BYTES = 4
 TILE_PX, TILE_OVERLAP_PX = 256, 64
 """The reference's decode tiles (diffusers' `tile_sample_min_*`, MiniMax `vae_tile_size` / `vae_tile_overlap_min`)."""
-WINDOW_LATENTS = CLIP_LATENTS + 2
+WINDOW_LATENTS = LATENTS_PER_CHUNK + 2
 """Latent frames per decode window: 5 plus the 2 the next window overlaps."""
 WINDOW_FRAMES = 4 * WINDOW_LATENTS
 AMP_LIVE_TENSORS = 8
@@ -142,7 +143,7 @@ def estimate_decode_memory(
     b = FLOAT_BYTES
     ny, tile_h = split_count(height)
     nx, tile_w = split_count(width)
-    tokens = WINDOW_LATENTS * (tile_h // SPATIAL_RATIO) * (tile_w // SPATIAL_RATIO) + video.registers + 1
+    tokens = WINDOW_LATENTS * (tile_h // SPATIAL_STRIDE) * (tile_w // SPATIAL_STRIDE) + video.registers + 1
     inner = video.ffn_mult * video.dim
     per_tile = tokens * (6 * video.dim + 3 * inner + 2 * video.patch_values) * b + video.heads * tokens * tokens * b
     tile_out = 3 * WINDOW_FRAMES * tile_h * tile_w * b
@@ -156,5 +157,5 @@ def estimate_decode_memory(
     return DecodeMemory(
         width=width, height=height, frames=frames, weights_bytes=weights, video_activation_bytes=video_peak,
         audio_activation_bytes=audio_peak, total_bytes=weights + max(video_peak, audio_peak),
-        tiles_per_window=ny * nx, windows=(geometry.latent_frames - 2) // CLIP_LATENTS, tokens_per_tile=tokens,
+        tiles_per_window=ny * nx, windows=(geometry.latent_frames - 2) // LATENTS_PER_CHUNK, tokens_per_tile=tokens,
     )

@@ -18,7 +18,7 @@ import io
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from h3core.decode.geometry import AUDIO_CHANNELS, FPS, SAMPLE_RATE
+from h3core.media import AUDIO_STEREO, FPS, SAMPLE_RATE
 from h3core.decode.report import Mp4Probe
 from h3core.errors import OutputError
 
@@ -35,7 +35,7 @@ def encode_mp4(frames: "np.ndarray", audio: "np.ndarray", fps: int = FPS, sample
     """frames uint8 [F, H, W, 3] (RGB) and audio float32 [2, samples] in [-1, 1] -> mp4 bytes."""
     import av
 
-    if frames.ndim != 4 or frames.shape[-1] != 3 or audio.ndim != 2 or audio.shape[0] != AUDIO_CHANNELS:
+    if frames.ndim != 4 or frames.shape[-1] != 3 or audio.ndim != 2 or audio.shape[0] != AUDIO_STEREO:
         raise ValueError(f"frames [F, H, W, 3] and audio [2, samples] expected, got {frames.shape} and {audio.shape}")
     buffer = io.BytesIO()
     try:

@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from h3core.decode.geometry import AUDIO_CHANNELS, FPS, SAMPLE_RATE, LatentGeometry
+from h3core.decode.geometry import LatentGeometry
+from h3core.media import AUDIO_STEREO, FPS, SAMPLE_RATE
 from h3core.decode.memory import DecodeMemory
 from h3core.errors import CheckFailed
 from h3core.reports.schema import TensorChecksum, Versions, timestamp
@@ -70,7 +71,7 @@ class Mp4Probe(BaseModel):
             (abs(self.video_duration_s - geometry.duration_s) <= frame, f"video lasts {self.video_duration_s:.4f} s (want {geometry.duration_s:.4f} s within one frame)"),
             (self.audio_codec == "aac", f"audio codec {self.audio_codec} (want aac)"),
             (self.sample_rate == SAMPLE_RATE, f"{self.sample_rate} Hz (want {SAMPLE_RATE})"),
-            (self.channels == AUDIO_CHANNELS, f"{self.channels} audio channels (want {AUDIO_CHANNELS})"),
+            (self.channels == AUDIO_STEREO, f"{self.channels} audio channels (want {AUDIO_STEREO})"),
             (self.av_drift_s <= frame, f"audio and video differ by {self.av_drift_s:.4f} s (want at most one frame, {frame:.4f} s)"),
         ]
         return [message for ok, message in checks if not ok]

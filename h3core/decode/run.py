@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
-from h3core.decode.geometry import FPS, SAMPLE_RATE, LatentGeometry, geometry_of
+from h3core.decode.geometry import LatentGeometry, geometry_of
+from h3core.media import FPS, SAMPLE_RATE
 from h3core.decode.memory import AudioDecoderSize, VideoDecoderSize, estimate_decode_memory
 from h3core.decode.report import DecodeFiles, DecodeReport, DecodeTimings, Mp4Probe
 from h3core.decode.sources import VaeChoice, choose_vaes

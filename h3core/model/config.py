@@ -29,27 +29,9 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from h3core.errors import ConfigError
+from h3core.media import AUDIO_STEREO, FPS, SPATIAL_STRIDE, audio_latents, latent_frames, snap_frames
 from h3core.model.sequence import Segment, SegmentKind, pack_segments
 from h3core.nvfp4 import layout
-
-FPS = 24
-"""Video frames per second (the official outputs and every reference)."""
-
-AUDIO_LATENTS_PER_SECOND = 40
-"""Audio latents per second per channel: 32 kHz / hop 800."""
-
-AUDIO_STEREO = 2
-"""Audio channels, packed channel-major (row = channel * T_a + latent)."""
-
-FRAMES_PER_CHUNK = 17
-"""Pixel frames the video VAE encodes per chunk (its clip length)."""
-
-LATENTS_PER_CHUNK = 5
-"""Latent frames a chunk keeps (the VAE's token chunk size): F = 17n + 5 -> T = 5n + 2."""
-
-SPATIAL_STRIDE = 16
-"""Pixels per latent pixel on each spatial axis."""
-
 
 class ModelConfig(BaseModel):
     """Dimensions of an H3 transformer and the defaults of a run that suit them."""
@@ -147,28 +129,6 @@ class ModelConfig(BaseModel):
     def num_tokens(self, width: int, height: int, frames: int, text_tokens: int) -> int:
         """Rows of the packed sequence of one request."""
         return self.segments(width, height, frames, text_tokens)[-1].stop
-
-
-def snap_frames(frames: int) -> int:
-    """The smallest `17n + 5 >= frames` (the reference snaps a request up to what the VAE can encode)."""
-    if frames < 1:
-        raise ConfigError(f"frames must be at least 1, got {frames}")
-    if frames <= LATENTS_PER_CHUNK:
-        return LATENTS_PER_CHUNK
-    n = -(-(frames - LATENTS_PER_CHUNK) // FRAMES_PER_CHUNK)
-    return FRAMES_PER_CHUNK * n + LATENTS_PER_CHUNK
-
-
-def latent_frames(frames: int) -> int:
-    """Latent frames of `17n + 5` video frames: `5n + 2`."""
-    if frames % FRAMES_PER_CHUNK != LATENTS_PER_CHUNK:
-        raise ConfigError(f"{frames} frames is not of the form {FRAMES_PER_CHUNK}n + {LATENTS_PER_CHUNK}")
-    return (frames - LATENTS_PER_CHUNK) // FRAMES_PER_CHUNK * LATENTS_PER_CHUNK + 2
-
-
-def audio_latents(frames: int) -> int:
-    """Audio latents per channel covering `frames` video frames: round(frames / 24 * 40)."""
-    return int(round(frames / FPS * AUDIO_LATENTS_PER_SECOND))
 
 
 class VideoShape(BaseModel):

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "h3core"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("vocabulary", ("h3core", "h3core.errors", "h3core.span")),
+    ("vocabulary", ("h3core", "h3core.errors", "h3core.span", "h3core.media")),
     ("settings", ("h3core.settings",)),
     ("files", ("h3core.files",)),
     ("reports", ("h3core.reports",)),
