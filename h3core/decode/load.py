@@ -43,7 +43,7 @@ class LoadedVae:
 def load_vae(files: VaeFiles, device: "torch.device | str" = "cpu", *, decoder_only: bool = True) -> LoadedVae:
     """The VAE `files` describe, as diffusers' `AutoencoderKLMiniMaxH3` / `AutoencoderKLMiniMaxH3Audio`."""
     where = f"{files.path}"
-    config = _config(files, where)
+    config = vae_config(files, where)
     stats_from = _add_latent_stats(config, files, where)
     if files.role == "video":
         model = _video_model(files, config, device, decoder_only, where)
@@ -62,7 +62,8 @@ def load_vae(files: VaeFiles, device: "torch.device | str" = "cpu", *, decoder_o
 # --- config ------------------------------------------------------------------------------------------
 
 
-def _config(files: VaeFiles, where: str) -> dict[str, object]:
+def vae_config(files: VaeFiles, where: str) -> dict[str, object]:
+    """diffusers' config of the VAE `files` describe (its config.json, else from the tensor shapes), without the latent statistics."""
     if files.container == "diffusers folder":
         config = {k: v for k, v in files.config.items() if not k.startswith("_")}
         (video_vae if files.role == "video" else audio_vae).check_structure(config, where)

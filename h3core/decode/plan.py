@@ -43,7 +43,7 @@ def plan_decode(
     """Choose and check both VAEs for a `width` x `height`, `frames`-frame clip decoded on `device`
     (`beside_bytes`: what else stays on that device meanwhile); `ConfigError` / `CheckpointError` /
     `ResourceLimit` as one line."""
-    from h3core.decode.load import _config
+    from h3core.decode.load import vae_config
     from h3core.decode.synthetic import synthetic_vae_file
 
     vaes = choose_vaes(video_vae, audio_vae, model_path, allow_synthetic=synthetic_transformer)
@@ -51,7 +51,7 @@ def plan_decode(
     for role, choice in vaes.items():
         path = choice.path if choice.path is not None else synthetic_vae_file(role)[0]
         files = find_vae_files(path, role, choice.source)
-        configs[role] = _config(files, str(path))
+        configs[role] = vae_config(files, str(path))
     geometry = geometry_for(width, height, frames)
     memory = estimate_decode_memory(width, height, frames, video=VideoDecoderSize.of(configs["video"]), audio=AudioDecoderSize.of(configs["audio"]))
     check_decode_memory(memory, geometry, device, beside_bytes)
