@@ -14,7 +14,10 @@
    are left out and the quantizer is still timed (tensor mode's codes-first gather uses it).
 
 Every time is the median of `--repeat` CUDA-event-timed calls after one warm-up; ratios are of
-times measured in this run. `--json FILE` writes the rows.
+times measured in this run. Against the physical limit, each row also gives what it achieved: the
+attention's and the GEMMs' TFLOP/s (4 S^2 H Dh and 2 M N K multiply-adds counted as 2 FLOPs) and
+the quantizer's GB/s (bf16 read, codes and scales written), to hold against the GPU's datasheet
+peaks. `--json FILE` writes the rows.
 
     python scripts/bench_gpu_kernels.py --repeat 10 --json kernels.json
 """
@@ -76,6 +79,7 @@ def attention_rows(repeat: int) -> list[dict]:
                     alone[backend] = cuda_median(lambda: attend(q, k, v, "sdpa"), repeat)
             fastest = min(alone.values()) if alone else None
             rows.append({"what": "attention", "clip": name, "rows": seq, "heads": heads, "h3_seconds": h3_s, "h3_kernels": dict(record),
+                         "h3_tflops": 4 * seq * seq * heads * H3_HEAD_DIM / h3_s / 1e12,
                          "rule": choice.reason, "alone_seconds": alone, "h3_over_fastest": h3_s / fastest if fastest else None})
             del q, k, v
             torch.cuda.empty_cache()
@@ -102,15 +106,19 @@ def linear_rows(repeat: int) -> list[dict]:
             x = torch.randn(m, in_features, device="cuda", dtype=torch.bfloat16)
             gs = global_scale_for(x)
             row = {"what": "linear", "linear": name, "M": m, "N": out_features, "K": in_features, "path": linear.path}
+            flops, quantizer_bytes = 2 * m * out_features * in_features, m * in_features * 2 + m * width // 2 + m * width // 16
             row["bf16_gemm_seconds"] = cuda_median(lambda: F.linear(x, dense), repeat)
+            row["bf16_gemm_tflops"] = flops / row["bf16_gemm_seconds"] / 1e12
             row["eager_quantizer_seconds"] = cuda_median(lambda: activation.eager_quantize_activation(x, gs, width), max(1, repeat // 4))
             if activation.triton_available():
                 row["fused_quantizer_seconds"] = cuda_median(lambda: activation.fused_quantize_activation(x, gs, width), repeat)
+                row["fused_quantizer_gbps"] = quantizer_bytes / row["fused_quantizer_seconds"] / 1e9
             if fp4:
                 a_packed, a_scale = activation.quantize_activation(x, gs, width)
                 weight = linear.fp4_weight if linear.fp4_weight is not None else linear.weight
                 row["fp4_gemm_seconds"] = cuda_median(
                     lambda: scaled_mm_fp4(a_packed, a_scale, weight, linear.swizzled_weight_scale, a_global=gs, b_global=linear.weight_scale_2), repeat)
+                row["fp4_gemm_tflops"] = flops / row["fp4_gemm_seconds"] / 1e12
                 row["fp4_forward_seconds"] = cuda_median(lambda: linear(x), repeat)
                 quantizer = row.get("fused_quantizer_seconds", row["eager_quantizer_seconds"])
                 row["quantizer_over_fp4_gemm"] = quantizer / row["fp4_gemm_seconds"]
@@ -133,14 +141,15 @@ def main() -> int:
     rows = attention_rows(args.repeat) + linear_rows(args.repeat)
     for row in rows:
         if row["what"] == "attention":
-            print(f"attention {row['clip']} S={row['rows']:,} H={row['heads']}: h3 {row['h3_seconds'] * 1e3:.2f} ms {row['h3_kernels']} "
+            print(f"attention {row['clip']} S={row['rows']:,} H={row['heads']}: h3 {row['h3_seconds'] * 1e3:.2f} ms ({row['h3_tflops']:.0f} TFLOP/s) {row['h3_kernels']} "
                   f"(x{row['h3_over_fastest'] or 0:.2f} of the fastest fused kernel alone) · {row['rule']}")
         else:
-            parts = [f"bf16 GEMM {row['bf16_gemm_seconds'] * 1e3:.2f} ms", f"eager quantizer {row['eager_quantizer_seconds'] * 1e3:.2f} ms"]
+            parts = [f"bf16 GEMM {row['bf16_gemm_seconds'] * 1e3:.2f} ms ({row['bf16_gemm_tflops']:.0f} TFLOP/s)",
+                     f"eager quantizer {row['eager_quantizer_seconds'] * 1e3:.2f} ms"]
             if "fused_quantizer_seconds" in row:
-                parts.append(f"fused quantizer {row['fused_quantizer_seconds'] * 1e3:.3f} ms")
+                parts.append(f"fused quantizer {row['fused_quantizer_seconds'] * 1e3:.3f} ms ({row['fused_quantizer_gbps']:.0f} GB/s)")
             if "fp4_gemm_seconds" in row:
-                parts += [f"fp4 GEMM {row['fp4_gemm_seconds'] * 1e3:.2f} ms", f"quantizer/GEMM {row['quantizer_over_fp4_gemm']:.2f}",
+                parts += [f"fp4 GEMM {row['fp4_gemm_seconds'] * 1e3:.2f} ms ({row['fp4_gemm_tflops']:.0f} TFLOP/s)", f"quantizer/GEMM {row['quantizer_over_fp4_gemm']:.2f}",
                           f"fp4 forward/bf16 GEMM {row['fp4_forward_over_bf16_gemm']:.2f}"]
             print(f"{row['linear']} M={row['M']:,}: " + " · ".join(parts))
     if args.json:
