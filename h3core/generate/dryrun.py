@@ -32,7 +32,6 @@ step does not depend on which step it is.
 
 from __future__ import annotations
 
-import math
 import time
 import weakref
 from contextlib import ExitStack, contextmanager
@@ -560,7 +559,7 @@ def preset_run(plan: ParallelPlan, preset_name: str, arch: str, *, width: int | 
     dtype = torch.bfloat16 if on_gpu else torch.float32
     prefixes = sorted({s.prefix for s in synthetic_specs(config) if s.name.endswith(".weight_scale")})
     spec = ARCHS.get(arch)
-    elements = math.prod(shape.video_latent) + math.prod(shape.audio_latent)
+    elements = shape.latent_elements
     decided = plan_decoded_weights(plan, config, decoded_weights, prefixes, capability=spec.capability if spec else None,
                                    gpu_bytes=spec.total_memory - CUDA_CONTEXT_BYTES if spec else None,
                                    latent_elements=elements, steps=shape.steps, dtype=dtype, attention="sdpa")

@@ -4,7 +4,6 @@ preview is the video latent's), the report, and the report's `--benchmark` copy.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,5 +72,5 @@ def _preview(report: RunReport, outcome: RankReport, folder: OutputFolder, name:
 def output_bytes(run: ResolvedRun, save_latents: bool, decode: "DecodePlan | None" = None) -> int:
     """What a run writes, for the free-space check: the float32 latents when saved, the mp4's bound
     when decoded (report and preview fit in the outputs' margin)."""
-    latents = 4 * (math.prod(run.shape.video_latent) + math.prod(run.shape.audio_latent)) if save_latents else 0
+    latents = 4 * run.shape.latent_elements if save_latents else 0
     return latents + (decode.output_bytes() if decode is not None else 0)

@@ -73,13 +73,10 @@ def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int,
 def run_device_bytes(run) -> int:  # type: ignore[no-untyped-def]
     """One rank's estimated device bytes for `run` (a `ResolvedRun`; the largest rank): what a held pipeline keeps
     beside a decode on the same GPU (`h3 generate --prompts`)."""
-    import math
-
     from h3core.runtime.device import compute_dtype
 
     req, shape = run.request, run.shape
-    elements = math.prod(shape.video_latent) + math.prod(shape.audio_latent)
-    need = generate_need(run.config, run.plan, elements, shape.steps, req.device, compute_dtype(req.device, req.dtype), req.attention, spawned=False)
+    need = generate_need(run.config, run.plan, shape.latent_elements, shape.steps, req.device, compute_dtype(req.device, req.dtype), req.attention, spawned=False)
     return sum(need.on_device.values())
 
 

@@ -9,7 +9,6 @@ fails in well under a second and allocates nothing. The `ResolvedRun` goes to ev
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -158,7 +157,7 @@ def resolve(request: GenerateRequest) -> ResolvedRun:
     _check_backends(request, config)
     specs = checkpoint.specs() if checkpoint else None
     plan = build_plan(request, config, shape, specs=specs)
-    elements = math.prod(shape.video_latent) + math.prod(shape.audio_latent)
+    elements = shape.latent_elements
     dtype = compute_dtype(request.device, request.dtype)
     plan = _with_decoded_weights(request, config, plan, specs, elements, shape.steps, dtype)
     check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention)

@@ -26,6 +26,8 @@ Pure pydantic (no torch): `h3 plan` and the partition checks use it before anyth
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from h3core.errors import ConfigError
@@ -184,6 +186,11 @@ class VideoShape(BaseModel):
     def audio_latent(self) -> tuple[int, int, int]:
         """`[2, C, T_a]` of the audio latent (what `latents.safetensors` holds as `audio`)."""
         return (AUDIO_STEREO, self.audio_channels, self.audio_latents)
+
+    @property
+    def latent_elements(self) -> int:
+        """Elements of the video and the audio latent together."""
+        return math.prod(self.video_latent) + math.prod(self.audio_latent)
 
     @property
     def seconds(self) -> float:
