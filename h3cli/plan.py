@@ -38,7 +38,7 @@ def _render(plan: ParallelPlan, console: Console) -> None:
             "  ".join(f"{s.kind}[{s.start}:{s.stop}]" for s in r.segments), format_bytes(w.per_rank[i]) if w else "",
         )
     console.print(table)
-    for title, columns, rows in mode_of(plan.mode).plan_tables(plan):
+    for title, columns, rows in mode_of(plan.mode).plan_tables([r.tensor for r in plan.ranks]):
         extra = Table(title=title, title_justify="left")
         for column in columns:
             extra.add_column(column)

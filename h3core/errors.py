@@ -101,6 +101,11 @@ class NonFiniteResult(H3Error):
     """A computed value (a latent) became NaN or infinite; the run stops at the step it happened."""
 
 
+class DryRunFailed(H3Error):
+    """The dry run of a rank's code (`h3core.generate.dryrun`) did not finish: its one line says which
+    rank, what and where. A run's memory check then says so and falls back to the formula."""
+
+
 class CheckFailed(H3Error):
     """A validation or parity check ran and did not meet its tolerance."""
 

@@ -23,7 +23,7 @@
 # they always parse. The script exits 1 when a step failed or a check of the reports failed: SDPA
 # ran an unfused (math) kernel on any rank at H3's shapes, or a fused kernel h3's rule does not
 # allow on this GPU at the run's length (sdpa-rule.json: e.g. cuDNN attention below cuDNN 9.15.1;
-# h3core.model.attention.choose_sdpa_backends), or an NVFP4 linear on any rank took another path
+# h3core.model.attention.sdpa_rule.choose_sdpa_backends), or an NVFP4 linear on any rank took another path
 # than the one this GPU should take (cuda-fp4-scaled-mm on compute capability >= 10 with a torch
 # that has float4 and an fp4 GEMM self-test that passed, fp4-selftest.json; else cuda-dequant-bf16).
 set -uo pipefail
@@ -73,7 +73,7 @@ step_json bench-transport "$out/bench-transport.json" h3 bench-transport 1 sdpa 
 step nvfp4-linear "$out/nvfp4-linear.log" python scripts/bench_nvfp4_linear.py --device cuda --tokens 4096 --repeat 20 --json "$out/nvfp4-linear.json"
 step_json generate "$out/generate.json" h3 generate --device cuda --preset h3-2blocks --steps 4 --parity --no-save-latents --output "$out/generate" --json
 step_json dry-run-vs-measured "$out/dry-run-vs-measured.json" python -m h3core.generate.dryrun "$out/generate.json"
-step_json sdpa-rule "$out/sdpa-rule.json" python -c 'import sys; from h3core.model.attention import sdpa_rule_for_report; print(sdpa_rule_for_report(sys.argv[1]))' "$out/generate.json"
+step_json sdpa-rule "$out/sdpa-rule.json" python -m h3core.verify.gpu_reports --sdpa-rule "$out/generate.json"
 # H3's four block linears at one GPU's rows (14,855) and eight GPUs' (1,857), after the defaults
 h3_shapes="1,256,128;77,1024,512;128,512,1024;300,2048,5376;1857,5376,7168"
 for m in 14855 1857; do h3_shapes="$h3_shapes;$m,21504,5376;$m,5376,7168;$m,28672,5376;$m,5376,14336"; done

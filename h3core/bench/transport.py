@@ -54,11 +54,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from h3core import settings
 from h3core.errors import ConfigError
 from h3core.model import attention
-from h3core.model.attention import attend, check_backend, scores_bytes
+from h3core.model.attention import SdpaChoices, attend, check_backend, scores_bytes
 from h3core.model.config import ModelConfig, preset
-from h3core.model.dit import LinearHeads, ProjectedQKV
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.parallel.collectives import CommStats, SendBlocks, exchange_blocks, head_to_seq, send_blocks, seq_to_head
+from h3core.parallel.collectives import CommStats, Scratch, SendBlocks, exchange_blocks, head_to_seq, send_blocks, seq_to_head
+from h3core.parallel.modes.ulysses import LinearHeads, ProjectedQKV
 from h3core.parallel.partition import head_spans, token_spans
 from h3core.reports.outputs import Outputs
 from h3core.reports.schema import Versions, report_json
@@ -230,6 +230,8 @@ class _Inputs:
     projected: ProjectedQKV  # q, k (normalised): [S_loc, H, Dh]; v: LinearHeads; angles [S_loc, Dh/2]
     qkv: torch.Tensor  # [S_loc, 3, H, Dh], the finished q|k|v
     stand_in_out: torch.Tensor  # [S, H_loc, Dh], what attention would return when it is not timed
+    scratch: Scratch  # the collectives' CPU buffer, kept across calls as a rank's runtime keeps it
+    choices: SdpaChoices  # the attention kernel's cached SDPA decisions, as the model's kernel keeps them
 
 
 def _inputs(ctx: RankContext, cfg: TransportBenchConfig) -> _Inputs:
@@ -246,7 +248,7 @@ def _inputs(ctx: RankContext, cfg: TransportBenchConfig) -> _Inputs:
     q, k, h = randn(local_tokens, cfg.heads, cfg.head_dim), randn(local_tokens, cfg.heads, cfg.head_dim), randn(local_tokens, V_INPUT_WIDTH)
     projected = ProjectedQKV(q, k, LinearHeads(_v_linear(ctx, cfg), h, 0, cfg.heads, cfg.head_dim), angles.cos(), angles.sin())
     qkv = torch.stack(projected.split(), dim=1)
-    return _Inputs(tokens, heads, projected, qkv, randn(cfg.tokens, local_heads, cfg.head_dim))
+    return _Inputs(tokens, heads, projected, qkv, randn(cfg.tokens, local_heads, cfg.head_dim), Scratch(), SdpaChoices())
 
 
 def _v_linear(ctx: RankContext, cfg: TransportBenchConfig) -> NVFP4Linear:
@@ -260,7 +262,7 @@ def _exactness(ctx: RankContext, x: _Inputs) -> tuple[bool, bool]:
     """(seq->head->seq gives x back, RoPE written into the send blocks arrives as seq->head of the finished q|k|v)."""
     by_head = seq_to_head(x.qkv, x.tokens, x.heads, ctx.group)
     identity = bool(torch.equal(head_to_seq(by_head, x.tokens, x.heads, ctx.group), x.qkv))
-    through_blocks = exchange_blocks(_write_blocks(x.projected, x.heads), x.tokens, x.heads, ctx.group)
+    through_blocks = exchange_blocks(_write_blocks(x.projected, x.heads, x.scratch), x.tokens, x.heads, ctx.group)
     return identity, bool(torch.equal(through_blocks, by_head))
 
 
@@ -280,16 +282,16 @@ def _iteration(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs, wire: di
     first left dirty in the cache (~15 ms at 4 ranks on the 2-core VM, either way round), so a fixed
     order would charge that to one of them."""
     if step % 2:
-        blocks = timed("finish_into_blocks", lambda: _write_blocks(x.projected, x.heads))
+        blocks = timed("finish_into_blocks", lambda: _write_blocks(x.projected, x.heads, x.scratch))
         timed("finish_one_rank", x.projected.split)
     else:
         timed("finish_one_rank", x.projected.split)
-        blocks = timed("finish_into_blocks", lambda: _write_blocks(x.projected, x.heads))
+        blocks = timed("finish_into_blocks", lambda: _write_blocks(x.projected, x.heads, x.scratch))
     by_head = timed("seq_to_head", lambda: exchange_blocks(blocks, x.tokens, x.heads, ctx.group, stats))
-    out = timed("attention", lambda: _attend(by_head, cfg.attention, kernels)) if cfg.time_attention else x.stand_in_out
+    out = timed("attention", lambda: _attend(by_head, cfg.attention, kernels, x.choices)) if cfg.time_attention else x.stand_in_out
     by_head = None  # freed before head->seq, as in the model
-    timed("head_to_seq", lambda: head_to_seq(out, x.tokens, x.heads, ctx.group, stats))
-    timed("seq_to_head_packed", lambda: seq_to_head(x.qkv, x.tokens, x.heads, ctx.group))
+    timed("head_to_seq", lambda: head_to_seq(out, x.tokens, x.heads, ctx.group, stats, x.scratch))
+    timed("seq_to_head_packed", lambda: seq_to_head(x.qkv, x.tokens, x.heads, ctx.group, None, x.scratch))
     for name, (preallocated, fresh) in wire.items():
         timed(f"wire_{name}", preallocated)
         timed(f"fresh_{name}", fresh)
@@ -333,18 +335,18 @@ def rotary_half(head_dim: int) -> int:
     return max(3, 3 * head_dim // 8 // 3 * 3)
 
 
-def _write_blocks(projected: ProjectedQKV, heads: list[Span]) -> SendBlocks:
+def _write_blocks(projected: ProjectedQKV, heads: list[Span], scratch: Scratch) -> SendBlocks:
     """Ulysses attention's producer step: RoPE of q, k and v's GEMM, into the send blocks."""
     local_tokens, _, head_dim = projected.q.shape
-    blocks = send_blocks(local_tokens, (3,), head_dim, heads, projected.q)
+    blocks = send_blocks(local_tokens, (3,), head_dim, heads, projected.q, scratch)
     for head_range, view in blocks.pieces:
         projected.write(head_range, view)
     return blocks
 
 
-def _attend(by_head: torch.Tensor, backend: str, kernels: "Counter[str]") -> torch.Tensor:
+def _attend(by_head: torch.Tensor, backend: str, kernels: "Counter[str]", choices: SdpaChoices) -> torch.Tensor:
     # by_head: [S, 3, H_loc, Dh] -> q, k, v: [S, H_loc, Dh] each -> out: [S, H_loc, Dh]
-    return attend(by_head[:, 0], by_head[:, 1], by_head[:, 2], backend, kernels)
+    return attend(by_head[:, 0], by_head[:, 1], by_head[:, 2], backend, kernels, choices)
 
 
 def _all_to_all_of(ctx: RankContext, x: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]) -> tuple[Callable[[], Any], Callable[[], Any]]:

@@ -39,6 +39,7 @@ from h3core.files.safetensors import FLOAT_DTYPE_NAMES, INDEX_FILE, SafetensorsR
 from h3core.nvfp4 import comfy, layout
 from h3core.nvfp4.codec import NVFP4Weight
 from h3core.nvfp4.io import check_values, read_linear
+from h3core.nvfp4.kernels import DeviceKernels
 from h3core.nvfp4.layout import ColumnSlice
 from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
 from h3core.span import Span
@@ -141,17 +142,18 @@ class TransformerFile:
         return self._rows(name, [Span(0, self.shape(name)[0])]).to(device)
 
     def linear(self, prefix: str, *, shape: tuple[int, int], rows: Sequence[Span] | None = None,
-               columns: ColumnSlice | None = None, device: torch.device | str = "cpu") -> DenseLinear | NVFP4Linear:
+               columns: ColumnSlice | None = None, device: torch.device | str = "cpu", kernels: DeviceKernels | None = None) -> DenseLinear | NVFP4Linear:
         """Linear `prefix` of logical `shape` (out, in): whole, its output `rows` (bias rows with them),
-        or its input `columns` (no bias: the caller adds it once after a reduction)."""
+        or its input `columns` (no bias: the caller adds it once after a reduction). An NVFP4 linear is
+        prepared for the path `kernels` (its device's facts; None: the device's own) give it."""
         if rows is not None and columns is not None:
             raise ValueError("a linear shard takes rows or columns, not both")
         storage = self.storage(prefix)
         if storage == "dense":
             return self._dense(prefix, shape, rows, columns, device)
         if storage == "nvfp4-modelopt":
-            return read_linear(self.reader, self._stored_prefix(prefix), rows=rows, columns=columns, device=device)
-        return self._comfy(prefix, shape, rows, columns, device)
+            return read_linear(self.reader, self._stored_prefix(prefix), rows=rows, columns=columns, device=device, kernels=kernels)
+        return self._comfy(prefix, shape, rows, columns, device, kernels)
 
     def _pieces(self, name: str) -> list[Piece]:
         if name not in self.pieces:
@@ -182,7 +184,7 @@ class TransformerFile:
         return DenseLinear(weight.to(device), None if bias is None else bias.to(device))
 
     def _comfy(self, prefix: str, shape: tuple[int, int], rows: Sequence[Span] | None, columns: ColumnSlice | None,
-               device: torch.device | str) -> NVFP4Linear:
+               device: torch.device | str, kernels: DeviceKernels | None) -> NVFP4Linear:
         out_features, in_features = shape
         stored = self._stored_prefix(prefix)
         packed_name, scale_name = f"{stored}.weight", f"{stored}.weight_scale"
@@ -220,6 +222,7 @@ class TransformerFile:
         linear = NVFP4Linear(weight, bias, pre_scale, extras.get("input_scale")).to(device)
         if self.full_precision(prefix):  # the marker's full_precision_matrix_mult: dequantize and multiply, never fp4 (nor emulated)
             linear.fp4_matmul, linear.emulate_fp4 = False, False
+        linear.kernels = kernels
         linear.prepare()
         return linear
 

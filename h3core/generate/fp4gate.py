@@ -11,7 +11,8 @@ CUDA context. Instead the launching process tests, before the World:
 - on every GPU this machine's ranks use, each in its own child process, in parallel;
 
 and the records travel to the ranks inside the resolved run (`ResolvedRun.fp4_selftest`), where
-each installs its own GPU's verdict (`install_on_rank`) before loading. The run report carries
+each takes its own GPU's verdict into its `DeviceKernels` (`rank_kernels`), which its loader gives
+every NVFP4 linear. The run report carries
 them, and each rank's report the shapes it really ran (`RankReport.fp4_gemm_shapes`):
 `untested_shapes` names any the self-test did not cover. One test per process and set of shapes:
 a parity reference or the next batch round reuses it.
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     import torch
 
     from h3core.generate.request import ResolvedRun
+    from h3core.nvfp4.kernels import DeviceKernels
 
 _tested: dict[tuple[tuple[str, ...], tuple[Shape, ...]], dict[str, FP4SelfTest]] = {}
 
@@ -76,12 +78,13 @@ def _run_all(devices: Sequence[str], shapes: Sequence[Shape]) -> dict[str, FP4Se
     return dict(zip(devices, results))
 
 
-def install_on_rank(run: "ResolvedRun", device: "torch.device") -> None:
-    """On a rank: make the launcher's record for this rank's GPU its verdict (before any fp4 GEMM)."""
-    from h3core.nvfp4.selftest import install
+def rank_kernels(run: "ResolvedRun", device: "torch.device") -> "DeviceKernels":
+    """On a rank: its device's `DeviceKernels`, whose fp4 GEMM verdict is the launcher's record for
+    this rank's GPU where the run carries one (else its own self-test, run if an fp4 GEMM is asked for)."""
+    from h3core.nvfp4.kernels import DeviceKernels
 
-    if run.fp4_selftest and str(device) in run.fp4_selftest:
-        install(run.fp4_selftest[str(device)])
+    record = run.fp4_selftest.get(str(device)) if run.fp4_selftest else None
+    return DeviceKernels.of(device, record)
 
 
 def untested_shapes(run: "ResolvedRun", ran: Sequence[Sequence[int]]) -> list[list[int]]:

@@ -19,11 +19,12 @@ Euler update, so they hold the same latent values throughout.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from h3core.generate.instruments import HostValues, on_host
 from h3core.generate.profile import Profiler, step_context
 from h3core.generate.sequences import Latent, Sequence, latent_kinds
 from h3core.model.dit import Clocks, H3Model
@@ -32,7 +33,7 @@ from h3core.model.sequence import AUDIO_CLOCK, VIDEO_CLOCK, SegmentKind
 from h3core.parallel.collectives import exchange_halves, repartition_rows
 from h3core.parallel.layout import CfgHalf
 from h3core.parallel.runtime import ParallelRuntime
-from h3core.runtime import device as dev
+from h3core.runtime.device import DeviceMeter
 from h3core.runtime.faults import maybe_inject_fault
 
 StepDoneCallback = Callable[[int, int, float], None]
@@ -42,7 +43,8 @@ StepDoneCallback = Callable[[int, int, float], None]
 @dataclass
 class Denoiser:
     """One request's loop state on one rank: the parallelized model, the runtime, the request's
-    sequences (the prompt's first), guidance, the two schedules, and with CFG parallel this rank's half."""
+    sequences (the prompt's first), guidance, the two schedules, with CFG parallel this rank's half,
+    and where a step's clocks are computed (`host`: `h3core.generate.instruments`)."""
 
     model: H3Model
     runtime: ParallelRuntime
@@ -50,6 +52,7 @@ class Denoiser:
     guidance_scale: float
     schedules: dict[SegmentKind, FlowMatchH3]
     cfg: CfgHalf | None = None
+    host: HostValues = field(default=on_host)
 
     @property
     def num_steps(self) -> int:
@@ -58,7 +61,7 @@ class Denoiser:
     def clocks(self, index: int, device: torch.device) -> Clocks:
         """Step `index`'s timesteps: the video schedule's for text and video rows, the audio one's for audio rows."""
         times = {VIDEO_CLOCK: self.schedules[SegmentKind.VIDEO].timesteps[index], AUDIO_CLOCK: self.schedules[SegmentKind.AUDIO].timesteps[index]}
-        return Clocks.of(times).to(device)
+        return self.host(Clocks.of, times).to(device)  # distinct values (`unique`): host arithmetic
 
     @property
     def kinds(self) -> list[SegmentKind]:
@@ -76,10 +79,13 @@ class Denoiser:
         return {k: noise[k][own[k].start : own[k].stop].to(device) for k in self.kinds}
 
     def velocity(self, index: int, latent: Latent, clocks: Clocks) -> Latent:
-        """The model's velocity for this rank's rows of sequence `index` (an empty tensor for a kind it holds none of)."""
+        """The model's velocity for this rank's rows of sequence `index` (an empty tensor for a kind it
+        holds none of). The rows fed are recorded per sequence (`RankUsage.tokens`; the model's guard
+        checked them against the sequence's split)."""
         sequence, rt = self.sequences[index], self.runtime
-        with rt.sequence(sequence.plan):
-            out = self.model(sequence.local_inputs(rt.rank, latent), clocks)
+        inputs = sequence.local_inputs(rt.rank, latent)
+        out = self.model(inputs, clocks)
+        rt.used.tokens[sequence.plan.name] = inputs.rope.rows
         return {k: out.get(k, latent[k][:0].float()) for k in self.kinds}
 
     def moved(self, latent: Latent, src: int, dst: int) -> Latent:
@@ -120,16 +126,16 @@ class Denoiser:
         return {k: self.runtime.gather(latent[k], self.sequences[self.own].kind_spans(k)) for k in self.kinds}
 
 
-def denoise(denoiser: Denoiser, latent: Latent, device: torch.device,
+def denoise(denoiser: Denoiser, latent: Latent, meter: DeviceMeter,
             profiler: Profiler | None, on_step: StepDoneCallback) -> tuple[Latent, list[float]]:
     """Every step of the schedules on this rank's rows; the final rows and each step's seconds.
 
     A NaN or inf in the latent stops the run at that step; `H3_INJECT_FAULT` can fail a chosen step.
     """
-    rank, seconds, steps = denoiser.runtime.rank, [], denoiser.num_steps
+    rank, seconds, steps, device = denoiser.runtime.rank, [], denoiser.num_steps, meter.device
     for i in range(steps):
         maybe_inject_fault("step", rank, index=i)
-        with dev.Stopwatch(device) as watch, step_context(profiler):
+        with meter.stopwatch() as watch, step_context(profiler):
             latent = denoiser.step(i, latent, device)
         seconds.append(watch.seconds)
         check_finite({k.value: x for k, x in latent.items()}, step=i + 1, steps=steps)

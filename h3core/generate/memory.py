@@ -1,5 +1,10 @@
 """What an `h3 generate` run needs per rank, estimated from its plan, and the check before any rank starts.
 
+This formula is the fallback of the memory model: on a CUDA run the dry run of the ranks' own code
+decides whether each GPU holds its rank (`h3core.generate.dryrun.command.check_device_memory`), and
+this formula checks the GPU only where no dry run can run or one did not finish (the run's
+`MemoryCheck` says which); it always checks the host's memory and, on the CPU, the ranks' share of it.
+
 A lower bound (`h3core.runtime.limits`): what is counted, per rank (the largest one), in the compute dtype
 unless said otherwise:
 
@@ -25,7 +30,10 @@ of the run's layout runs the same plan, so the largest rank of one group is the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, Field
 
 from h3core import settings
 from h3core.model.attention import scores_bytes
@@ -40,15 +48,33 @@ if TYPE_CHECKING:
 STEP_BYTES = 56  # float64 arange, t and sigmas while the schedule is computed (24), a float and its list slot per timing (32)
 
 
-def check_limits(config: ModelConfig, plan: ParallelPlan, latent_elements: int, steps: int, device: str, dtype: "torch.dtype", attention: str) -> None:
-    """Refuse (one line) a run whose ranks this machine cannot start or hold (`h3core.runtime.limits`)."""
+class MemoryCheck(BaseModel):
+    """How a run's device memory was checked before its ranks started: by the dry run of the ranks'
+    own code (the memory model, `h3core.generate.dryrun`), or by this module's formula, its fallback."""
+
+    model: Literal["dry run", "formula", "off"] = Field(description="What decided: the dry run of the ranks' code, the formula (its fallback), or nothing (H3_MEMORY_CHECK=0).")
+    line: str = Field(description="One line: what was checked, against what, and why the formula decided where it did.")
+    failed: bool = Field(False, description="A dry run was tried and did not finish (its one line is in `line`); the formula decided.")
+    peak_bytes: int | None = Field(None, description="The largest rank's device peak: the dry run's prediction, or the formula's lower bound.")
+
+
+def check_limits(config: ModelConfig, plan: ParallelPlan, latent_elements: int, steps: int, device: str, dtype: "torch.dtype", attention: str,
+                 *, host_part: bool = True, device_part: bool = True, gpu_bytes: int | None = None) -> MemoryNeed:
+    """Refuse (one line) a run whose ranks this machine cannot start or hold (`h3core.runtime.limits`);
+    returns the need. `device_part=False`: leave the GPU's part to the dry run (`resolve` on CUDA);
+    `host_part=False`: only the GPU's part (the dry run's fallback); `gpu_bytes`: a GPU's usable bytes
+    (default: this machine's)."""
     launched = settings.under_torchrun()
     ranks = settings.ranks_on_this_machine(plan.layout.world_size)  # this machine's ranks, of every group
-    if device != "cuda" and not launched:
+    if device != "cuda" and not launched and host_part:
         check_cpu_ranks(ranks)
     spawned = ranks > 1 and not launched
     need = generate_need(config, plan, latent_elements, steps, device, dtype, attention, spawned, ranks)
-    check_memory(need, capacity(device, ranks), "--width/--height/--frames")
+    have = capacity(device, ranks)
+    if gpu_bytes is not None:
+        have = replace(have, gpu_bytes=[gpu_bytes] * ranks)
+    check_memory(need, have, "--width/--height/--frames", host_part=host_part, device_part=device_part)
+    return need
 
 
 def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int, steps: int,
@@ -91,7 +117,7 @@ def held_weight_bytes(plan: ParallelPlan, dtype_bytes: int) -> int:
 def activation_elements(config: ModelConfig, plan: ParallelPlan, s: int) -> int:
     """Elements of the larger of one block's attention and MLP working sets on the largest rank
     (`s`: tokens of the longest sequence): the plan's mode says (`ParallelMode.activation_elements`)."""
-    return mode_of(plan.mode).activation_elements(config, plan, s)
+    return mode_of(plan.mode).activation_elements(config, plan.block_shape(s))
 
 
 # --- Hopper's decoded weights, and the dry run's prediction ------------------------------------------

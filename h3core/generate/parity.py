@@ -62,7 +62,7 @@ _HALF = (torch.bfloat16, torch.float16)
 
 def rounding_ulps(mode: Mode, dtype: torch.dtype) -> float:
     """delta: one linear computed `mode`'s way vs one rank's, in eps of `dtype` (the mode says)."""
-    return mode_of(mode).rounding_ulps(dtype)
+    return mode_of(mode).rounding_ulps(dtype.itemsize)
 
 
 def tolerance(mode: Mode, dtype: torch.dtype) -> float:

@@ -18,6 +18,11 @@ same code):
 A pipeline holds no request: `denoise` runs one request's sequences, so a loaded pipeline can run
 several requests. `RankPipeline.unparallelized` is the baseline the distributed layer is measured
 against at one rank: the same model, `parallelize` never called.
+
+What the pipeline measures and asks with (its device's stopwatch and peak window, what the device
+can run, host arithmetic, the checkpoint file) comes in as one `RankInstruments`
+(`h3core.generate.instruments`), the real ones by default: a dry run passes its fakes, nothing is
+patched.
 """
 
 from __future__ import annotations
@@ -27,22 +32,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from h3core.generate.fp4gate import install_on_rank
+from h3core.generate.instruments import RankInstruments
 from h3core.generate.loop import Denoiser, denoise
 from h3core.generate.profile import profiling
 from h3core.generate.report import HeldWeights, RankReport, StepDone
 from h3core.generate.request import ResolvedRun
 from h3core.generate.sequences import Latent, build_sequence, noise_rows
 from h3core.model.checkpoint import Checkpoint
-from h3core.model.dit import H3Model, tensor_parallel_prefixes, unpack_audio, unpatchify_video
+from h3core.model.dit import H3Model, unpack_audio, unpatchify_video
 from h3core.model.sampler import FlowMatchH3
 from h3core.model.sequence import SegmentKind
 from h3core.parallel.collectives import broadcast_tensors
 from h3core.parallel.decoded import apply_decoded
 from h3core.parallel.layout import RankGroups
 from h3core.parallel.parallelize import left_out_at_load, parallelize
-from h3core.parallel.runtime import ParallelRuntime
 from h3core.parallel.modes.tensor import block_linears
+from h3core.parallel.modes.tensor_shards import tensor_parallel_prefixes
+from h3core.parallel.runtime import ParallelRuntime
 from h3core.runtime import cpu_memory, device as dev
 from h3core.runtime.context import RankContext
 
@@ -59,56 +65,58 @@ class RankPipeline:
     device: torch.device
     dtype: torch.dtype
     weights: HeldWeights
+    instruments: RankInstruments
     timings: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime) -> "RankPipeline":
-        """Load the checkpoint for this rank and `parallelize` it (tensor mode reads only its shards)."""
-        return cls._load(ctx, run, runtime, parallel=True)
+    def load(cls, ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, instruments: RankInstruments | None = None) -> "RankPipeline":
+        """Load the checkpoint for this rank and `parallelize` it (tensor mode reads only its shards).
+        `instruments`: what it measures and asks with (None: the real ones for `ctx.device`)."""
+        return cls._load(ctx, run, runtime, instruments or RankInstruments.real(ctx.device, run), parallel=True)
 
     @classmethod
-    def unparallelized(cls, ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime) -> "RankPipeline":
+    def unparallelized(cls, ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, instruments: RankInstruments | None = None) -> "RankPipeline":
         """The baseline of the distributed layer at one rank: the whole model, `parallelize` never called."""
         if runtime.world_size != 1:
             raise ValueError("the unparallelized pipeline runs on one rank only")
-        return cls._load(ctx, run, runtime, parallel=False)
+        return cls._load(ctx, run, runtime, instruments or RankInstruments.real(ctx.device, run), parallel=False)
 
     @classmethod
-    def _load(cls, ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, parallel: bool) -> "RankPipeline":
-        device, dtype = ctx.device, dev.compute_dtype(ctx.device.type, run.request.dtype)
-        install_on_rank(run, device)  # the launcher's fp4 self-test of this GPU decides its linears' path
-        with dev.Stopwatch(device) as watch:
-            checkpoint = Checkpoint.open(run.checkpoint, run.config)
+    def _load(cls, ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, instruments: RankInstruments, parallel: bool) -> "RankPipeline":
+        device, dtype, kernels = ctx.device, dev.compute_dtype(ctx.device.type, run.request.dtype), instruments.kernels
+        with instruments.meter.stopwatch() as watch:
+            checkpoint = instruments.open_checkpoint(run)
             skip = left_out_at_load(run.plan, run.config.num_blocks) if parallel else ()
-            model = checkpoint.load(device=device, dtype=dtype, skip=skip)
-            for block in [*model.blocks, *model.token_refiner.blocks]:
-                block.attn.core.backend = run.request.attention
+            model = checkpoint.load(device=device, dtype=dtype, skip=skip, kernels=kernels)  # kernels: the GPU's fp4 verdict decides the linears' path
+            model.set_attention_backend(run.request.attention)
             loaded = checkpoint.bytes_read
             if parallel:
-                parallelize(model, runtime, checkpoint.weight_source(device, dtype))
+                parallelize(model, runtime, checkpoint.weight_source(device, dtype, kernels=kernels))
             apply_decoded(model, run.plan.decoded)
             runtime.record.attach(model)
         weights = _held_weights(model, checkpoint, shards_read=checkpoint.bytes_read - loaded if skip else None)
         checkpoint.file.reader.close()
-        return cls(model, runtime, device, dtype, weights, {"load": watch.seconds})
+        return cls(model, runtime, device, dtype, weights, instruments, {"load": watch.seconds})
 
     def denoise(self, run: ResolvedRun, texts: list[torch.Tensor], record: RankReport, report: Any = None) -> Latent:
         """Denoise one request of `run` (its sequences' text hidden states `texts`) on this rank,
-        recording what ran into `record`; the whole latent rows (gathered on branch 0, else {})."""
+        recording what ran into `record`; the whole latent rows (gathered on branch 0, else {}).
+        `report` gets a `StepDone` after every step."""
+        host, meter = self.instruments.host, self.instruments.meter
         with torch.inference_mode():
-            sequences = [build_sequence(self.model, plan, text, run.shape, self.device) for plan, text in zip(run.plan.sequences, texts)]
+            sequences = [build_sequence(self.model, plan, text, run.shape, self.device, host) for plan, text in zip(run.plan.sequences, texts)]
         schedules = {SegmentKind.VIDEO: FlowMatchH3(run.shape.video_shift), SegmentKind.AUDIO: FlowMatchH3(run.shape.audio_shift)}
         for schedule in schedules.values():
-            schedule.set_timesteps(run.shape.steps)
-        denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, schedules, self.runtime.cfg)
+            host(schedule.set_timesteps, run.shape.steps)
+        denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, schedules, self.runtime.cfg, host)
         latent = denoiser.own_rows(noise_rows(run.shape, run.request.seed), self.device)  # float32
-        _start_sampling_window(self.device)
+        meter.reset_peak()  # the sampling phase's peak-memory window starts here
         self.runtime.record.clear()
         on_step = (lambda step, steps, seconds: report(StepDone(step=step, steps=steps, seconds=seconds))) if report else (lambda *a: None)
         with torch.inference_mode(), profiling(self.model, self.device, self.runtime.rank, run.request.profile, self.runtime.stats) as profiler:
-            latent, step_seconds = denoise(denoiser, latent, self.device, profiler, on_step)
-            peak = dev.peak_memory_bytes(self.device)
-            with dev.Stopwatch(self.device) as watch:  # branch 1 holds the same values: branch 0 gathers
+            latent, step_seconds = denoise(denoiser, latent, meter, profiler, on_step)
+            peak = meter.peak()
+            with meter.stopwatch() as watch:  # branch 1 holds the same values: branch 0 gathers
                 whole = denoiser.gather(latent) if denoiser.own == 0 else {}
         record.step_seconds, record.peak_memory_sampling_bytes = step_seconds, peak
         record.timings.update(sampling=sum(step_seconds), gather=watch.seconds)
@@ -193,11 +201,6 @@ def rank_runtime(ctx: RankContext, run: ResolvedRun) -> ParallelRuntime:
     groups = RankGroups.create(ctx, layout)
     assert groups is not None  # every rank of ctx is in the layout
     return ParallelRuntime(run.plan, groups.coords.local, groups.sequence, groups.cfg_half)
-
-
-def _start_sampling_window(device: torch.device) -> None:
-    """The sampling phase's peak-memory window starts here (the dry run starts its tracker's with it)."""
-    dev.reset_peak_memory(device)
 
 
 def new_record(ctx: RankContext) -> RankReport:

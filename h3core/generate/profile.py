@@ -1,6 +1,6 @@
 """`--profile`: where a denoising step's time goes on each rank.
 
-Categories: `attention` (the attention kernel itself: the model's innermost `AttentionCore`, without
+Categories: `attention` (the attention kernel itself: every `AttentionKernel` of the model, without
 the all-to-alls around it), `nvfp4_linears` (every `NVFP4Linear` forward, weight decoding included
 on the dequant paths), one per collective kind (`seq_to_head`, `head_to_seq`, `gather_rows`,
 `reduce_scatter_rows`, `repartition_rows`, `cfg_exchange`, `broadcast`; waiting for a late peer counts there), and
@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from pydantic import BaseModel, Field
 
+from h3core.model.attention.dispatch import AttentionKernel
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.parallel import collectives
 from h3core.parallel.collectives import CommStats
@@ -107,12 +108,10 @@ class Profiler:
     # -- wiring -----------------------------------------------------------------------------------
 
     def attach(self, model: torch.nn.Module, stats: "CommStats | None" = None) -> "Profiler":
-        """Hook every NVFP4 linear and every innermost attention core of `model`, and the collectives
+        """Hook every NVFP4 linear and every attention kernel of `model`, and the collectives
         that count into `stats` (the rank's counters: their `timer`)."""
-        from h3core.model.dit import AttentionCore
-
         for module in model.modules():
-            name = LINEARS if isinstance(module, NVFP4Linear) else ATTENTION if isinstance(module, AttentionCore) else None
+            name = LINEARS if isinstance(module, NVFP4Linear) else ATTENTION if isinstance(module, AttentionKernel) else None
             if name is not None:
                 self._handles.append(module.register_forward_pre_hook(lambda m, a, n=name: self._enter(n)))
                 self._handles.append(module.register_forward_hook(lambda m, a, o: self._exit()))

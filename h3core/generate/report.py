@@ -13,6 +13,7 @@ from h3core.decode.report import DecodeReport
 from h3core.errors import CheckFailed
 from h3core.files.fingerprint import file_identity
 from h3core.generate.fp4gate import untested_shapes
+from h3core.generate.memory import MemoryCheck
 from h3core.generate.parity import LatentParity
 from h3core.generate.profile import RankProfile, RunProfile
 from h3core.generate.request import ResolvedRun, RunShape
@@ -168,6 +169,7 @@ class RunReport(BaseModel):
     profile: RunProfile | None = None  # with --profile: per rank and step, where the time went
     fp4_selftest: dict[str, FP4SelfTest] | None = Field(None, description="The fp4 GEMM self-test of each GPU, run before the ranks started (h3core.generate.fp4gate); None where no fp4 GEMM could run.")
     fp4_untested_shapes: list[list[int]] = Field(default_factory=list, description="fp4 GEMM [M, N, K] a rank ran that the self-test did not check (empty: it covered every call).")
+    memory_check: MemoryCheck | None = Field(None, description="How the ranks' device memory was checked before they started: the dry run, or the formula and why (a dry run that failed says so here).")
     decode: DecodeReport | None = Field(None, description="The latents decoded into video.mp4 in this process once the ranks were done (None with --no-decode).")
     files: RunFiles | None = None
     request_fingerprint: str | None = Field(None, description="sha256 of the resolved request (`request_fingerprint`): equal for two runs of the same request; how `h3 generate --prompts` knows a result is complete.")
@@ -191,8 +193,8 @@ def request_fingerprint(run: ResolvedRun, portable: bool = False) -> str:
     (`settings.result_settings`). A changed prompt, seed, size, weight file or H3_EMULATE_FP4
     changes it; `portable` is the same on machines holding their own copies (torchrun's ranks)."""
     request = run.request
-    # (the fp4 self-test is this machine's verdict on its GPUs, each torchrun process its own: not the request)
-    fields = run.model_dump(mode="json", exclude={"checkpoint": True, "fp4_selftest": True, "request": {"model_path", "text_encoder_path", "profile"}})
+    # (the fp4 self-test and the memory check are this machine's verdicts on its GPUs, each torchrun process its own: not the request)
+    fields = run.model_dump(mode="json", exclude={"checkpoint": True, "fp4_selftest": True, "memory_check": True, "request": {"model_path", "text_encoder_path", "profile"}})
     fields["weights"] = {
         "checkpoint": file_identity(run.checkpoint, portable),
         "text_encoder": file_identity(request.text_encoder_path, portable) if request.text_encoder_path else "synthetic",
@@ -238,7 +240,7 @@ def build_report(run: ResolvedRun, outcomes: list[RankReport]) -> RunReport:
         cpu_allocator=first.cpu_allocator,
         profile=RunProfile.of([o.profile for o in outcomes]) if all(o.profile for o in outcomes) else None,
         request_fingerprint=request_fingerprint(run), versions=Versions.collect(),
-        fp4_selftest=run.fp4_selftest,
+        fp4_selftest=run.fp4_selftest, memory_check=run.memory_check,
         fp4_untested_shapes=untested_shapes(run, sorted({tuple(s) for o in outcomes for s in o.fp4_gemm_shapes})) if run.fp4_selftest else [],
     )
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from h3core import settings
 from h3core.errors import ConfigError
-from h3core.generate.memory import check_limits, plan_decoded_weights
+from h3core.generate.memory import MemoryCheck, check_limits, plan_decoded_weights
 from h3core.model.checkpoint import SYNTHETIC, Checkpoint
 from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
 from h3core.nvfp4.selftest import FP4SelfTest
@@ -142,14 +142,17 @@ class ResolvedRun(BaseModel):
     shape: RunShape
     plan: ParallelPlan = Field(description="The partition every rank runs: heads, each sequence's tokens, tensor-mode shards, weights per rank.")
     fp4_selftest: dict[str, FP4SelfTest] | None = Field(None, description="The launcher's fp4 GEMM self-test per GPU of this machine's ranks (h3core.generate.fp4gate); None where no fp4 GEMM can run.")
+    memory_check: MemoryCheck | None = Field(None, description="How the ranks' device memory was checked before they started (the dry run, or the formula and why); None: only the formula in `resolve`.")
 
 
 def _given(value, default):  # type: ignore[no-untyped-def]
     return default if value is None else value
 
 
-def resolve(request: GenerateRequest) -> ResolvedRun:
-    """Pick the config, sizes, plan and checkpoint; validate everything before spawning (module docstring)."""
+def resolve(request: GenerateRequest, *, gpu_by_dry_run: bool = False) -> ResolvedRun:
+    """Pick the config, sizes, plan and checkpoint; validate everything before spawning (module docstring).
+    `gpu_by_dry_run`: the caller checks the GPUs' memory with the dry run next (`h3 generate`:
+    `h3core.generate.dryrun.check_device_memory`), so the formula here checks the host only."""
     base = get_preset(request.preset or ("h3" if request.model_path else "tiny"))
     checkpoint = Checkpoint.open(request.model_path, base) if request.model_path is not None else None
     config = checkpoint.config if checkpoint else base
@@ -160,7 +163,7 @@ def resolve(request: GenerateRequest) -> ResolvedRun:
     elements = shape.latent_elements
     dtype = compute_dtype(request.device, request.dtype)
     plan = _with_decoded_weights(request, config, plan, specs, elements, shape.steps, dtype)
-    check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention)
+    check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention, device_part=not gpu_by_dry_run)
     path, synthetic = _weights(request, checkpoint, base)
     return ResolvedRun(request=request, config=config, checkpoint=path, synthetic=synthetic, shape=shape, plan=plan)
 

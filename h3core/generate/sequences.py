@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from h3core.generate.instruments import HostValues, on_host
 from h3core.generate.request import RunShape
 from h3core.model.dit import H3Model, PackedSequence, Rope, rope_table
 from h3core.model.positions import position_ids
@@ -53,12 +54,14 @@ class Sequence:
         return PackedSequence(segments=partition.clip_segments(self.plan.segments, rows), features=features, rope=self.rope.select(rows))
 
 
-def build_sequence(model: H3Model, plan: SequencePlan, states: torch.Tensor, shape: RunShape, device: torch.device) -> Sequence:
-    """The sequence of `plan` with its text encoder states (whose length must be the plan's), refined, on `device`."""
+def build_sequence(model: H3Model, plan: SequencePlan, states: torch.Tensor, shape: RunShape, device: torch.device,
+                   host: "HostValues" = on_host) -> Sequence:
+    """The sequence of `plan` with its text encoder states (whose length must be the plan's), refined, on
+    `device`; its positions computed by `host` (host arithmetic: `h3core.generate.instruments`)."""
     planned = sum(len(s) for s in plan.segments if s.kind is SegmentKind.TEXT)
     if states.shape[0] != planned:
         raise RuntimeError(f"the {plan.name} encodes to {states.shape[0]} tokens but the plan has {planned}: the tokenizer changed between resolve and encode")
-    rope = rope_table(model.config, position_ids(plan.segments, shape)).to(device)
+    rope = rope_table(model.config, host(position_ids, plan.segments, shape)).to(device)
     text = model.refine_text(states.to(device)) if planned else states.new_zeros(0, model.config.hidden).to(device, model.dtype)
     return Sequence(plan=plan, text=text, rope=rope)
 

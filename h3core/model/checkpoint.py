@@ -13,7 +13,8 @@ Tensor mode leaves its block linears out of `load` (`skip`) and reads its shards
 `weight_source` (only their rows or columns, in any layout).
 
 `load_transformer(path, dtype=None, device="cpu")` is the public entry point outside checks call
-(docs/checkpoint.md): the model, whose forward also takes diffusers' argument names.
+(docs/checkpoint.md): the model; `h3core.model.packing.diffusers_forward(model, **diffusers_inputs)`
+runs it in diffusers' argument names.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from h3core.checkpoints.file import TransformerFile, open_transformer
 from h3core.errors import CheckpointError
 from h3core.model.config import ModelConfig
 from h3core.model.dit import H3Model, rope_inv_freq
+from h3core.nvfp4.kernels import DeviceKernels
 from h3core.nvfp4.layout import ColumnSlice
 from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
 from h3core.span import Span
@@ -222,11 +224,14 @@ class Checkpoint:
         if (slot.bias is not None) != (f"{prefix}.bias" in self.file):
             raise CheckpointError(f"{self.path}: linear {prefix} {'lacks' if slot.bias is not None else 'has'} a bias; not an H3 checkpoint layout h3 knows")
 
-    def load(self, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, skip: tuple[str, ...] = ()) -> H3Model:
-        """Build the model and fill it from disk; linears under a `skip` prefix stay empty slots."""
+    def load(self, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, skip: tuple[str, ...] = (),
+             kernels: DeviceKernels | None = None) -> H3Model:
+        """Build the model and fill it from disk; linears under a `skip` prefix stay empty slots. Every
+        NVFP4 linear and attention kernel answers to `kernels` (the device's facts: the rank's, else
+        the device's own, asked once)."""
         self.validate()
         model = H3Model(self.config)
-        source = self.weight_source(device, dtype, model)
+        source = self.weight_source(device, dtype, model, kernels)
         plain = _plain_tensors(model)  # before the slots are filled: then every linear is still a slot
         for prefix, slot in linear_slots(model):
             if f"{prefix}.".startswith(skip):
@@ -234,11 +239,13 @@ class Checkpoint:
             _set_module(model, prefix, source.linear(prefix))
         for name, _ in plain:
             _set_buffer(model, name, source.tensor(name))
+        model.set_attention_backend(kernels=source.kernels)
         return model.eval()
 
-    def weight_source(self, device: torch.device | str, dtype: torch.dtype, model: H3Model | None = None) -> "CheckpointWeights":
+    def weight_source(self, device: torch.device | str, dtype: torch.dtype, model: H3Model | None = None,
+                      kernels: DeviceKernels | None = None) -> "CheckpointWeights":
         """This file as a `WeightSource` in the stream dtype `dtype` (tensor mode reads its shards through it)."""
-        return CheckpointWeights(self.file, model or H3Model(self.config), torch.device(device), dtype)
+        return CheckpointWeights(self.file, model or H3Model(self.config), torch.device(device), dtype, kernels)
 
 
 def _plain_tensors(model: H3Model) -> list[tuple[str, torch.Tensor]]:
@@ -262,8 +269,9 @@ class CheckpointWeights:
     shard, any layout) and plain tensors on `device`, dense ones in the stream dtype or float32 where
     the model keeps them so (`H3Model.fp32_module`). `kinds` records the storage of what was read."""
 
-    def __init__(self, file: TransformerFile, skeleton: H3Model, device: torch.device, dtype: torch.dtype):
+    def __init__(self, file: TransformerFile, skeleton: H3Model, device: torch.device, dtype: torch.dtype, kernels: DeviceKernels | None = None):
         self.file, self.skeleton, self.device, self.dtype = file, skeleton, device, dtype
+        self.kernels = kernels or DeviceKernels.of(device)
         self.shapes = {prefix: (slot.out_features, slot.in_features) for prefix, slot in linear_slots(skeleton)}
         self.kinds: set[str] = set()
 
@@ -277,15 +285,15 @@ class CheckpointWeights:
         return self.file.tensor(name, self.device).to(dtype or self.dtype_of(name))
 
     def linear(self, prefix: str, *, rows: Sequence[Span] | None = None, columns: ColumnSlice | None = None) -> DenseLinear | NVFP4Linear:
-        linear = self.file.linear(prefix, shape=self.shapes[prefix], rows=rows, columns=columns, device=self.device)
+        linear = self.file.linear(prefix, shape=self.shapes[prefix], rows=rows, columns=columns, device=self.device, kernels=self.kernels)
         self.kinds.add("dense" if isinstance(linear, DenseLinear) else "nvfp4")
         return linear.to(self.dtype_of(prefix))
 
 
 def load_transformer(path: str | Path, *, dtype: torch.dtype | None = None, device: torch.device | str = "cpu") -> H3Model:
     """The transformer at `path` (any layout h3 reads), on `device`, streaming in `dtype` (default:
-    bf16 on CUDA, float32 elsewhere). Its forward takes diffusers' argument names for one packed
-    sequence and returns `(video, audio)` velocities (docs/checkpoint.md)."""
+    bf16 on CUDA, float32 elsewhere). `h3core.model.packing.diffusers_forward(model, ...)` runs it on one
+    packed sequence in diffusers' argument names and returns `(video, audio)` velocities (docs/checkpoint.md)."""
     from h3core.model.config import preset
 
     device = torch.device(device)

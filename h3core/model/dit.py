@@ -3,10 +3,13 @@
 It works on "some rows of a packed sequence": a `PackedSequence` says which segments those rows
 hold (`text | audio | video`, local coordinates, each with its AdaLN tag and clock) and carries the
 RoPE table of the whole sequence with the rows it covers. On one rank the rows are the whole
-sequence; a parallel plan (h3core.parallel) feeds each rank its rows and reshapes modules from outside.
+sequence; a parallel plan (h3core.parallel) feeds each rank its rows and reshapes modules from
+outside: it swaps an attention module's processor (`Attention.processor`, Ulysses) or its linears
+and adds hooks around it (tensor mode). Nothing here knows a rank, a group or a split.
 
-Per forward (diffusers 0.42.1 `MiniMaxH3Transformer3DModel` is the specification; `forward` also
-takes its argument names, see `forward_diffusers`):
+Per forward (diffusers 0.42.1 `MiniMaxH3Transformer3DModel` is the specification; `forward` takes
+one `PackedSequence` and its `Clocks`; diffusers' argument names go through
+`h3core.model.packing.diffusers_forward`):
 
     text   = final_norm(refiner(condition_proj(states)))           once per request (`refine_text`)
     x      = [text rows | video_patch_proj(video rows) | audio_patch_proj(audio rows)]   in packed order
@@ -23,23 +26,19 @@ the CPU by default). The full variant's SiLU(e) is taken in float32 and then cas
 projection's dtype, as the reference does.
 
 Linears are `DenseLinear` or `NVFP4Linear` slots that the loader fills from the checkpoint
-(`h3core.model.checkpoint`); which block linears tensor mode splits, and how, the model declares
-(`TENSOR_PARALLEL`).
+(`h3core.model.checkpoint`). Attention is `Attention` (the weights) computed by its `processor`
+(`AttentionProcessor`), which calls one kernel interface (`h3core.model.attention.AttentionKernel`).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections import Counter
-from dataclasses import dataclass
-from enum import Enum
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from h3core.model.attention import attend
+from h3core.model.attention.dispatch import AttentionKernel
 from h3core.model.inputs import (  # noqa: F401 - the model's inputs, importable from here too
     Clocks,
     PackedSequence,
@@ -52,67 +51,12 @@ from h3core.model.inputs import (  # noqa: F401 - the model's inputs, importable
     unpatchify_video,
 )
 from h3core.model.config import ModelConfig
-from h3core.model.packing import diffusers_sequence
+from h3core.model.rope import apply_rope
 from h3core.model.sequence import MODALITIES, Segment, SegmentKind
+from h3core.nvfp4.kernels import DeviceKernels
 from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
 
 Linear = DenseLinear | NVFP4Linear
-
-# --- RoPE -----------------------------------------------------------------------------------------
-
-
-# --- positions -----------------------------------------------------------------------------------
-
-
-ROPE_CHUNK_BYTES = 1 << 20
-"""On the CPU, RoPE over more than 4 x this many bytes of input runs over row chunks of about this
-size, so that its passes stay in cache instead of each streaming the whole activation through
-memory (docs/performance.md). Smaller inputs, and every input on a GPU, run in one pass."""
-
-
-def rope_chunk_rows(x: torch.Tensor) -> int:
-    """Rows of x that `apply_rope` takes per pass: every row on a GPU or for a small x, else ~ROPE_CHUNK_BYTES."""
-    rows = x.shape[0]
-    row_bytes = x.element_size() * math.prod(x.shape[1:])
-    if x.device.type != "cpu" or rows * row_bytes <= 4 * ROPE_CHUNK_BYTES:
-        return max(rows, 1)
-    return max(1, ROPE_CHUNK_BYTES // max(row_bytes, 1))
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Partial rotate-half RoPE. x: [S, *heads, Dh]; cos, sin: [S, R/2] -> rotates channels [0, R), keeps the rest.
-
-    `out[:R] = x[:R] * [cos, cos] + [-x2, x1] * [sin, sin]` (pairs `i, i + R/2`) in x's dtype with
-    cos and sin cast to it: the reference's products and sum, so the same bits. With `out` (x's
-    shape, any strides) the result is written there (what lets Ulysses attention skip its pack copy).
-    Every element is computed alone, so row chunks (`rope_chunk_rows`) give the same bits as one pass.
-    """
-    step = rope_chunk_rows(x)
-    if step >= x.shape[0]:
-        return _rope_rows(x, cos, sin, out)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
-    for first in range(0, x.shape[0], step):
-        rows = slice(first, first + step)
-        _rope_rows(x[rows], cos[rows], sin[rows], out[rows])
-    return out
-
-
-def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    """`apply_rope` in one pass over x's rows (see there)."""
-    half = cos.shape[-1]
-    rotary = 2 * half
-    broadcast = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)  # [S, 1.., R/2]
-    c, s = cos.to(x.dtype).reshape(broadcast), sin.to(x.dtype).reshape(broadcast)
-    cos2, sin2 = torch.cat([c, c], dim=-1), torch.cat([-s, s], dim=-1)  # [S, 1.., R]
-    xr = x[..., :rotary]
-    rotated = torch.cat([xr[..., half:], xr[..., :half]], dim=-1).mul_(sin2)  # [x2, x1] * [-sin, sin] = [-x2, x1] * sin
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    torch.add(torch.mul(xr, cos2), rotated, out=out[..., :rotary])
-    if rotary < x.shape[-1]:
-        out[..., rotary:].copy_(x[..., rotary:])
-    return out
-
 
 # --- timesteps -------------------------------------------------------------------------------------
 
@@ -176,99 +120,30 @@ def add_gated(x: torch.Tensor, y: torch.Tensor, segments: list[Segment], rows: l
     return x
 
 
-@dataclass(frozen=True)
-class LinearHeads:
-    """Heads of a linear's output not computed yet: features `[first, first + H * Dh)` of
-    `linear(h)`, as [S, H, Dh]. `compute()` gives them as a new tensor; `into()` lets the GEMM write
-    a range of heads straight into a destination laid out differently (no copy on the dequant paths)."""
+class AttentionProcessor(nn.Module):
+    """How `Attention` computes on the rows it is given (diffusers' `AttnProcessor`): q|k|v from the
+    fused projection, per-head RMSNorm of q and k, partial RoPE on the rows held, the attention
+    kernel (`kernel`: the one interface to the backends, `h3core.model.attention`), the output
+    projection. A parallel mode swaps the processor (Ulysses: `UlyssesProcessor`), never the model."""
 
-    linear: NVFP4Linear
-    h: torch.Tensor  # [S, D_in], the linear's input rows
-    first: int  # first output feature of head 0
-    num_heads: int
-    head_dim: int
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.h.shape[0], self.num_heads, self.head_dim)
-
-    def _features(self, first_head: int, count: int) -> slice:
-        start = self.first + first_head * self.head_dim
-        return slice(start, start + count * self.head_dim)
-
-    def compute(self) -> torch.Tensor:
-        return self.linear.forward_rows(self.h, self._features(0, self.num_heads)).unflatten(-1, (-1, self.head_dim))
-
-    def into(self, heads: slice, out: torch.Tensor) -> None:
-        """Heads `heads` into out: [S, *group, w, Dh], any strides, heads grouped as `(*group, w)`
-        (e.g. `(peers, heads_per_peer)`). One GEMM per group of w heads, into its `[S, w * Dh]` view."""
-        width, start = out.shape[-2], heads.start
-        for index in itertools.product(*(range(n) for n in out.shape[1:-2])):
-            dest = out[(slice(None), *index)]  # [S, w, Dh]
-            rows = self._features(start, width)
-            if dest.stride(-1) == 1 and dest.stride(-2) == self.head_dim:
-                self.linear.forward_rows(self.h, rows, out=dest.view(dest.shape[0], width * self.head_dim))
-            else:  # heads not laid out row by row: no matrix view of them exists
-                dest.copy_(self.linear.forward_rows(self.h, rows).unflatten(-1, (width, self.head_dim)))
-            start += width
-
-
-@dataclass
-class ProjectedQKV:
-    """Attention inputs of some rows one step before they are final: q and k normalised, not yet
-    rotated; v a tensor, or `LinearHeads` still to be computed. `cos`/`sin` None: no RoPE (the refiner).
-
-    `split()` finishes them into q, k, v: [S, H, Dh] each, what a rank attends over. `write(heads,
-    out)` writes the same values for a range of heads into a destination laid out differently, e.g.
-    an all-to-all's send buffer, so that nothing is copied on the way out.
-    """
-
-    q: torch.Tensor  # [S, H, Dh], RMS-normalised
-    k: torch.Tensor  # [S, H, Dh], RMS-normalised
-    v: torch.Tensor | LinearHeads  # [S, H, Dh]
-    cos: torch.Tensor | None  # [S, R/2]
-    sin: torch.Tensor | None
-
-    def _rope(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        if self.cos is None:
-            return x if out is None else out.copy_(x)
-        return apply_rope(x, self.cos, self.sin, out=out)
-
-    def split(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        v = self.v.compute() if isinstance(self.v, LinearHeads) else self.v
-        return self._rope(self.q), self._rope(self.k), v
-
-    def write(self, heads: slice, out: torch.Tensor) -> None:
-        """Heads `heads` of q, k (rotated) and v into out: [S, 3, *group, Dh], any strides, with the
-        heads grouped as `group` (e.g. `(peers, heads_per_peer)`); bit-identical to `split()`."""
-        group = tuple(out.shape[2:-1])
-        self._rope(self.q[:, heads].unflatten(1, group), out=out[:, 0])
-        self._rope(self.k[:, heads].unflatten(1, group), out=out[:, 1])
-        if isinstance(self.v, LinearHeads):
-            self.v.into(heads, out[:, 2])
-        else:
-            out[:, 2].copy_(self.v[:, heads].unflatten(1, group))
-
-
-class AttentionCore(nn.Module):
-    """Attention of q, k, v: [S, H, Dh] -> [S, H, Dh] with a named backend (a parallel plan wraps it).
-    `record`: the rank's kernel record, attached by its runtime (None: not counted)."""
-
-    def __init__(self, backend: str = "sdpa"):
+    def __init__(self, kernel: AttentionKernel | None = None):
         super().__init__()
-        self.backend = backend
-        self.record: Counter[str] | None = None
+        self.kernel = kernel or AttentionKernel()
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return attend(q, k, v, self.backend, self.record)
-
-    def attend_projected(self, qkv: ProjectedQKV) -> torch.Tensor:
-        """Attention of a projection still to be finished (a wrapper may finish it where it needs it)."""
-        return self(*qkv.split())
+    def forward(self, attn: "Attention", h: torch.Tensor, rope: Rope | None) -> torch.Tensor:
+        # h: [S, D] -> [S, D]. The head count comes from the qkv weight, so a head-sharded qkv just works.
+        q, k, v = attn.qkv_proj(h).unflatten(-1, (3, -1, attn.head_dim)).unbind(1)  # [S, H, Dh] each
+        q, k = attn.q_norm(q), attn.k_norm(k)
+        if rope is not None:
+            cos, sin = rope.local()  # [S, R/2]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o = self.kernel(q, k, v)  # [S, H, Dh]
+        return attn.out_proj(o.flatten(1))
 
 
 class Attention(nn.Module):
-    """Fused qkv (no bias), per-head q/k RMSNorm, partial RoPE, SDPA, out_proj (no bias)."""
+    """Fused qkv (no bias), per-head q/k RMSNorm, partial RoPE, attention, out_proj (no bias): the
+    weights; `processor` computes with them (`AttentionProcessor`)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -276,24 +151,12 @@ class Attention(nn.Module):
         self.qkv_proj = linear_slot(3 * config.attention_width, config.hidden, bias=False)  # rows [q | k | v]
         self.q_norm = RMSNorm(config.head_dim, config.norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
-        self.core = AttentionCore()
         self.out_proj = linear_slot(config.hidden, config.attention_width, bias=False)
+        self.processor: AttentionProcessor = AttentionProcessor()
 
     def forward(self, h: torch.Tensor, rope: Rope | None) -> torch.Tensor:
-        # h: [S, D] -> [S, D]. The head count comes from the qkv weight, so a head-sharded qkv just works.
-        cos, sin = rope.local() if rope is not None else (None, None)
-        q, k, v = self._project(h)  # [S, H, Dh] each (v maybe still lazy)
-        o = self.core.attend_projected(ProjectedQKV(self.q_norm(q), self.k_norm(k), v, cos, sin))  # [S, H, Dh]
-        return self.out_proj(o.flatten(1))
-
-    def _project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | LinearHeads]:
-        """q, k: [S, H, Dh]; v: [S, H, Dh], or `LinearHeads` where the linear computes rows apart
-        bitwise (the NVFP4 dequant paths), so that the attention core decides where v's GEMM writes."""
-        width = self.qkv_proj.out_features // 3
-        if not getattr(self.qkv_proj, "rows_apart", False):
-            return self.qkv_proj(h).unflatten(-1, (3, -1, self.head_dim)).unbind(1)
-        q, k = self.qkv_proj.forward_rows(h, slice(0, 2 * width)).unflatten(-1, (2, -1, self.head_dim)).unbind(1)
-        return q, k, LinearHeads(self.qkv_proj, h, 2 * width, width // self.head_dim, self.head_dim)
+        # h: [S, D] -> [S, D]; `rope` None: no RoPE (the token refiner)
+        return self.processor(self, h, rope)
 
 
 class MLP(nn.Module):
@@ -407,31 +270,6 @@ class FinalLayer(nn.Module):
         return {kind: parts[0] if len(parts) == 1 else torch.cat(parts) for kind, parts in out.items()}
 
 
-class Split(str, Enum):
-    """How a linear divides over ranks in tensor mode (docs/nvfp4.md, "Tensor-parallel slicing")."""
-
-    COLUMN = "column"
-    """Output rows: each rank computes its rows of the output from the whole input; a bias is sliced with the rows."""
-    ROW = "row"
-    """Input columns (block aligned): each rank computes a partial output; a bias is added once after the sum."""
-
-
-TENSOR_PARALLEL: dict[str, Split] = {
-    "attn.qkv_proj": Split.COLUMN,  # the rows of this rank's heads, inside each of the q, k and v thirds
-    "attn.out_proj": Split.ROW,  # the input columns of this rank's heads
-    "mlp.fc1": Split.COLUMN,  # the same feature range inside the gate half and the up half
-    "mlp.fc2": Split.ROW,  # the input columns of that feature range
-}
-"""The linears of every block that tensor mode splits, and how. The model declares this (as it
-declares its shapes); `h3core.parallel` applies it from outside. The rest is replicated (the
-token refiner and the AdaLN projections included)."""
-
-
-def tensor_parallel_prefixes(num_blocks: int) -> tuple[str, ...]:
-    """State-dict prefixes of every block's `TENSOR_PARALLEL` linears (tensor mode reads them as shards)."""
-    return tuple(f"blocks.{i}.{name}." for i in range(num_blocks) for name in TENSOR_PARALLEL)
-
-
 FP32_MODULES = ("video_patch_proj", "audio_patch_proj", "time_embedder", "final_layer.video_out", "final_layer.audio_out", "adaln_t_table")
 """The float32 islands of the released checkpoint (diffusers' `_keep_in_fp32_modules`); pruned
 checkpoints add every `adaln_proj` (ComfyUI and SGLang upcast them)."""
@@ -494,14 +332,9 @@ class H3Model(nn.Module):
                 parts.append(proj(rows.to(io_dtype(proj, torch.float32))).to(self.dtype))
         return torch.cat(parts)
 
-    def forward(self, *args, **kwargs) -> dict[SegmentKind, torch.Tensor] | tuple[torch.Tensor, torch.Tensor]:
-        """`forward(seq: PackedSequence, clocks: Clocks)` -> velocity rows {kind: [n, features]} float32
-        of the video and audio rows held; or diffusers' argument names (`forward_diffusers`)."""
-        if args and isinstance(args[0], PackedSequence):
-            return self.denoise_rows(*args, **kwargs)
-        return self.forward_diffusers(*args, **kwargs)
-
-    def denoise_rows(self, seq: PackedSequence, clocks: Clocks) -> dict[SegmentKind, torch.Tensor]:
+    def forward(self, seq: PackedSequence, clocks: Clocks) -> dict[SegmentKind, torch.Tensor]:
+        """Velocity rows {kind: [n, features]} float32 of the video and audio rows `seq` holds, at the
+        step's `clocks` (diffusers' argument names: `h3core.model.packing.diffusers_forward`)."""
         cond = self.conditioning(clocks.values)  # [M, E] float32
         rows = [clocks.row(seg) for seg in seq.segments]
         x = self.embed(seq)
@@ -509,27 +342,10 @@ class H3Model(nn.Module):
             x = block(x, cond, seq, rows)
         return self.final_layer(x, cond, seq, clocks)
 
-    def forward_diffusers(
-        self,
-        hidden_states: torch.Tensor,
-        audio_hidden_states: torch.Tensor,
-        encoder_hidden_states: torch.Tensor,
-        timestep: torch.Tensor,
-        timestep_indices: torch.Tensor,
-        token_tags: torch.Tensor,
-        position_ids: torch.Tensor,
-        video_indices: torch.Tensor,
-        audio_indices: torch.Tensor,
-        text_indices: torch.Tensor,
-        return_dict: bool = False,
-        **_: object,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One packed sequence in diffusers' `MiniMaxH3Transformer3DModel.forward` convention (a leading
-        batch axis of 1 accepted): the video and audio velocities `[1, n, features]` in the order of
-        `video_indices` and `audio_indices`. `return_dict` is accepted and ignored (always a tuple)."""
-        seq, clocks, order = diffusers_sequence(
-            self, hidden_states, audio_hidden_states, encoder_hidden_states, timestep, timestep_indices,
-            token_tags, position_ids, video_indices, audio_indices, text_indices,
-        )
-        out = self.denoise_rows(seq, clocks)
-        return tuple(order(kind, out[kind]) for kind in (SegmentKind.VIDEO, SegmentKind.AUDIO))  # type: ignore[return-value]
+    def set_attention_backend(self, backend: str | None = None, *, kernels: DeviceKernels | None = None) -> None:
+        """Every attention kernel of the model runs `backend` (None: as it is), and answers its device
+        questions with `kernels` (None: as it is; the loader gives the rank's)."""
+        for module in self.modules():
+            if isinstance(module, AttentionKernel):
+                module.backend = backend or module.backend
+                module.choices.device = kernels or module.choices.device

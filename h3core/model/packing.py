@@ -1,5 +1,6 @@
 """One packed sequence given in diffusers' `MiniMaxH3Transformer3DModel.forward` convention, as h3's
-`PackedSequence` + `Clocks` (the public entry point `load_transformer(...)(hidden_states=..., ...)`).
+`PackedSequence` + `Clocks`, and the adapter that runs an `H3Model` on it (`diffusers_forward`: the
+entry point outside checks call, `diffusers_forward(load_transformer(path), hidden_states=..., ...)`).
 
 diffusers describes the sequence per row: which rows are text, video, audio (`*_indices`, any order),
 each row's modality tag (`token_tags`) and timestep (`timestep_indices` into the distinct `timestep`
@@ -10,14 +11,43 @@ outputs handed back in the caller's index order.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from h3core.model.inputs import Clocks, PackedSequence, rope_table
 from h3core.model.sequence import Segment, SegmentKind
 
+if TYPE_CHECKING:
+    from h3core.model.dit import H3Model
+
 _KINDS = (SegmentKind.TEXT, SegmentKind.VIDEO, SegmentKind.AUDIO)
+
+
+def diffusers_forward(
+    model: "H3Model",
+    hidden_states: torch.Tensor,
+    audio_hidden_states: torch.Tensor,
+    encoder_hidden_states: torch.Tensor,
+    timestep: torch.Tensor,
+    timestep_indices: torch.Tensor,
+    token_tags: torch.Tensor,
+    position_ids: torch.Tensor,
+    video_indices: torch.Tensor,
+    audio_indices: torch.Tensor,
+    text_indices: torch.Tensor,
+    return_dict: bool = False,
+    **_: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`model` on one packed sequence in diffusers' `MiniMaxH3Transformer3DModel.forward` convention (a
+    leading batch axis of 1 accepted): the video and audio velocities `[1, n, features]` in the order of
+    `video_indices` and `audio_indices`. `return_dict` is accepted and ignored (always a tuple)."""
+    seq, clocks, order = diffusers_sequence(
+        model, hidden_states, audio_hidden_states, encoder_hidden_states, timestep, timestep_indices,
+        token_tags, position_ids, video_indices, audio_indices, text_indices,
+    )
+    out = model(seq, clocks)
+    return order(SegmentKind.VIDEO, out[SegmentKind.VIDEO]), order(SegmentKind.AUDIO, out[SegmentKind.AUDIO])
 
 
 def _one(x: torch.Tensor, rank: int, name: str) -> torch.Tensor:
@@ -32,7 +62,7 @@ def _one(x: torch.Tensor, rank: int, name: str) -> torch.Tensor:
 
 
 def diffusers_sequence(
-    model,  # H3Model: its config and refine_text
+    model: "H3Model",
     hidden_states: torch.Tensor,
     audio_hidden_states: torch.Tensor,
     encoder_hidden_states: torch.Tensor,

@@ -31,7 +31,7 @@ from h3core.files.paths import free_bytes, os_error_reason
 from h3core.files.safetensors import read_header, write_safetensors
 from h3core.model.checkpoint import SYNTHETIC, WEIGHTS_KEY, TensorSpec, linear_slots
 from h3core.model.config import ModelConfig
-from h3core.model.dit import TENSOR_PARALLEL, H3Model, rope_inv_freq
+from h3core.model.dit import H3Model, rope_inv_freq
 from h3core.nvfp4 import comfy, layout
 from h3core.nvfp4.codec import quantize
 from h3core.reports.units import format_bytes
@@ -48,9 +48,13 @@ def _generator(seed: int, name: str) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
 
 
+NVFP4_BLOCK_LINEARS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc1", "mlp.fc2")
+"""The linears of every block the seed's file stores in NVFP4 (the rest is bf16 or float32)."""
+
+
 def quantized_prefixes(config: ModelConfig) -> set[str]:
-    """The linears the seed's file stores in NVFP4: every block's four (`TENSOR_PARALLEL`)."""
-    return {f"blocks.{i}.{name}" for i in range(config.num_blocks) for name in TENSOR_PARALLEL}
+    """The linears the seed's file stores in NVFP4: every block's four (`NVFP4_BLOCK_LINEARS`)."""
+    return {f"blocks.{i}.{name}" for i in range(config.num_blocks) for name in NVFP4_BLOCK_LINEARS}
 
 
 def _plan(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], str]]:

@@ -43,12 +43,17 @@ FUSED_BLOCK_SCALES = 16
 """16-element blocks per Triton program along K (a multiple of the 4-column scale tile): 256 elements."""
 
 
-def quantize_activation(x: torch.Tensor, act_global: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activation(x: torch.Tensor, act_global: torch.Tensor, width: int, *, fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] float, act_global float32 0-dim -> (packed [M, width/2] uint8, swizzled scales of
-    [M, width/16], flat fp8). Fused on CUDA where triton imports, else eager; same bits."""
-    if x.is_cuda and FUSED_ON_CUDA and triton_available():
+    [M, width/16], flat fp8). Fused on CUDA where the kernel launches (`fused`: the caller's device
+    says, `DeviceKernels.fused_quantizer`; None: triton importable here), else eager; same bits."""
+    if _takes_fused(x, fused):
         return fused_quantize_activation(x, act_global, width)
     return eager_quantize_activation(x, act_global, width)
+
+
+def _takes_fused(x: torch.Tensor, fused: bool | None) -> bool:
+    return x.is_cuda and FUSED_ON_CUDA and (triton_available() if fused is None else fused)
 
 
 def eager_quantize_activation(x: torch.Tensor, act_global: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,7 +62,7 @@ def eager_quantize_activation(x: torch.Tensor, act_global: torch.Tensor, width: 
     return act.packed, swizzle_block_scales(act.scale)
 
 
-def quantize_local_rows(x_local: torch.Tensor, act_global: torch.Tensor, width: int) -> NVFP4Weight:
+def quantize_local_rows(x_local: torch.Tensor, act_global: torch.Tensor, width: int, *, fused: bool | None = None) -> NVFP4Weight:
     """This rank's rows quantized for a gather: packed codes [m, width/2] and row-major (not swizzled)
     scales [m, width/16], so that tensor mode can all-gather codes + scales (a quarter and a
     thirty-second of the bf16 rows' bytes) instead of bf16 rows.
@@ -69,9 +74,9 @@ def quantize_local_rows(x_local: torch.Tensor, act_global: torch.Tensor, width: 
     the ranks' results in rank order is bitwise `quantize_unchecked(gathered rows)`, and
     `swizzle_block_scales` of the gathered scales is the GEMM's operand (`gathered_gemm_operands`).
     With per-rank scales the bits differ (and so would the product). Fused on CUDA where triton
-    imports (`fused_quantize_rows`), else the codec; same bits.
+    imports (`fused_quantize_rows`; `fused` as in `quantize_activation`), else the codec; same bits.
     """
-    if x_local.is_cuda and FUSED_ON_CUDA and triton_available():
+    if _takes_fused(x_local, fused):
         return fused_quantize_rows(x_local, act_global, width)
     return quantize_unchecked(x_local, act_global, padded_width=width)
 
@@ -124,13 +129,30 @@ def _fused(x: torch.Tensor, act_global: torch.Tensor, width: int, *, swizzled: b
     packed = torch.empty(rows, layout.packed_bytes(width), dtype=torch.uint8, device=x.device)
     scales = torch.empty(swizzled_size(rows, scale_cols) if swizzled else rows * scale_cols, dtype=torch.uint8, device=x.device)
     global_scale = act_global.detach().to(device=x.device, dtype=torch.float32).reshape(1)
+    fused_quantize_launch(x, global_scale, packed, scales, layout.scale_columns(cols), scale_cols, padded_rows, padded_scale_cols, swizzled)
+    return packed, scales
+
+
+@torch.library.custom_op("h3::fused_nvfp4_quantize", mutates_args=("packed", "scales"))
+def fused_quantize_launch(x: torch.Tensor, global_scale: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, cols_scales: int,
+                          scale_cols: int, padded_rows: int, padded_scale_cols: int, swizzled: bool) -> None:
+    """One launch of the Triton kernel, writing `packed` and `scales` (allocated by `_fused`).
+
+    A torch custom op, so that tensors without data (`FakeTensorMode`: the dry run) pass through it
+    by its registered fake, which writes nothing, as every other op passes through its own."""
+    rows, cols = x.shape
     grid = (padded_rows // FUSED_BLOCK_ROWS, -(-padded_scale_cols // FUSED_BLOCK_SCALES))
     _kernel()[grid](
         x, x.stride(0), global_scale, packed, scales,
-        rows, cols, layout.scale_columns(cols), scale_cols, packed.shape[1], padded_rows, padded_scale_cols,
+        rows, cols, cols_scales, scale_cols, packed.shape[1], padded_rows, padded_scale_cols,
         BLOCK_R=FUSED_BLOCK_ROWS, BLOCK_C=FUSED_BLOCK_SCALES, SWIZZLED=swizzled,
     )
-    return packed, scales
+
+
+@fused_quantize_launch.register_fake
+def _fused_quantize_no_data(x: torch.Tensor, global_scale: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, cols_scales: int,
+                            scale_cols: int, padded_rows: int, padded_scale_cols: int, swizzled: bool) -> None:
+    return None
 
 
 def _ceil_to(n: int, multiple: int) -> int:

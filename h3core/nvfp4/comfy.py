@@ -39,6 +39,7 @@ from h3core.files.safetensors import FLOAT_DTYPE_NAMES, SafetensorsReader
 from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import NVFP4Weight
 from h3core.nvfp4.io import check_values
+from h3core.nvfp4.kernels import DeviceKernels
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.swizzle import TILE_COLUMNS, TILE_ROWS, swizzle_block_scales, unswizzle_block_scales
 from h3core.span import Span
@@ -215,6 +216,7 @@ def check_nvfp4_headers(reader: SafetensorsReader, prefix: str, out_features: in
 def read_nvfp4_linear(
     reader: SafetensorsReader, prefix: str, out_features: int, in_features: int, marker: ComfyQuant,
     device: torch.device | str = "cpu",
+    kernels: DeviceKernels | None = None,
 ) -> NVFP4Linear:
     """The whole Comfy NVFP4 linear `prefix` (`out_features x in_features`: the module's shape) as an
     `NVFP4Linear` on `device`. With `full_precision_matrix_mult` it never takes an fp4 GEMM, nor
@@ -229,6 +231,7 @@ def read_nvfp4_linear(
     if marker.full_precision_matrix_mult:
         linear.fp4_matmul, linear.emulate_fp4 = False, False
     linear = linear.to(device)
+    linear.kernels = kernels
     linear.prepare()
     return linear
 

@@ -25,6 +25,7 @@ from h3core.files.safetensors import FLOAT_DTYPE_NAMES, SafetensorsReader
 from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import NVFP4Weight
 from h3core.nvfp4.layout import ColumnSlice
+from h3core.nvfp4.kernels import DeviceKernels
 from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
 from h3core.nvfp4.shard import check_columns, check_rows
 from h3core.span import Span
@@ -44,8 +45,10 @@ def read_linear(
     rows: Sequence[Span] | None = None,
     columns: ColumnSlice | None = None,
     device: torch.device | str | None = None,
+    kernels: DeviceKernels | None = None,
 ) -> NVFP4Linear:
-    """The NVFP4 linear `prefix`, reading only what is asked for.
+    """The NVFP4 linear `prefix`, reading only what is asked for, prepared for the path `kernels` (its
+    device's facts; None: the device's own) give it.
 
     `rows`: the column-parallel shard, same as `column_parallel(full, rows)` (bias rows included).
     `columns`: the row-parallel shard, same as `row_parallel(full, columns)[0]`: no bias (read it
@@ -68,6 +71,7 @@ def read_linear(
     linear = NVFP4Linear(weight, bias, pre_scale, input_scale)
     if device is not None:
         linear = linear.to(device)
+    linear.kernels = kernels
     linear.prepare()  # the fp4 GEMM's operands, built here at load and never in the denoising loop
     return linear
 
@@ -174,10 +178,12 @@ class WeightSource(Protocol):
 class CheckpointWeights:
     """A `WeightSource` over a safetensors reader: NVFP4 linears through `read_linear` (a shard reads
     only its slice), unquantized ones as `DenseLinear` in their stored dtype. `kinds` records which
-    kinds of linear were read ('nvfp4', 'dense')."""
+    kinds of linear were read ('nvfp4', 'dense'). Every NVFP4 linear it reads shares `kernels` (the
+    device's facts: given, else the device's own, asked once for all of them)."""
 
-    def __init__(self, reader: SafetensorsReader, device: torch.device | str):
+    def __init__(self, reader: SafetensorsReader, device: torch.device | str, kernels: DeviceKernels | None = None):
         self.reader, self.device = reader, torch.device(device)
+        self.kernels = kernels or DeviceKernels.of(self.device)
         self.kinds: set[str] = set()
 
     def has(self, name: str) -> bool:
@@ -189,7 +195,7 @@ class CheckpointWeights:
     def linear(self, prefix: str, *, rows: Sequence[Span] | None = None, columns: ColumnSlice | None = None) -> nn.Module:
         if self.has(f"{prefix}.{WEIGHT_SCALE}"):
             self.kinds.add("nvfp4")
-            return read_linear(self.reader, prefix, rows=rows, columns=columns, device=self.device)
+            return read_linear(self.reader, prefix, rows=rows, columns=columns, device=self.device, kernels=self.kernels)
         if rows is not None or columns is not None:
             raise CheckpointError(f"{prefix} is not an NVFP4 linear; only NVFP4 linears are read as tensor-parallel shards")
         self.kinds.add("dense")

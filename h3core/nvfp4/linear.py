@@ -68,7 +68,7 @@ from h3core.nvfp4.matmul import (
     prepare_fp4_weight,
     scaled_mm_fp4,
 )
-from h3core.nvfp4.selftest import fp4_kernel_problem
+from h3core.nvfp4.kernels import DeviceKernels
 from h3core.nvfp4.swizzle import unswizzle_block_scales
 
 
@@ -122,6 +122,9 @@ class NVFP4Linear(nn.Module):
         self.shapes: Counter[tuple[int, int, int]] | None = None
         """The rank's fp4 GEMM shapes (`RankRecord.fp4_shapes`): +1 per (M, N, K) the fp4 GEMM ran."""
         self.register_buffer("decoded_weight", None, persistent=False)  # [out, in] dense, `hold_decoded`
+        self.kernels: DeviceKernels | None = None
+        """What this linear's device can run (capability, the fp4 GEMM's verdict, the fused quantizer):
+        given by its loader (the rank's), else this device's own, asked on first use (`device_kernels`)."""
         self.agree_amax: Callable[[torch.Tensor], torch.Tensor] | None = None
         """Set by a parallel plan whose ranks each hold part of this linear's input: the max of a
         0-dim amax over those ranks. Every rank must then call `forward` (or, holding no rows,
@@ -188,18 +191,30 @@ class NVFP4Linear(nn.Module):
         padded = unswizzle_block_scales(self.swizzled_weight_scale, rows, layout.scale_columns(width))  # [N, K/16]
         return padded[: self.out_features, : layout.scale_columns(self.in_features)].contiguous()
 
+    def device_kernels(self) -> DeviceKernels:
+        """The facts of the device this linear's weight is on: `kernels` when they are that device's,
+        else the device's own (asked once and kept: `DeviceKernels.of`)."""
+        device = self.weight.device
+        if self.kernels is None or not self.kernels.serves(device):
+            self.kernels = DeviceKernels.of(device)
+        return self.kernels
+
     @property
     def path_choice(self) -> PathChoice:
         device = self.weight.device
-        capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+        kernels = self.device_kernels() if device.type == "cuda" else None
         emulate = self.emulate_fp4 if self.emulate_fp4 is not None else emulate_fp4_from_env()
         return choose_path(
             device.type,
-            capability,
+            kernels.capability if kernels is not None else None,
             fp4_enabled=self.fp4_matmul,
             emulate_fp4=emulate,
-            fp4_kernel_problem=lambda: fp4_kernel_problem(device),
+            fp4_kernel_problem=kernels.fp4_gemm_problem if kernels is not None else lambda: None,
         )
+
+    def _fused_quantizer(self, x: torch.Tensor) -> bool:
+        """Whether this linear's activation quantizer takes the fused kernel for `x` (CUDA, where it launches)."""
+        return x.is_cuda and self.device_kernels().fused_quantizer
 
     @property
     def path(self) -> str:
@@ -347,7 +362,7 @@ class NVFP4Linear(nn.Module):
         if x2.shape[0] == 0:
             return x2.new_empty(0, self.out_features)
         _, width = fp4_gemm_shape(self.out_features, self.in_features)
-        act_packed, act_scale = quantize_activation(x2, act_global, width)  # [M, K/2], swizzled [M, K/16]
+        act_packed, act_scale = quantize_activation(x2, act_global, width, fused=self._fused_quantizer(x2))  # [M, K/2], swizzled [M, K/16]
         return self._fp4_gemm(act_packed, act_scale, act_global, path, x2.dtype)
 
     def _fp4_gemm(self, act_packed: torch.Tensor, act_scale: torch.Tensor, act_global: torch.Tensor, path: str, dtype: torch.dtype) -> torch.Tensor:
@@ -376,7 +391,7 @@ class NVFP4Linear(nn.Module):
             x2 = x2 * self.pre_quant_scale.to(x2.dtype)
         act_global = self.activation_global_scale(x2)
         _, width = fp4_gemm_shape(self.out_features, self.in_features)
-        return quantize_local_rows(x2, act_global, width)
+        return quantize_local_rows(x2, act_global, width, fused=self._fused_quantizer(x2))
 
     def forward_gathered(self, parts: list[NVFP4Weight], dtype: torch.dtype) -> torch.Tensor:
         """The product of the gathered `quantize_input` results (rank order), in `dtype` ([M, out]):

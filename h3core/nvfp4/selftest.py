@@ -256,7 +256,7 @@ def run_fp4_selftest(
     """The self-test in a fresh Python process (this process's CUDA context is never touched), its
     record read back from the child's stdout. A child that dies (a CUDA fault aborts it), hangs past
     `timeout_s` or prints no record refuses the fp4 path with that as the reason. Call it before
-    the ranks start, pass the record to every rank (`install`), put it in the run report."""
+    the ranks start, pass the record to every rank (`h3core.nvfp4.kernels.DeviceKernels.of(device, record)`), put it in the run report."""
     command = [sys.executable, "-m", "h3core.nvfp4.selftest", "--device", device, "--gemm", gemm, "--shapes", _shapes_text(shapes)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
@@ -272,51 +272,6 @@ def run_fp4_selftest(
 def _refused(device: str, why: str) -> FP4SelfTest:
     return FP4SelfTest(device=device, torch=torch.__version__, accepted=False, path=PATH_CUDA_BF16,
                        reason=f"fp4 GEMM self-test on {device}: {why}; NVFP4 linears take {PATH_CUDA_BF16}", bound=BOUND_TEXT)
-
-
-_installed: dict[str, FP4SelfTest] = {}
-
-
-def install(result: FP4SelfTest) -> None:
-    """Make `result` this process's verdict for its device (a rank, given the launcher's record)."""
-    key = _device_key(result.device)
-    _installed[key] = result
-    _kernel_problems.pop(torch.device(key), None)  # a verdict cached from an earlier record gives way
-
-
-def installed(device: torch.device | str) -> FP4SelfTest | None:
-    return _installed.get(_device_key(device))
-
-
-def problem_for(device: torch.device | str) -> str | None:
-    """None if the fp4 GEMM may run on `device`, else the self-test's one-line refusal. Uses the
-    installed record; without one, runs the self-test now (`DEFAULT_SHAPES`, in a child process)."""
-    key = _device_key(device)
-    if key not in _installed:
-        _installed[key] = run_fp4_selftest(DEFAULT_SHAPES, key)
-    result = _installed[key]
-    return None if result.accepted else result.reason
-
-
-_kernel_problems: dict[torch.device, str | None] = {}
-
-
-def fp4_kernel_problem(device: torch.device) -> str | None:
-    """None if the fp4 GEMM may run on `device`, else why not (one line): torch's fp4 support, then
-    this module's verdict (`problem_for`), asked once per device and cached. What `NVFP4Linear`
-    asks before it takes `cuda-fp4-scaled-mm`."""
-    if not hasattr(torch, "float4_e2m1fn_x2") or not hasattr(torch, "_scaled_mm"):
-        return f"torch {torch.__version__} has no float4_e2m1fn_x2 / _scaled_mm"
-    if device not in _kernel_problems:
-        _kernel_problems[device] = problem_for(device)
-    return _kernel_problems[device]
-
-
-def _device_key(device: torch.device | str) -> str:
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())
-    return str(d)
 
 
 def _shapes_text(shapes: Sequence[Shape]) -> str:

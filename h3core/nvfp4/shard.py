@@ -43,6 +43,7 @@ def column_parallel(linear: NVFP4Linear, rows: Sequence[Span]) -> NVFP4Linear:
     check_rows(rows, linear.out_features)
     bias = None if linear.bias is None else take_rows(linear.bias, rows)
     shard = NVFP4Linear(select_rows(linear.nvfp4, rows), bias, _copy(linear.pre_quant_scale), _copy(linear.input_scale))
+    shard.kernels = linear.kernels
     shard.prepare()
     return shard
 
@@ -56,6 +57,7 @@ def row_parallel(linear: NVFP4Linear, cols: ColumnSlice) -> tuple[NVFP4Linear, t
     check_columns(cols, linear.in_features)
     pre_scale = None if linear.pre_quant_scale is None else take_columns(linear.pre_quant_scale, cols.elements)
     shard = NVFP4Linear(select_columns(linear.nvfp4, cols), None, pre_scale, _copy(linear.input_scale))
+    shard.kernels = linear.kernels
     shard.prepare()
     return shard, _copy(linear.bias)
 

@@ -24,10 +24,11 @@ balanced row split); index `i` of a spans list belongs to rank `i` of `group`. `
 
 Each call allocates exactly one new tensor, its result. Transient buffers (the packed send side
 of `seq_to_head`, the receive side of `head_to_seq` and `reduce_scatter_rows`, the padded rows of
-`gather_rows`) come from a scratch buffer on the CPU that is kept and reused across calls: fresh
-CPU memory of that size costs more in page faults than the copy itself. On CUDA the caching
-allocator already recycles memory, so they are plain allocations there. One thread per process
-calls collectives (as process groups require anyway); `release_scratch()` frees the buffer.
+`gather_rows`) come from the caller's `Scratch` when it passes one (`scratch=`): on the CPU a
+buffer kept and reused across calls, since fresh CPU memory of that size costs more in page faults
+than the copy itself. A rank's runtime owns one (`ParallelRuntime.scratch`) for as long as its
+pipeline lives; without one, and always on CUDA (whose caching allocator already recycles memory),
+they are plain allocations. One thread per rank calls collectives (as process groups require anyway).
 
 A `CommStats` may carry a timer (`CommStats.timer`): `h3core.generate.profile` times every collective
 that counts into it by kind (unset: no timing).
@@ -164,6 +165,23 @@ def _check_spans(spans: Sequence[Span], size: int, what: str, allow_empty: bool 
     return start
 
 
+@dataclass(frozen=True)
+class UlyssesLayout:
+    """The checked layout of one Ulysses all-to-all on this rank (`_ulysses_layout`)."""
+
+    rank: int
+    size: int
+    num_tokens: int
+    num_heads: int
+
+
+def _ulysses_layout(tokens: Sequence[Span], heads: Sequence[Span], group: dist.ProcessGroup | None) -> UlyssesLayout:
+    """What `seq_to_head`, `exchange_blocks` and `head_to_seq` check first: one token span and one
+    head span per rank of `group`, each contiguous, non-empty and in rank order."""
+    rank, size = group_rank_and_size(group)
+    return UlyssesLayout(rank, size, _check_spans(tokens, size, "token"), _check_spans(heads, size, "head"))
+
+
 def _record(stats: CommStats | None, kind: str, sent: Sequence[int], received: Sequence[int], rank: int, itemsize: int) -> None:
     """Count element splits (per peer) as bytes to and from other ranks."""
     if stats is not None:
@@ -178,25 +196,31 @@ def _all_to_all(recv: torch.Tensor, send: torch.Tensor, recv_sizes: list[int], s
     dist.all_to_all_single(recv, send, None if even else recv_sizes, None if even else send_sizes, group=group)
 
 
-_scratch_bytes: torch.Tensor | None = None  # CPU: grown on demand, reused by every collective
+class Scratch:
+    """The transient buffer one rank's collectives reuse on the CPU (module docstring): grown on
+    demand, valid until the next collective that takes it; owned by whoever passes it (a rank's runtime)."""
+
+    def __init__(self) -> None:
+        self._bytes: torch.Tensor | None = None
+
+    def take(self, numel: int, like: torch.Tensor) -> torch.Tensor:
+        """A 1-D buffer of `numel` elements of `like`'s dtype (a plain allocation off the CPU)."""
+        if like.device.type != "cpu":
+            return like.new_empty(numel)
+        nbytes = numel * like.element_size()
+        if self._bytes is None or self._bytes.numel() < nbytes:
+            self._bytes = None  # free the old one before allocating the larger one
+            self._bytes = torch.empty(nbytes, dtype=torch.uint8)
+        return self._bytes[:nbytes].view(like.dtype)
+
+    def release(self) -> None:
+        """Free the buffer (it is allocated again by the next collective that needs it)."""
+        self._bytes = None
 
 
-def _scratch(numel: int, like: torch.Tensor) -> torch.Tensor:
-    """A transient 1-D buffer of `numel` elements of `like`'s dtype, valid until the next collective."""
-    global _scratch_bytes
-    if like.device.type != "cpu":
-        return like.new_empty(numel)
-    nbytes = numel * like.element_size()
-    if _scratch_bytes is None or _scratch_bytes.numel() < nbytes:
-        _scratch_bytes = None  # free the old one before allocating the larger one
-        _scratch_bytes = torch.empty(nbytes, dtype=torch.uint8)
-    return _scratch_bytes[:nbytes].view(like.dtype)
-
-
-def release_scratch() -> None:
-    """Free the CPU scratch buffer (it is allocated again by the next collective that needs it)."""
-    global _scratch_bytes
-    _scratch_bytes = None
+def _transient(numel: int, like: torch.Tensor, scratch: Scratch | None) -> torch.Tensor:
+    """A transient 1-D buffer: from `scratch` when given, else a plain allocation."""
+    return scratch.take(numel, like) if scratch is not None else like.new_empty(numel)
 
 
 def _uniform_runs(spans: Sequence[Span]) -> list[tuple[int, int, int, int]]:
@@ -225,6 +249,7 @@ def seq_to_head(
     heads: Sequence[Span],
     group: dist.ProcessGroup | None = None,
     stats: CommStats | None = None,
+    scratch: Scratch | None = None,
 ) -> torch.Tensor:
     """Sequence-sharded -> head-sharded. x: [S_loc, *mid, H, Dh] -> [S, *mid, H_loc, Dh].
 
@@ -232,14 +257,12 @@ def seq_to_head(
     every token (in packed order) for this rank's heads `heads[rank]`. `mid` may be empty or e.g.
     `3` for a fused q|k|v, which then travels in one all-to-all. The one copy: x into `send_blocks`.
     """
-    rank, size = group_rank_and_size(group)
-    if size == 1:
+    if group_rank_and_size(group)[1] == 1:
         return x
-    _check_spans(tokens, size, "token")
-    num_heads = _check_spans(heads, size, "head")
-    if x.shape[0] != len(tokens[rank]) or x.shape[-2] != num_heads:
-        raise ValueError(f"seq_to_head: x {tuple(x.shape)} does not match {len(tokens[rank])} local tokens x {num_heads} heads")
-    blocks = send_blocks(x.shape[0], tuple(x.shape[1:-2]), x.shape[-1], heads, x)
+    layout = _ulysses_layout(tokens, heads, group)
+    if x.shape[0] != len(tokens[layout.rank]) or x.shape[-2] != layout.num_heads:
+        raise ValueError(f"seq_to_head: x {tuple(x.shape)} does not match {len(tokens[layout.rank])} local tokens x {layout.num_heads} heads")
+    blocks = send_blocks(x.shape[0], tuple(x.shape[1:-2]), x.shape[-1], heads, x, scratch)
     for head_range, view in blocks.pieces:
         view.copy_(x[..., head_range, :].unflatten(-2, view.shape[-3:-1]))
     return exchange_blocks(blocks, tokens, heads, group, stats)
@@ -263,13 +286,14 @@ class SendBlocks:
     head_dim: int
 
 
-def send_blocks(local_tokens: int, mid: tuple[int, ...], head_dim: int, heads: Sequence[Span], like: torch.Tensor) -> SendBlocks:
+def send_blocks(local_tokens: int, mid: tuple[int, ...], head_dim: int, heads: Sequence[Span], like: torch.Tensor,
+                scratch: Scratch | None = None) -> SendBlocks:
     """An (uninitialised) send buffer for `seq_to_head` of `[local_tokens, *mid, H, Dh]` in `like`'s dtype.
 
-    On the CPU it is the shared scratch buffer (valid until the next collective of this process).
+    With `scratch` it is the scratch buffer on the CPU (valid until the next collective that takes it).
     """
     inner = math.prod(mid)
-    buffer = _scratch(local_tokens * inner * sum(len(h) for h in heads) * head_dim, like)
+    buffer = _transient(local_tokens * inner * sum(len(h) for h in heads) * head_dim, like, scratch)
     # view of one run: [count, S_loc, *mid, w, Dh] -> [S_loc, *mid, count, w, Dh]
     order = (1, *range(2, 2 + len(mid)), 0, 2 + len(mid), 3 + len(mid))
     pieces = []
@@ -290,9 +314,8 @@ def exchange_blocks(
     stats: CommStats | None = None,
 ) -> torch.Tensor:
     """The all-to-all of filled `SendBlocks`: -> [S, *mid, H_loc, Dh] (this rank's heads, every token)."""
-    rank, size = group_rank_and_size(group)
-    num_tokens = _check_spans(tokens, size, "token")
-    _check_spans(heads, size, "head")
+    layout = _ulysses_layout(tokens, heads, group)
+    rank, size, num_tokens = layout.rank, layout.size, layout.num_tokens
     if size == 1:  # one block holding every head: it is the result
         return blocks.buffer.view(num_tokens, *blocks.mid, len(heads[0]), blocks.head_dim)
     if blocks.local_tokens != len(tokens[rank]):
@@ -319,13 +342,13 @@ def head_to_seq(
     heads: Sequence[Span],
     group: dist.ProcessGroup | None = None,
     stats: CommStats | None = None,
+    scratch: Scratch | None = None,
 ) -> torch.Tensor:
     """Head-sharded -> sequence-sharded, the inverse of `seq_to_head`. x: [S, *mid, H_loc, Dh] -> [S_loc, *mid, H, Dh]."""
-    rank, size = group_rank_and_size(group)
-    if size == 1:
+    if group_rank_and_size(group)[1] == 1:
         return x
-    num_tokens = _check_spans(tokens, size, "token")
-    num_heads = _check_spans(heads, size, "head")
+    layout = _ulysses_layout(tokens, heads, group)
+    rank, num_tokens, num_heads = layout.rank, layout.num_tokens, layout.num_heads
     mid, local_heads, head_dim = tuple(x.shape[1:-2]), x.shape[-2], x.shape[-1]
     if x.shape[0] != num_tokens or local_heads != len(heads[rank]):
         raise ValueError(f"head_to_seq: x {tuple(x.shape)} does not match {num_tokens} tokens x {len(heads[rank])} local heads")
@@ -335,7 +358,7 @@ def head_to_seq(
     send = x.contiguous().view(-1)
     send_sizes = [len(t) * inner * local_heads * head_dim for t in tokens]
     recv_sizes = [local_tokens * inner * len(h) * head_dim for h in heads]
-    recv = _scratch(sum(recv_sizes), x)
+    recv = _transient(sum(recv_sizes), x, scratch)
     _all_to_all(recv, send, recv_sizes, send_sizes, group)
     _record(stats, HEAD_TO_SEQ, send_sizes, recv_sizes, rank, x.element_size())
     # Peer j's block is [S_loc, inner, H_j, Dh]; place it at heads[j] of out: [S_loc, inner, H, Dh].
@@ -356,6 +379,7 @@ def gather_rows(
     rows: Sequence[Span],
     group: dist.ProcessGroup | None = None,
     stats: CommStats | None = None,
+    scratch: Scratch | None = None,
 ) -> torch.Tensor:
     """Ragged all-gather along dim 0. x: [n_loc, *F] (rows `rows[rank]`) -> [n, *F] on every rank.
 
@@ -379,7 +403,7 @@ def gather_rows(
     # gathered: [W * longest, *F] (the concatenated form Gloo and NCCL both accept). Evenly
     # split, it is the result; otherwise a transient from which the padding is cut.
     numel = size * longest * math.prod(features)
-    gathered = (x.new_empty(numel) if even else _scratch(numel, x)).view(size * longest, *features)
+    gathered = (x.new_empty(numel) if even else _transient(numel, x, scratch)).view(size * longest, *features)
     _all_gather(gathered, padded, group)
     row_bytes = math.prod(features) * x.element_size()
     if stats is not None:
@@ -402,6 +426,7 @@ def reduce_scatter_rows(
     rows: Sequence[Span],
     group: dist.ProcessGroup | None = None,
     stats: CommStats | None = None,
+    scratch: Scratch | None = None,
 ) -> torch.Tensor:
     """Ragged reduce-scatter along dim 0. x: [n, *F] partial on every rank -> [n_loc, *F]: the sum
     over ranks of rows `rows[rank]`, added in rank order (see the module docstring)."""
@@ -418,7 +443,7 @@ def reduce_scatter_rows(
     send = x.contiguous().view(-1)
     send_sizes = [len(s) * row_numel for s in rows]
     recv_sizes = [local_rows * row_numel] * size
-    recv = _scratch(size * local_rows * row_numel, x)
+    recv = _transient(size * local_rows * row_numel, x, scratch)
     _all_to_all(recv, send, recv_sizes, send_sizes, group)
     _record(stats, REDUCE_SCATTER_ROWS, send_sizes, recv_sizes, rank, x.element_size())
     return _sum_in_rank_order(recv.view(size, local_rows, *features))

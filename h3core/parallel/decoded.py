@@ -88,7 +88,7 @@ def _linear_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
 
 def _held_elements(prefix: str, shape: tuple[int, int], rank, config: ModelConfig) -> int:  # type: ignore[no-untyped-def]
     """Weight elements of linear `prefix` on `rank`: whole, or in tensor mode its shard's rows or columns."""
-    from h3core.model.dit import TENSOR_PARALLEL, Split
+    from h3core.parallel.modes.tensor_shards import TENSOR_PARALLEL, Split
 
     out_features, in_features = shape
     linear = prefix.split(".", 2)[2] if prefix.startswith("blocks.") else None

@@ -34,8 +34,8 @@ from h3core.model.sequence import Segment
 from h3core.parallel import partition
 from h3core.parallel.decoded import DecodedWeights
 from h3core.parallel.layout import SEQUENCE_NAMES, RankLayout
-from h3core.parallel.modes import Mode, mode_of
-from h3core.parallel.modes.tensor import TensorShards
+from h3core.parallel.modes import BlockShape, Mode, mode_of
+from h3core.parallel.modes.tensor_shards import TensorShards, tensor_parallel_prefixes
 from h3core.span import Span
 
 if TYPE_CHECKING:
@@ -155,6 +155,12 @@ class ParallelPlan(BaseModel):
     def head_spans(self) -> list[Span]:
         return [r.heads for r in self.ranks]
 
+    def block_shape(self, tokens: int) -> BlockShape:
+        """What one block's working set depends on, on this plan's largest rank (`tokens`: rows of the
+        longest sequence the run gives a forward)."""
+        local = max(len(t) for seq in self.sequences for t in seq.tokens)
+        return BlockShape(tokens=tokens, local_tokens=local, local_heads=max(self.heads), world_size=self.world_size)
+
 
 def _sequence_plan(name: str, segments: list[Segment], world_size: int) -> SequencePlan:
     num_tokens = segments[-1].stop if segments else 0
@@ -167,15 +173,13 @@ def _sequence_plan(name: str, segments: list[Segment], world_size: int) -> Seque
 def weight_bytes(config: ModelConfig, mode: Mode, ranks: Sequence[RankPlan], specs: Sequence["TensorSpec"] | None = None) -> WeightBytes:
     """The checkpoint's stored bytes (`specs`, default the synthetic = seed layout of `config`) and what
     each rank holds of them (the mode's `weights_per_rank`)."""
-    from h3core.model.dit import tensor_parallel_prefixes
-
     if specs is None:
         from h3core.model.synthetic import synthetic_specs
 
         specs = synthetic_specs(config)
     split = tensor_parallel_prefixes(config.num_blocks)
     nvfp4 = {s.prefix for s in specs if s.name.endswith(".weight_scale")}
-    held = mode_of(mode).weights_per_rank(specs, ranks, config)
+    held = mode_of(mode).weights_per_rank(specs, [r.tensor for r in ranks], config)
     return WeightBytes(
         parameters=sum(s.parameters for s in specs),
         checkpoint_bytes=sum(s.nbytes for s in specs),

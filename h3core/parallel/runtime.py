@@ -1,8 +1,15 @@
 """What one rank's parallel wrappers share, made from the run's `ParallelPlan`: the process group, the
-head spans, the token spans of the sequence being processed, the byte counters of every collective
-they call, the NVFP4 activation-scale agreement of the linears whose input the ranks split, a
-record of the spans and shards this rank really used (`RankUsage`, in the run's report), and of the
-attention kernels and NVFP4 paths it ran (`RankRecord`).
+head spans, the byte counters of every collective they call and the CPU scratch buffer those
+collectives reuse (`Scratch`), the NVFP4 activation-scale agreement of the linears whose input the
+ranks split, a record of the spans and shards this rank really used (`RankUsage`, in the run's
+report), and of the attention kernels and NVFP4 paths it ran (`RankRecord`). Everything here lives
+as long as the rank's loaded pipeline, and nothing of it is module state.
+
+Which rows a forward runs travels with the call: a packed sequence's token spans are a function of
+its length (`token_spans`, the plan's balanced split), so Ulysses' processor and tensor mode's
+attention hooks read them from their own input (`rope.num_tokens`). Tensor mode's MLP hooks see rows
+only; the model's outermost hook (`guard_rows`) reads the spans from the forward's input and holds
+them for exactly that forward (`forward_tokens`).
 
 The group is the process group of the plan's ranks: the run's whole world when its layout is one
 group, else this rank's sequence group (`h3core.parallel.layout.RankGroups`); every collective
@@ -14,16 +21,19 @@ per step uses.
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel, Field
 
-from h3core.parallel.collectives import CommStats, gather_rows
+from h3core.model.attention.dispatch import AttentionKernel
+from h3core.nvfp4.linear import NVFP4Linear
+from h3core.parallel import partition
+from h3core.parallel.collectives import CommStats, Scratch, gather_rows
 from h3core.parallel.layout import CfgHalf
-from h3core.parallel.plan import ParallelPlan, SequencePlan, TensorShards
+from h3core.parallel.modes.tensor_shards import TensorShards
+from h3core.parallel.plan import ParallelPlan
 from h3core.span import Span
 
 
@@ -50,11 +60,8 @@ class RankRecord:
         self.fp4_shapes: Counter[tuple[int, int, int]] = Counter()
 
     def attach(self, model: torch.nn.Module) -> None:
-        from h3core.model.dit import AttentionCore
-        from h3core.nvfp4.linear import NVFP4Linear
-
         for module in model.modules():
-            if isinstance(module, AttentionCore):
+            if isinstance(module, AttentionKernel):
                 module.record = self.attention
             elif isinstance(module, NVFP4Linear):
                 module.record, module.shapes = self.nvfp4, self.fp4_shapes
@@ -86,9 +93,10 @@ class ParallelRuntime:
         self.world_size = plan.world_size
         self.heads: list[Span] = plan.head_spans
         self.stats = CommStats()
+        self.scratch = Scratch()
         self.used = RankUsage()
         self.record = RankRecord()
-        self._sequence: SequencePlan | None = None
+        self._forward_tokens: list[Span] | None = None
 
     def new_records(self) -> None:
         """Start the records of one request: fresh collective counters, kernels and paths run and rows
@@ -97,45 +105,43 @@ class ParallelRuntime:
         self.used = self.used.model_copy(update={"tokens": {}})
         self.record.clear()
 
-    @property
-    def tokens(self) -> list[Span]:
-        """Token spans of every rank for the sequence being processed (set by `sequence`)."""
-        if self._sequence is None:
-            raise RuntimeError("no sequence layout set: run the model inside runtime.sequence(...)")
-        return self._sequence.tokens
+    def token_spans(self, num_tokens: int) -> list[Span]:
+        """Every rank's token rows of a packed sequence of `num_tokens` rows (the plan's split of it)."""
+        return partition.token_spans(num_tokens, self.world_size)
 
     @property
-    def rows(self) -> Span:
-        return self.tokens[self.rank]
+    def forward_tokens(self) -> list[Span]:
+        """The token spans of the sequence the running forward was given (set by `guard_rows` for
+        that forward only), for the hooks whose input is rows only (tensor mode's MLP)."""
+        if self._forward_tokens is None:
+            raise RuntimeError("a parallel hook ran outside a forward of the parallelized model (guard_rows sets the rows it runs)")
+        return self._forward_tokens
 
-    @contextmanager
-    def sequence(self, sequence: SequencePlan) -> Iterator[None]:
-        """Run forwards of one of the plan's packed sequences (its token spans, one per rank)."""
-        if len(sequence.tokens) != self.world_size:
-            raise ValueError(f"{len(sequence.tokens)} token spans for {self.world_size} ranks")
-        previous, self._sequence = self._sequence, sequence
-        try:
-            yield
-        finally:
-            self._sequence = previous
+    def enter_forward(self, rows: Span, num_tokens: int) -> None:
+        """What the model's outermost hook does before every forward: the rows fed must be this rank's
+        span of a sequence of `num_tokens` rows; that sequence's spans are the forward's (`forward_tokens`)."""
+        tokens = self.token_spans(num_tokens)
+        if rows != tokens[self.rank]:
+            raise RuntimeError(f"rank {self.rank} holds rows {rows} but its token span of {num_tokens} rows is {tokens[self.rank]}")
+        self._forward_tokens = tokens
+
+    def leave_forward(self) -> None:
+        self._forward_tokens = None
 
     def guard_rows(self, model: torch.nn.Module) -> None:
-        """Check at every forward that the rows a rank feeds the model are exactly its token span
-        (and record them per sequence)."""
+        """At every forward of `model`, before anything else: `enter_forward` with the rows its input
+        (a `PackedSequence`) holds; after it (also when it raises): `leave_forward`."""
 
-        def hook(module: torch.nn.Module, args: tuple) -> None:
-            if not args or not hasattr(args[0], "rope"):
-                raise RuntimeError("a parallelized model runs PackedSequence forwards only (not diffusers' argument names)")
-            held = args[0].rope.rows  # args[0]: the PackedSequence
-            if held != self.rows:
-                raise RuntimeError(f"rank {self.rank} holds rows {held} but its token span is {self.rows}")
-            self.used.tokens[self._sequence.name] = held  # type: ignore[union-attr]
+        def enter(module: torch.nn.Module, args: tuple) -> None:
+            rope = args[0].rope  # args[0]: the PackedSequence
+            self.enter_forward(rope.rows, rope.num_tokens)
 
-        model.register_forward_pre_hook(hook)
+        model.register_forward_pre_hook(enter)
+        model.register_forward_hook(lambda module, args, out: self.leave_forward(), always_call=True)
 
     def gather(self, x: torch.Tensor, spans: list[Span]) -> torch.Tensor:
         """All ranks' rows of `x` (split as `spans`), in rank order."""
-        return gather_rows(x, spans, self.group, self.stats)
+        return gather_rows(x, spans, self.group, self.stats, self.scratch)
 
     def max_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
         """The elementwise max of `value` over the group's ranks (all-reduce MAX; a new tensor).
@@ -153,8 +159,6 @@ class ParallelRuntime:
         """Make the NVFP4 `linears`, whose input the ranks split (rows or columns), quantize their
         activations with one global scale: the amax of the whole input, all-reduced (used on the fp4
         paths when the checkpoint has no `input_scale`). Dense linears have no activation scale."""
-        from h3core.nvfp4.linear import NVFP4Linear
-
         if self.world_size == 1:
             return
         for linear in linears:

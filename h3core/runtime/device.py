@@ -16,7 +16,9 @@ Everything that depends on "CPU or CUDA" is decided here and nowhere else:
   `reset_peak_memory` resets both (the CPU one through `/proc/self/clear_refs`, after handing the
   memory h3's CPU allocator policy retains back to the kernel: see `h3core.runtime.cpu_memory`).
   `release_memory` returns what a finished in-process run held: garbage collection, then on CUDA
-  the caching allocator's cached blocks and cuBLAS's workspaces.
+  the caching allocator's cached blocks and cuBLAS's workspaces. `DeviceMeter` is the stopwatch
+  and the peak window of one device as one object, what a rank's pipeline measures with (so that a
+  dry run can hand it another).
 - NCCL: `nccl_environment` sets fail-fast defaults so that a dead rank does not hang the others.
 
 torch is imported lazily so that commands which only plan (`h3 plan`) start fast.
@@ -215,6 +217,26 @@ class Stopwatch:
             self.seconds = start.elapsed_time(end) / 1000.0
         else:
             self.seconds = time.perf_counter() - self._started
+
+
+class DeviceMeter:
+    """What a rank's pipeline measures on its device: how long a region takes (`stopwatch`), and the
+    peak memory of a window (`reset_peak`, `peak`; see the module docstring for what each device
+    measures). A dry run passes one that counts its fake tensors instead (`h3core.generate.dryrun`)."""
+
+    def __init__(self, device: "torch.device | str"):
+        import torch
+
+        self.device = torch.device(device)
+
+    def stopwatch(self) -> Stopwatch:
+        return Stopwatch(self.device)
+
+    def reset_peak(self) -> None:
+        reset_peak_memory(self.device)
+
+    def peak(self) -> int:
+        return peak_memory_bytes(self.device)
 
 
 def resident_bytes(module: "torch.nn.Module") -> int:

@@ -24,8 +24,10 @@ what that needs from below the model:
   `all()`) and the run goes on. And it answers SDPA's kernel choice (`_fused_sdp_choice`, which a
   CPU build cannot make for CUDA) with the first fused kernel the active `sdpa_kernel` priority
   allows, so attention takes the fused kernel's memory, never the math kernel's scores.
-- `simulated_cuda(capability, tracker)`: `torch.cuda`'s device queries and events as a GPU of that
-  compute capability would answer them (memory statistics from the tracker), for the duration.
+
+What a rank asks of its GPU beyond its tensors (compute capability, cuDNN, the fp4 GEMM's verdict,
+memory statistics, timing) it asks through objects the dry run hands it (`DeviceKernels`, its
+meter: `h3core.generate.dryrun.fakes`), never `torch.cuda`: nothing here patches torch.
 - `fake_world(rank, world_size)`: the default process group as torch's fake backend (collectives
   return at once, data untouched: with fake tensors there is none), for one simulated rank.
 """
@@ -39,11 +41,10 @@ import shutil
 import subprocess
 import traceback
 import weakref
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
-from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -271,51 +272,6 @@ def _first_fused_kernel(q: torch.Tensor) -> int:
         if takes.get(int(backend), False):
             return int(backend)
     return int(SDPBackend.MATH)
-
-
-# --- torch.cuda as a GPU of some capability answers it --------------------------------------------------
-
-
-class _Event:
-    """`torch.cuda.Event` without a device: recorded instantly, zero seconds apart."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def record(self, *args: Any) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, other: "_Event") -> float:
-        return 0.0
-
-
-@contextmanager
-def simulated_cuda(capability: tuple[int, int], tracker: StorageTracker, total_memory: int, name: str) -> Iterator[None]:
-    """`torch.cuda` answering as one GPU of `capability` with `total_memory` bytes, its memory
-    statistics from `tracker` (module docstring)."""
-    props = mock.Mock(total_memory=total_memory, major=capability[0], minor=capability[1])
-    props.name = name
-    patches = {
-        "get_device_capability": lambda *a, **k: capability,
-        "get_device_properties": lambda *a, **k: props,
-        "get_device_name": lambda *a, **k: name,
-        "device_count": lambda: 1,
-        "current_device": lambda: 0,
-        "set_device": lambda *a: None,
-        "synchronize": lambda *a, **k: None,
-        "Event": _Event,
-        "reset_peak_memory_stats": lambda *a, **k: tracker.reset_peak("cuda"),
-        "max_memory_allocated": lambda *a, **k: tracker.peak("cuda"),
-        "memory_allocated": lambda *a, **k: tracker.live("cuda"),
-        "empty_cache": lambda: None,
-    }
-    with ExitStack() as stack:
-        for attr, value in patches.items():
-            stack.enter_context(mock.patch.object(torch.cuda, attr, value))
-        yield
 
 
 # --- a fake process group ---------------------------------------------------------------------------

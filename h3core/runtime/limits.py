@@ -110,13 +110,14 @@ def capacity(device: str, ranks: int) -> Capacity:
 # --- the checks ------------------------------------------------------------------------------------
 
 
-def check_memory(need: MemoryNeed, have: Capacity, what: str) -> None:
+def check_memory(need: MemoryNeed, have: Capacity, what: str, *, host_part: bool = True, device_part: bool = True) -> None:
     """Raise `ResourceLimit` (one line, exit 2) when `need` cannot fit `have`; no-op when
-    `H3_MEMORY_CHECK=0`. `what` names the run's knobs for the advice ('--width/--height/--frames')."""
+    `H3_MEMORY_CHECK=0`. `what` names the run's knobs for the advice ('--width/--height/--frames');
+    `host_part` / `device_part`: check the host's memory / each GPU's (both by default)."""
     if not settings.memory_check():
         return
     skip = f"{settings.MEMORY_CHECK}=0 skips this check"
-    if need.device == "cuda" and have.gpu_bytes:
+    if device_part and need.device == "cuda" and have.gpu_bytes:
         per_gpu = sum(need.on_device.values())
         smallest = min(have.gpu_bytes)
         if per_gpu > smallest:
@@ -125,7 +126,7 @@ def check_memory(need: MemoryNeed, have: Capacity, what: str) -> None:
                 f"has {format_bytes(smallest)} usable; {_advice(need, what)}; {skip}"
             )
     host = need.host_total()
-    if have.host_bytes is not None and host > have.host_bytes:
+    if host_part and have.host_bytes is not None and host > have.host_bytes:
         ranks = f" ({need.ranks} ranks x {format_bytes(host // need.ranks)})" if need.ranks > 1 else ""
         raise ResourceLimit(
             f"this run needs at least {format_bytes(host)} of memory{ranks}: {need.describe()} per rank; "

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from h3core.errors import CheckpointError, ConfigError
 from h3core.files.safetensors import SafetensorsReader
+from h3core.nvfp4.kernels import DeviceKernels
 from h3core.runtime.device import resident_bytes
 from h3core.text.assemble import assemble
 from h3core.text.checkpoint import (
@@ -166,17 +167,19 @@ def load_text_encoder(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     output_layer: int | None = None,
+    kernels: DeviceKernels | None = None,
 ) -> TextEncoder:
     """The text encoder at `path` (file or folder), or the synthetic one (`seed`) when `path` is None.
 
     `hidden_size` is the denoiser's text width: a checkpoint of another width is refused, the
-    synthetic encoder is built to it.
+    synthetic encoder is built to it. `kernels`: the device's facts its NVFP4 linears take their
+    path from (a rank's, carrying its GPU's fp4 self-test; None: the device's own).
     """
     if path is None:
         path, _ = synthetic_text_encoder(hidden_size, seed)
     found = _inspect(Path(path), hidden_size, output_layer)
     device = torch.device(device)
-    source = TextWeights(found.reader, found.markers, device)
+    source = TextWeights(found.reader, found.markers, device, kernels)
     try:
         model = assemble(source, found.prefix, found.config, layers=found.layers, dtype=dtype)
     except BaseException:

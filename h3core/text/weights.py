@@ -16,16 +16,19 @@ from torch import nn
 from h3core.files.safetensors import SafetensorsReader
 from h3core.nvfp4 import comfy
 from h3core.nvfp4.io import read_linear
+from h3core.nvfp4.kernels import DeviceKernels
 from h3core.nvfp4.linear import DenseLinear
 from h3core.text.checkpoint import EMBEDDING, Markers, embedding_quant, linear_kind
 
 
 class TextWeights:
     """Hands out the decoder's tensors, linears and token embedding from `reader` onto `device`.
-    `kinds` records the storages of the linears read (`checkpoint.LINEAR_KINDS`)."""
+    `kinds` records the storages of the linears read (`checkpoint.LINEAR_KINDS`). Its NVFP4 linears
+    share one `DeviceKernels` (the device's facts, asked once for all of them)."""
 
-    def __init__(self, reader: SafetensorsReader, markers: Markers, device: torch.device):
+    def __init__(self, reader: SafetensorsReader, markers: Markers, device: torch.device, kernels: DeviceKernels | None = None):
         self.reader, self.markers, self.device = reader, markers, device
+        self.kernels = kernels or DeviceKernels.of(device)
         self.kinds: set[str] = set()
 
     def tensor(self, name: str) -> torch.Tensor:
@@ -37,9 +40,9 @@ class TextWeights:
         if kind == "nvfp4-comfy":
             quant = self.markers(prefix)
             assert quant is not None
-            return comfy.read_nvfp4_linear(self.reader, prefix, out_features, in_features, quant, self.device)
+            return comfy.read_nvfp4_linear(self.reader, prefix, out_features, in_features, quant, self.device, self.kernels)
         if kind == "nvfp4-modelopt":
-            return read_linear(self.reader, prefix, device=self.device)
+            return read_linear(self.reader, prefix, device=self.device, kernels=self.kernels)
         bias = self.tensor(f"{prefix}.bias") if f"{prefix}.bias" in self.reader else None
         return DenseLinear(self.tensor(f"{prefix}.weight"), bias)
 

@@ -1,17 +1,19 @@
 """What `scripts/gpu_check.sh` concludes from the reports it collected: a list of problems.
 
 Torch-free and device-free (the expected NVFP4 path is passed in), so the conclusions that decide
-the first GPU run are checked on the CPU. A problem is one line saying what ran and what should have:
+the first GPU run are checked on the CPU; only `sdpa_rule_for_report`, which asks this GPU, imports
+torch (when called). A problem is one line saying what ran and what should have:
 
 - attention: any rank ran an unfused kernel (SDPA's math fallback, or h3's math reference) in the
   generate run at H3's shapes, or a kernel that is not SDPA's, or (given the rule's verdict for this
-  GPU, `sdpa-rule.json` from `h3core.model.attention.sdpa_rule_for_report`) a fused kernel the rule
+  GPU, `sdpa-rule.json` from `sdpa_rule_for_report` below) a fused kernel the rule
   does not allow here, e.g. cuDNN attention below cuDNN 9.15.1 at H3's lengths;
 - NVFP4: any rank's linears took another path than `expected_path` (in the generate run: every
   path each rank ran; in the linear benchmark: each shape's path);
 - parity: the generate run's parity did not pass; a report that is missing or unreadable.
 
     python -m h3core.verify.gpu_reports OUTPUT_DIR EXPECTED_PATH [SDPA_RULE_JSON]   # prints the summary, exits 1 on a problem
+    python -m h3core.verify.gpu_reports --sdpa-rule GENERATE_JSON                    # prints this GPU's rule for that run
 """
 
 from __future__ import annotations
@@ -45,6 +47,19 @@ def generate_problems(report: dict[str, Any], expected_path: str, sdpa_rule: dic
     if parity is not None and not parity.get("passed"):
         problems.append(f"generate: parity {parity.get('relative'):.3g} > tolerance {parity.get('tolerance'):.3g}")
     return problems
+
+
+def sdpa_rule_for_report(report_path: str | Path) -> str:
+    """JSON of h3's SDPA rule on this GPU for the run an `h3 generate --json` report describes (its
+    dtype, head width and packed length): what `generate_problems` checks each rank's kernels against."""
+    import torch
+
+    from h3core.model.attention.sdpa_rule import sdpa_choice_here
+
+    report = json.loads(Path(report_path).read_text())
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    choice = sdpa_choice_here(dtypes[report["dtype"]], report["config"]["head_dim"], report["num_tokens"])
+    return json.dumps({"allowed": list(choice.kernels), "reason": choice.reason, "torch_default_prefers_cudnn": choice.torch_default_prefers_cudnn})
 
 
 def linear_bench_problems(report: dict[str, Any], expected_path: str) -> list[str]:
@@ -82,6 +97,9 @@ def _load(path: Path, problems: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--sdpa-rule"]:
+        print(sdpa_rule_for_report(argv[1]))
+        return 0
     out, expected_path = Path(argv[0]), argv[1]
     problems: list[str] = []
     generate, linear_bench = _load(out / "generate.json", problems), _load(out / "nvfp4-linear.json", problems)

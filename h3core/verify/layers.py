@@ -1,6 +1,7 @@
 """Checks of distributed layers against the same layer on one rank, on the spec's synthetic model:
 
-- `sdpa`: `UlyssesAttention` around the model's `AttentionCore` vs `attend` on every token;
+- `sdpa`: Ulysses' exchange of finished q, k, v around the model's `AttentionKernel`
+  (`UlyssesProcessor.attend`) vs `attend` on every token;
 - `projection`: the `FinalLayer` on each rank's rows, gathered per latent kind, vs the whole sequence;
 - `tp`: every block's attention and MLP sharded by `parallelize` in tensor mode (NVFP4 shards cut
   by `ModelWeights` for the plan's ranges, ragged heads and NVFP4 blocks, gather and reduce-scatter
@@ -16,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from h3core.generate.parity import layer_tolerance
-from h3core.model.attention import attend
-from h3core.model.dit import AttentionCore, Clocks, PackedSequence, rope_table
+from h3core.model.attention import AttentionKernel, attend
+from h3core.model.dit import Clocks, PackedSequence, rope_table
 from h3core.model.positions import position_ids
 from h3core.parallel import collectives
 from h3core.parallel.parallelize import left_out_at_load, parallelize
@@ -25,7 +26,7 @@ from h3core.parallel.partition import clip_segments, kind_spans
 from h3core.parallel.modes import Mode
 from h3core.parallel.runtime import ParallelRuntime
 from h3core.parallel.modes.tensor import ModelWeights
-from h3core.parallel.modes.ulysses import UlyssesAttention
+from h3core.parallel.modes.ulysses import UlyssesProcessor
 from h3core.runtime.context import RankContext
 from h3core.runtime.device import Stopwatch
 from h3core.verify.compare import load_model, measure, measure_all, seeded, spec_dtype
@@ -43,12 +44,12 @@ def measure_sdpa(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
     plan = spec.plan(ctx.world_size, Mode.ULYSSES)
     rows = plan.sequences[0].tokens[ctx.rank]
     runtime = ParallelRuntime(plan, ctx.rank, ctx.group)
-    attention = UlyssesAttention(AttentionCore("sdpa"), runtime)
+    attention = UlyssesProcessor(AttentionKernel("sdpa"), runtime)
     shape = (spec.num_tokens, cfg.num_heads, cfg.head_dim)
     with Stopwatch(ctx.device) as watch, torch.inference_mode():
         q, k, v = (seeded(shape, spec.seed + i, dtype, ctx.device) for i in (1, 2, 3))  # [S, H, Dh] each
-        with runtime.sequence(plan.sequences[0]):
-            out = attention(q[rows.start : rows.stop], k[rows.start : rows.stop], v[rows.start : rows.stop])  # [S_loc, H, Dh]
+        tokens = plan.sequences[0].tokens
+        out = attention.attend(q[rows.start : rows.stop], k[rows.start : rows.stop], v[rows.start : rows.stop], tokens)  # [S_loc, H, Dh]
         reference = attend(q, k, v, "sdpa")[rows.start : rows.stop]
         result = measure(SDPA_VARIANTS[0], out, reference, layer_tolerance(Mode.ULYSSES, dtype))
     return [result.model_copy(update={"seconds": watch.seconds})]
@@ -99,8 +100,9 @@ def measure_tp(ctx: RankContext, spec: VerifySpec) -> list[Measure]:
             with Stopwatch(ctx.device) as watch:
                 pairs = []
                 for index, (one, shard) in enumerate(zip(full.blocks, sharded.blocks)):
-                    with runtime.sequence(sequence):
-                        out = forward(shard, h[rows.start : rows.stop], rows)  # [S_loc, D]
+                    runtime.enter_forward(rows, sequence.num_tokens)  # what the model's outermost hook does
+                    out = forward(shard, h[rows.start : rows.stop], rows)  # [S_loc, D]
+                    runtime.leave_forward()
                     expected = forward(one, h, rope.rows)[rows.start : rows.stop]
                     pairs.append((f"block {index}", out, expected))
                 result = measure_all(variant, pairs, layer_tolerance(Mode.TENSOR, dtype))

@@ -173,8 +173,10 @@ def test_the_fused_quantizer_is_one_launch_and_allocations(monkeypatch):
             return lambda *args, **kwargs: launches.append(grid)
 
     monkeypatch.setattr(activation, "_kernel", lambda: Launcher())
-    x = torch.empty(14855, 14336, dtype=torch.bfloat16, device="meta")
+    fused_quantize_activation(torch.zeros(300, 256), torch.ones(()), 256)  # the launch op's real implementation
+    assert launches == [(384 // 32, 16 // 16)]
+    x = torch.empty(14855, 14336, dtype=torch.bfloat16, device="meta")  # no data: the launch op's fake
     with CountOps() as count:
         packed, scales = fused_quantize_activation(x, torch.empty((), device="meta"), 14336)
-    assert launches == [(14976 // 32, 896 // 16)] and set(count.ops) <= {"empty"}, count.ops
+    assert set(count.ops) == {"empty", "fused_nvfp4_quantize"} and count.ops["fused_nvfp4_quantize"] == 1, count.ops
     assert packed.shape == (14855, 7168) and scales.numel() == 14976 * 896

@@ -1,97 +1,176 @@
-"""Ulysses sequence parallelism: token-sharded blocks; attention sees every token of its own heads.
+"""Ulysses sequence parallelism, applied: token-sharded blocks; attention sees every token of its own heads.
 
 Per block on rank r: AdaLN, the full QKV, q/k norm and RoPE all run on r's tokens; one all-to-all
 sends q|k|v sequence->head (r now holds every token of its heads, ragged heads and tokens both
-allowed; the model's RoPE writes q and k, and v's GEMM writes v, straight into the all-to-all's send buffer, see
-`UlyssesAttention.attend_projected`), attention runs, the inverse all-to-all returns head->sequence, and the output
-projection, gate and MLP run on r's tokens again. Weights are replicated.
+allowed), attention runs, the inverse all-to-all returns head->sequence, and the output projection,
+gate and MLP run on r's tokens again. Weights are replicated.
+
+`apply_ulysses` swaps every block's attention processor for a `UlyssesProcessor` (the model file
+is not touched: it calls its processor, whatever it is). The processor writes q and k through RoPE,
+and v through its GEMM, straight into the all-to-all's send buffer (`ProjectedQKV.write` into
+`send_blocks`), instead of finishing q|k|v, stacking them and packing the stack (two passes over
+3x the activations saved); bit-identical to exchanging the finished q, k, v (`attend`). At one
+rank it is the model's own processor: nothing to exchange.
+
+Planning (whole replicas, activation memory, rounding) is `h3core.parallel.modes.ulysses_plan`.
 """
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
-import torch.nn as nn
 
-from h3core.model.dit import TENSOR_PARALLEL, H3Model, ProjectedQKV
+from h3core.model.attention.dispatch import AttentionKernel
+from h3core.model.dit import Attention, AttentionProcessor, H3Model
+from h3core.model.inputs import Rope
+from h3core.model.rope import apply_rope
+from h3core.nvfp4.linear import NVFP4Linear
 from h3core.parallel.collectives import exchange_blocks, head_to_seq, send_blocks, seq_to_head
-from h3core.parallel.modes.registry import Mode, ParallelMode, register
+from h3core.span import Span
+
+if TYPE_CHECKING:
+    from h3core.parallel.runtime import ParallelRuntime
 
 
-class UlyssesAttention(nn.Module):
-    """Wraps an attention core: q, k, v [S_loc, H, Dh] -> [S_loc, H, Dh], attending over all S tokens."""
+# --- q|k|v one step before they are final ---------------------------------------------------------
 
-    def __init__(self, inner: nn.Module, runtime: "ParallelRuntime"):  # noqa: F821 - h3core.parallel.runtime
-        super().__init__()
-        self.inner = inner
+
+@dataclass(frozen=True)
+class LinearHeads:
+    """Heads of a linear's output not computed yet: features `[first, first + H * Dh)` of
+    `linear(h)`, as [S, H, Dh]. `compute()` gives them as a new tensor; `into()` lets the GEMM write
+    a range of heads straight into a destination laid out differently (no copy on the dequant paths)."""
+
+    linear: NVFP4Linear
+    h: torch.Tensor  # [S, D_in], the linear's input rows
+    first: int  # first output feature of head 0
+    num_heads: int
+    head_dim: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.h.shape[0], self.num_heads, self.head_dim)
+
+    def _features(self, first_head: int, count: int) -> slice:
+        start = self.first + first_head * self.head_dim
+        return slice(start, start + count * self.head_dim)
+
+    def compute(self) -> torch.Tensor:
+        return self.linear.forward_rows(self.h, self._features(0, self.num_heads)).unflatten(-1, (-1, self.head_dim))
+
+    def into(self, heads: slice, out: torch.Tensor) -> None:
+        """Heads `heads` into out: [S, *group, w, Dh], any strides, heads grouped as `(*group, w)`
+        (e.g. `(peers, heads_per_peer)`). One GEMM per group of w heads, into its `[S, w * Dh]` view."""
+        width, start = out.shape[-2], heads.start
+        for index in itertools.product(*(range(n) for n in out.shape[1:-2])):
+            dest = out[(slice(None), *index)]  # [S, w, Dh]
+            rows = self._features(start, width)
+            if dest.stride(-1) == 1 and dest.stride(-2) == self.head_dim:
+                self.linear.forward_rows(self.h, rows, out=dest.view(dest.shape[0], width * self.head_dim))
+            else:  # heads not laid out row by row: no matrix view of them exists
+                dest.copy_(self.linear.forward_rows(self.h, rows).unflatten(-1, (width, self.head_dim)))
+            start += width
+
+
+@dataclass
+class ProjectedQKV:
+    """Attention inputs of some rows one step before they are final: q and k normalised, not yet
+    rotated; v a tensor, or `LinearHeads` still to be computed. `cos`/`sin` None: no RoPE.
+
+    `split()` finishes them into q, k, v: [S, H, Dh] each. `write(heads, out)` writes the same
+    values for a range of heads into a destination laid out differently, e.g. an all-to-all's send
+    buffer, so that nothing is copied on the way out.
+    """
+
+    q: torch.Tensor  # [S, H, Dh], RMS-normalised
+    k: torch.Tensor  # [S, H, Dh], RMS-normalised
+    v: torch.Tensor | LinearHeads  # [S, H, Dh]
+    cos: torch.Tensor | None  # [S, R/2]
+    sin: torch.Tensor | None
+
+    def _rope(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if self.cos is None or self.sin is None:
+            return x if out is None else out.copy_(x)
+        return apply_rope(x, self.cos, self.sin, out=out)
+
+    def split(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        v = self.v.compute() if isinstance(self.v, LinearHeads) else self.v
+        return self._rope(self.q), self._rope(self.k), v
+
+    def write(self, heads: slice, out: torch.Tensor) -> None:
+        """Heads `heads` of q, k (rotated) and v into out: [S, 3, *group, Dh], any strides, with the
+        heads grouped as `group` (e.g. `(peers, heads_per_peer)`); bit-identical to `split()`."""
+        group = tuple(out.shape[2:-1])
+        self._rope(self.q[:, heads].unflatten(1, group), out=out[:, 0])
+        self._rope(self.k[:, heads].unflatten(1, group), out=out[:, 1])
+        if isinstance(self.v, LinearHeads):
+            self.v.into(heads, out[:, 2])
+        else:
+            out[:, 2].copy_(self.v[:, heads].unflatten(1, group))
+
+
+def project_qkv(attn: Attention, h: torch.Tensor, rope: Rope | None) -> ProjectedQKV:
+    """`attn`'s q|k|v of rows h [S, D], q and k normalised, not yet rotated. Where the linear computes
+    output rows apart bitwise (`NVFP4Linear.rows_apart`: the dequant paths) q|k come from one GEMM
+    and v stays `LinearHeads`, so that its GEMM writes where the caller says."""
+    cos, sin = rope.local() if rope is not None else (None, None)
+    width, head_dim = attn.qkv_proj.out_features // 3, attn.head_dim
+    if not (isinstance(attn.qkv_proj, NVFP4Linear) and attn.qkv_proj.rows_apart):
+        q, k, v = attn.qkv_proj(h).unflatten(-1, (3, -1, head_dim)).unbind(1)  # [S, H, Dh] each
+        return ProjectedQKV(attn.q_norm(q), attn.k_norm(k), v, cos, sin)
+    q, k = attn.qkv_proj.forward_rows(h, slice(0, 2 * width)).unflatten(-1, (2, -1, head_dim)).unbind(1)
+    return ProjectedQKV(attn.q_norm(q), attn.k_norm(k), LinearHeads(attn.qkv_proj, h, 2 * width, width // head_dim, head_dim), cos, sin)
+
+
+# --- the processor -----------------------------------------------------------------------------------
+
+
+class UlyssesProcessor(AttentionProcessor):
+    """An attention processor whose rows attend over every token of the sequence (module docstring):
+    h [S_loc, D] -> [S_loc, D]. The sequence's token spans come with the call (`rope.num_tokens`)."""
+
+    def __init__(self, kernel: AttentionKernel, runtime: "ParallelRuntime"):
+        super().__init__(kernel)
         self.runtime = runtime
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        rt = self.runtime
-        rt.used.heads = rt.heads[rt.rank]
-        if rt.world_size == 1:  # the identity path: nothing to exchange
-            return self.inner(q, k, v)
-        qkv = torch.stack([q, k, v], dim=1)  # [S_loc, 3, H, Dh]: one all-to-all for all three
-        qkv = seq_to_head(qkv, rt.tokens, rt.heads, rt.group, rt.stats)  # [S, 3, H_loc, Dh]
-        out = self.inner(*qkv.unbind(1))  # [S, H_loc, Dh]
-        return head_to_seq(out, rt.tokens, rt.heads, rt.group, rt.stats)  # [S_loc, H, Dh]
+    def forward(self, attn: Attention, h: torch.Tensor, rope: Rope | None) -> torch.Tensor:
+        if self.runtime.world_size == 1 or rope is None:  # one rank: the model's own processor
+            return super().forward(attn, h, rope)
+        o = self.attend_projected(project_qkv(attn, h, rope), self.runtime.token_spans(rope.num_tokens))  # [S_loc, H, Dh]
+        return attn.out_proj(o.flatten(1))
 
-    def attend_projected(self, qkv: ProjectedQKV) -> torch.Tensor:
-        """The model's path: RoPE writes q and k straight into the all-to-all's send blocks and v's
-        GEMM writes there too (one GEMM per peer on the dequant paths; computed and copied on the fp4
-        paths), instead of finishing q|k|v, stacking them and packing the stack (two passes over 3x
-        the activations saved); bit-identical to `forward(*qkv.split())`."""
+    def attend_projected(self, qkv: ProjectedQKV, tokens: list[Span]) -> torch.Tensor:
+        """The model's path: RoPE writes q and k straight into the all-to-all's send blocks and v's GEMM
+        writes there too (one GEMM per peer on the dequant paths; computed and copied on the fp4 paths);
+        bit-identical to `attend(*qkv.split(), tokens)`. -> [S_loc, H, Dh]"""
         rt = self.runtime
-        rt.used.heads = rt.heads[rt.rank]
-        if rt.world_size == 1:
-            return self.inner.attend_projected(qkv)
         local_tokens, _, head_dim = qkv.q.shape
-        blocks = send_blocks(local_tokens, (3,), head_dim, rt.heads, qkv.q)
+        blocks = send_blocks(local_tokens, (3,), head_dim, rt.heads, qkv.q, rt.scratch)
         for heads, view in blocks.pieces:
             qkv.write(heads, view)  # view: [S_loc, 3, peers, H_j, Dh]
-        by_head = exchange_blocks(blocks, rt.tokens, rt.heads, rt.group, rt.stats)  # [S, 3, H_loc, Dh]
-        out = self.inner(*by_head.unbind(1))  # [S, H_loc, Dh]
-        return head_to_seq(out, rt.tokens, rt.heads, rt.group, rt.stats)  # [S_loc, H, Dh]
+        by_head = exchange_blocks(blocks, tokens, rt.heads, rt.group, rt.stats)  # [S, 3, H_loc, Dh]
+        out = self.kernel(*by_head.unbind(1))  # [S, H_loc, Dh]
+        return head_to_seq(out, tokens, rt.heads, rt.group, rt.stats, rt.scratch)  # [S_loc, H, Dh]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: list[Span]) -> torch.Tensor:
+        """Finished q, k, v [S_loc, H, Dh] -> [S_loc, H, Dh], attending over all S tokens: one stacked
+        all-to-all each way (`tokens`: every rank's rows of the sequence)."""
+        rt = self.runtime
+        if rt.world_size == 1:
+            return self.kernel(q, k, v)
+        qkv = torch.stack([q, k, v], dim=1)  # [S_loc, 3, H, Dh]: one all-to-all for all three
+        qkv = seq_to_head(qkv, tokens, rt.heads, rt.group, rt.stats, rt.scratch)  # [S, 3, H_loc, Dh]
+        out = self.kernel(*qkv.unbind(1))  # [S, H_loc, Dh]
+        return head_to_seq(out, tokens, rt.heads, rt.group, rt.stats, rt.scratch)  # [S_loc, H, Dh]
 
 
-def apply_ulysses(model: H3Model, runtime: "ParallelRuntime") -> H3Model:  # noqa: F821
-    """Wrap every block's attention core; the rest of the model already works on local rows."""
+def apply_ulysses(model: H3Model, runtime: "ParallelRuntime") -> H3Model:
+    """Give every block's attention a `UlyssesProcessor` around its kernel; the rest of the model
+    already works on local rows. Records the heads this rank attends (its block of the all-to-all)."""
     for block in model.blocks:
-        block.attn.core = UlyssesAttention(block.attn.core, runtime)
+        block.attn.processor = UlyssesProcessor(block.attn.processor.kernel, runtime)
+    runtime.used.heads = runtime.heads[runtime.rank]
     return model
-
-
-class UlyssesMode(ParallelMode):
-    """Every weight on every rank; token rows per rank; per block two all-to-alls around attention."""
-
-    name = "ulysses"
-    summary = "weights replicated, tokens sharded, q|k|v to heads and back per block (two all-to-alls)"
-
-    def shards(self, config, heads):  # type: ignore[no-untyped-def]
-        return [None] * len(heads)
-
-    def weights_per_rank(self, specs, ranks, config):  # type: ignore[no-untyped-def]
-        whole = (sum(s.nbytes for s in specs), sum(s.nbytes for s in specs if s.dtype in ("BF16", "F16")))
-        return [whole] * len(ranks)
-
-    def activation_elements(self, config, plan, tokens):  # type: ignore[no-untyped-def]
-        s, s_loc, h_loc = tokens, max(len(t) for seq in plan.sequences for t in seq.tokens), max(plan.heads)
-        d, a, dh, f = config.hidden, config.attention_width, config.head_dim, config.ffn_dim
-        x = 2 * s_loc * d  # the residual stream rows and their modulated copy, alive through the block
-        received = s * 3 * h_loc * dh if plan.world_size > 1 else 0  # q|k|v of its heads over the whole sequence (one rank: the identity)
-        attn = x + s_loc * 3 * a + received + s * h_loc * dh  # + its q|k|v rows, the attention output
-        mlp = x + s_loc * 3 * f  # + fc1 output [S_loc, 2F] and activation [S_loc, F]
-        return max(attn, mlp)
-
-    def rounding_ulps(self, dtype):  # type: ignore[no-untyped-def]
-        # fp32 on this project's CPU (MKL): a GEMM on a rank's rows differs from those rows of the
-        # whole product by up to 4.98 eps; 16-bit kernels accumulate in fp32 and round once (0 measured).
-        return 6.0 if dtype.itemsize == 4 else 1.0
-
-    def apply(self, model, runtime, weights):  # type: ignore[no-untyped-def]
-        apply_ulysses(model, runtime)
-
-    def input_split_linears(self, model):  # type: ignore[no-untyped-def]
-        return [block.get_submodule(name) for block in model.blocks for name in TENSOR_PARALLEL]  # each sees its rows only
-
-
-Mode.ULYSSES = Mode(register(UlyssesMode()).name)
