@@ -59,9 +59,14 @@ class Denoiser:
         return self.schedules[SegmentKind.VIDEO].num_steps
 
     def clocks(self, index: int, device: torch.device) -> Clocks:
-        """Step `index`'s timesteps: the video schedule's for text and video rows, the audio one's for audio rows."""
+        """Step `index`'s timesteps on `device`: the video schedule's for text and video rows, the audio
+        one's for audio rows (their distinct values are host arithmetic: `host`)."""
+        return self.host(self.host_clocks, index).to(device)
+
+    def host_clocks(self, index: int) -> Clocks:
+        """Step `index`'s clocks on the host, from the schedules' timesteps."""
         times = {VIDEO_CLOCK: self.schedules[SegmentKind.VIDEO].timesteps[index], AUDIO_CLOCK: self.schedules[SegmentKind.AUDIO].timesteps[index]}
-        return self.host(Clocks.of, times).to(device)  # distinct values (`unique`): host arithmetic
+        return Clocks.of(times)
 
     @property
     def kinds(self) -> list[SegmentKind]:

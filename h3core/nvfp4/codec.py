@@ -55,8 +55,28 @@ _THRESHOLDS: tuple[tuple[float, bool], ...] = (  # (midpoint, a tie moves up)
 _CHUNK_ELEMENTS = 1 << 22
 """Elements per row chunk in quantize/dequantize: 16 MiB float32 temporaries."""
 
-_pair_tables: dict[torch.device, torch.Tensor] = {}
-_e4m3_tables: dict[torch.device, torch.Tensor] = {}
+
+class DecodeTables:
+    """The two lookup tables decoding reads, made once per device and kept by whoever owns this
+    object (a rank's or a linear's `DeviceKernels`: the lifetime of the model it serves): a byte's
+    two E2M1 values (`pairs`, `[256, 2]` float32) and every float8-e4m3fn bit pattern's value
+    (`e4m3`, `[256]` float32). A caller without one gets them made for its call alone."""
+
+    def __init__(self) -> None:
+        self._pairs: dict[torch.device, torch.Tensor] = {}
+        self._e4m3: dict[torch.device, torch.Tensor] = {}
+
+    def pairs(self, device: torch.device) -> torch.Tensor:
+        if device not in self._pairs:
+            byte = torch.arange(256)
+            self._pairs[device] = torch.stack((E2M1_VALUES[byte & 0x0F], E2M1_VALUES[byte >> 4]), dim=-1).to(device)
+        return self._pairs[device]
+
+    def e4m3(self, device: torch.device) -> torch.Tensor:
+        if device not in self._e4m3:
+            bit_patterns = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+            self._e4m3[device] = bit_patterns.view(torch.float8_e4m3fn).float().to(device)  # torch's own cast, once
+        return self._e4m3[device]
 
 
 def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
@@ -220,7 +240,7 @@ def _encode_rows(w: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Ten
     return pack_codes(codes.view(rows, cols)), scale.to(torch.float8_e4m3fn)
 
 
-def dequantize(w: NVFP4Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize(w: NVFP4Weight, dtype: torch.dtype = torch.float32, tables: DecodeTables | None = None) -> torch.Tensor:
     """The dense `[out, in]` weight: NVFP4.md's decode formula in float32, then cast to `dtype`."""
     out = torch.empty(w.out_features, w.in_features, dtype=dtype, device=w.packed.device)
     step = row_chunk_size(w.in_features)
@@ -228,7 +248,7 @@ def dequantize(w: NVFP4Weight, dtype: torch.dtype = torch.float32) -> torch.Tens
     work = None if dtype == torch.float32 else torch.empty(min(step, w.out_features) * w.in_features, device=out.device)
     for chunk in _row_chunks(w.out_features, w.in_features):
         target = out[chunk] if work is None else work
-        decoded = decode_rows(w.packed[chunk], w.scale[chunk], w.global_scale, target, index)
+        decoded = decode_rows(w.packed[chunk], w.scale[chunk], w.global_scale, target, index, tables)
         if work is not None:
             out[chunk] = decoded
     return out
@@ -240,17 +260,20 @@ def decode_rows(
     global_scale: torch.Tensor,
     out: torch.Tensor | None = None,
     index_buffer: torch.Tensor | None = None,
+    tables: DecodeTables | None = None,
 ) -> torch.Tensor:
     """Float32 `[r, in]` decode of `r` rows: `E2M1[code] * (float(scale) * global_scale)`.
 
     `out` (float32, `r * in` elements) and `index_buffer` (int32, `r * in / 2` elements) let a caller
-    that decodes chunk after chunk reuse its memory: fresh pages cost more than the arithmetic.
+    that decodes chunk after chunk reuse its memory: fresh pages cost more than the arithmetic;
+    `tables`: the caller's lookup tables (None: made for this call).
     """
+    tables = tables or DecodeTables()
     rows, width = packed.shape[0], packed.shape[1] * layout.ELEMENTS_PER_BYTE
     index = _buffer(index_buffer, packed.numel(), torch.int32, packed.device).copy_(packed.reshape(-1))
     values = _buffer(out, rows * width, torch.float32, packed.device)
-    torch.index_select(_pair_table(packed.device), 0, index, out=values.view(-1, 2))  # low, high nibble
-    block_scale = decode_e4m3(scale) * global_scale  # [r, nb]
+    torch.index_select(tables.pairs(packed.device), 0, index, out=values.view(-1, 2))  # low, high nibble
+    block_scale = decode_e4m3(scale, tables) * global_scale  # [r, nb]
     blocks = values.view(rows, width // layout.BLOCK_ELEMENTS, layout.BLOCK_ELEMENTS)  # [r, nb, 16]
     blocks.mul_(block_scale.unsqueeze(-1))
     return values.view(rows, width)
@@ -275,27 +298,10 @@ def _row_chunks(rows: int, width: int) -> Iterator[slice]:
         yield slice(start, min(rows, start + step))
 
 
-def _pair_table(device: torch.device) -> torch.Tensor:
-    """`[256, 2]` float32: the values of a byte's low and high nibble."""
-    if device not in _pair_tables:
-        byte = torch.arange(256)
-        table = torch.stack((E2M1_VALUES[byte & 0x0F], E2M1_VALUES[byte >> 4]), dim=-1)
-        _pair_tables[device] = table.to(device)
-    return _pair_tables[device]
-
-
-def decode_e4m3(scale: torch.Tensor) -> torch.Tensor:
+def decode_e4m3(scale: torch.Tensor, tables: DecodeTables | None = None) -> torch.Tensor:
     """Float32 values of float8-e4m3fn `scale`, by table lookup (the CPU cast is ~15x slower)."""
     index = scale.reshape(-1).view(torch.uint8).int()
-    return torch.index_select(_e4m3_table(scale.device), 0, index).view(scale.shape)
-
-
-def _e4m3_table(device: torch.device) -> torch.Tensor:
-    """`[256]` float32: the value of every float8-e4m3fn bit pattern (torch's own cast, once)."""
-    if device not in _e4m3_tables:
-        bit_patterns = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-        _e4m3_tables[device] = bit_patterns.view(torch.float8_e4m3fn).float().to(device)
-    return _e4m3_tables[device]
+    return torch.index_select((tables or DecodeTables()).e4m3(scale.device), 0, index).view(scale.shape)
 
 
 def _check_dtype(t: torch.Tensor, dtype: torch.dtype, what: str) -> None:

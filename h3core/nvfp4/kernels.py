@@ -3,7 +3,8 @@
 An NVFP4 linear's path (`h3core.nvfp4.matmul.choose_path`) and h3's SDPA rule
 (`h3core.model.attention.sdpa_rule`) depend on facts about the device they compute on: its compute
 capability, its cuDNN, whether h3's fused activation quantizer can launch there, and whether its
-fp4 GEMM may run (the self-test's verdict, `h3core.nvfp4.selftest`). Those modules ask a
+fp4 GEMM may run (the self-test's verdict, `h3core.nvfp4.selftest`); and NVFP4 decoding's lookup
+tables on that device live with those facts (`DecodeTables`). Those modules ask a
 `DeviceKernels` object for them, never `torch.cuda` directly, so that a dry run can hand them a GPU
 it has not got (`h3core.generate.dryrun`): the object is the seam.
 
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from h3core.nvfp4.codec import DecodeTables
+
 if TYPE_CHECKING:
     from h3core.nvfp4.selftest import FP4SelfTest
 
@@ -39,6 +42,8 @@ class DeviceKernels:
     """h3's fused NVFP4 activation quantizer can launch here (CUDA, triton importable)."""
     fp4_verdict: Callable[[], str | None] = field(default=lambda: None, repr=False)
     """None if the fp4 GEMM may run here, else why not (one line); asked at most once (`fp4_gemm_problem`)."""
+    tables: DecodeTables = field(default_factory=DecodeTables, repr=False)
+    """The NVFP4 decode's lookup tables on this device, made once for everything these facts serve."""
     _problem: tuple[str | None] | None = field(default=None, init=False, repr=False)
 
     def fp4_gemm_problem(self) -> str | None:
@@ -61,8 +66,6 @@ class DeviceKernels:
             return cls(device, None)
         from h3core.nvfp4.activation import triton_available
 
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         capability = tuple(torch.cuda.get_device_capability(device))
         return cls(device, (int(capability[0]), int(capability[1])), cudnn, triton_available(), _verdict(device, selftest))

@@ -40,6 +40,7 @@ all-to-all's send blocks this way). On the fp4 paths (`cuda-fp4-scaled-mm`, `cpu
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -267,7 +268,7 @@ class NVFP4Linear(nn.Module):
             self.decoded_weight = None
             return 0
         dtype = dtype or self.gemm_dtype or torch.float32
-        self.decoded_weight = decode_weight(self.nvfp4, dtype)
+        self.decoded_weight = decode_weight(self.nvfp4, dtype, tables=self.device_kernels().tables)
         return self.decoded_weight.numel() * self.decoded_weight.element_size()
 
     def _held_for(self, gemm_dtype: torch.dtype) -> torch.Tensor | None:
@@ -336,9 +337,9 @@ class NVFP4Linear(nn.Module):
         if path in FP4_PATHS:
             y = self._fp4_forward(x2, path)
         elif path == PATH_CUDA_BF16:
-            y = dequant_linear(x2.to(torch.bfloat16), self.nvfp4, self.bias, decoded_weight=self._held_for(torch.bfloat16))
+            y = dequant_linear(x2.to(torch.bfloat16), self.nvfp4, self.bias, decoded_weight=self._held_for(torch.bfloat16), tables=self.device_kernels().tables)
         else:
-            y = dequant_linear(x2, self.nvfp4, self.bias, decoded_weight=self._held_for(x2.dtype))
+            y = dequant_linear(x2, self.nvfp4, self.bias, decoded_weight=self._held_for(x2.dtype), tables=self.device_kernels().tables)
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # [..., out]
         if rows is None:
             return y
@@ -352,7 +353,8 @@ class NVFP4Linear(nn.Module):
         gemm_dtype = torch.bfloat16 if path == PATH_CUDA_BF16 else x2.dtype
         direct = out if out is not None and out.dtype == gemm_dtype else None
         held = self._held_for(gemm_dtype)
-        y = dequant_linear(x2.to(gemm_dtype), weight, bias, out=direct, decoded_weight=None if held is None else held[rows])  # [M, len(rows)]
+        y = dequant_linear(x2.to(gemm_dtype), weight, bias, out=direct, decoded_weight=None if held is None else held[rows],
+                           tables=self.device_kernels().tables)  # [M, len(rows)]
         if out is not None:
             return y if direct is not None else out.copy_(y)
         return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
@@ -371,7 +373,7 @@ class NVFP4Linear(nn.Module):
         weight = self.fp4_weight if self.fp4_weight is not None else self.weight
         if self.shapes is not None:
             self.shapes[(act_packed.shape[0], *fp4_gemm_shape(self.out_features, self.in_features))] += 1
-        gemm, out_dtype = (scaled_mm_fp4, torch.bfloat16) if path == PATH_CUDA_FP4 else (emulated_scaled_mm_fp4, dtype)
+        gemm, out_dtype = (scaled_mm_fp4, torch.bfloat16) if path == PATH_CUDA_FP4 else (partial(emulated_scaled_mm_fp4, tables=self.device_kernels().tables), dtype)
         return fp4_gemm(
             act_packed, act_scale, act_global, weight, self.swizzled_weight_scale, self.weight_scale_2, self.out_features,
             self.bias, out_dtype=out_dtype, gemm=gemm,

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from h3core import settings
 from h3core.nvfp4 import layout
 from h3core.nvfp4.activation import quantize_activation
-from h3core.nvfp4.codec import NVFP4Weight, decode_rows
+from h3core.nvfp4.codec import DecodeTables, NVFP4Weight, decode_rows
 from h3core.nvfp4.swizzle import swizzle_block_scales, unswizzle_block_scales
 
 PATH_CPU_DEQUANT = "cpu-dequant"
@@ -95,7 +95,7 @@ def choose_path(
     fp4_kernel_problem: Callable[[], str | None],
 ) -> PathChoice:
     """Pick the path of a linear on a device. Shape plays no part: the fp4 GEMM's operands are padded.
-    `fp4_kernel_problem` (`h3core.nvfp4.selftest.fp4_kernel_problem`: the fp4 GEMM self-test's
+    `fp4_kernel_problem` (`h3core.nvfp4.kernels.DeviceKernels.fp4_gemm_problem`: the fp4 GEMM self-test's
     verdict) is asked last, lazily."""
     if device_type != "cuda":
         if emulate_fp4:
@@ -137,8 +137,10 @@ def dequant_linear(
     chunk_elements: int | None = None,
     out: torch.Tensor | None = None,
     decoded_weight: torch.Tensor | None = None,
+    tables: DecodeTables | None = None,
 ) -> torch.Tensor:
-    """`(x @ dequantize(w).T) + bias` in `x.dtype`, decoding `w` in row chunks.  x: [M, in] -> [M, out]
+    """`(x @ dequantize(w).T) + bias` in `x.dtype`, decoding `w` in row chunks (with the caller's
+    lookup `tables`: `h3core.nvfp4.codec.DecodeTables`).  x: [M, in] -> [M, out]
 
     `out` ([M, out] in x's dtype, unit column stride, any row stride, e.g. a view into an
     all-to-all's send buffer): each chunk's GEMM writes its columns there directly (BLAS takes the
@@ -158,7 +160,8 @@ def dequant_linear(
         index = torch.empty(rows * w.packed.shape[1], dtype=torch.int32, device=x.device)
         decoded = torch.empty(rows * w.in_features, dtype=torch.float32, device=x.device)
         dense = decoded if x.dtype == torch.float32 else torch.empty(rows * w.in_features, dtype=x.dtype, device=x.device)
-        chunk_weight = lambda chunk: _decode_chunk(w, chunk, index, decoded, dense)  # noqa: E731
+        tables = tables or DecodeTables()
+        chunk_weight = lambda chunk: _decode_chunk(w, chunk, index, decoded, dense, tables)  # noqa: E731
     if out is None and len(chunks) == 1:
         out = F.linear(x, chunk_weight(chunks[0]))
     else:
@@ -170,21 +173,22 @@ def dequant_linear(
     return out if bias is None else out.add_(bias.to(x.dtype))
 
 
-def decode_weight(w: NVFP4Weight, dtype: torch.dtype, chunk_elements: int = DEQUANT_CHUNK_ELEMENTS["cuda"]) -> torch.Tensor:
+def decode_weight(w: NVFP4Weight, dtype: torch.dtype, chunk_elements: int = DEQUANT_CHUNK_ELEMENTS["cuda"], tables: DecodeTables | None = None) -> torch.Tensor:
     """The whole weight decoded once, `[out, in]` in `dtype` (what `dequant_linear`'s chunks hold, each
     row decoded in float32 and cast exactly as there), decoded chunk by chunk to bound the float32
     temporaries."""
     dense = torch.empty(w.out_features, w.in_features, dtype=dtype, device=w.packed.device)
+    tables = tables or DecodeTables()
     for chunk in dequant_row_chunks(w.out_features, w.in_features, chunk_elements):
-        dense[chunk] = decode_rows(w.packed[chunk], w.scale[chunk], w.global_scale)
+        dense[chunk] = decode_rows(w.packed[chunk], w.scale[chunk], w.global_scale, tables=tables)
     return dense
 
 
 def _decode_chunk(
-    w: NVFP4Weight, rows: slice, index: torch.Tensor, decoded: torch.Tensor, dense: torch.Tensor
+    w: NVFP4Weight, rows: slice, index: torch.Tensor, decoded: torch.Tensor, dense: torch.Tensor, tables: DecodeTables
 ) -> torch.Tensor:
     """Rows `rows` of `w` decoded (float32, in `decoded`) and cast into `dense`'s dtype: [r, in]."""
-    values = decode_rows(w.packed[rows], w.scale[rows], w.global_scale, decoded, index)
+    values = decode_rows(w.packed[rows], w.scale[rows], w.global_scale, decoded, index, tables)
     if dense is decoded:
         return values
     target = dense[: values.numel()].view(values.shape)
@@ -336,8 +340,10 @@ def emulated_scaled_mm_fp4(
     a_global: torch.Tensor | None = None,
     b_global: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    tables: DecodeTables | None = None,
 ) -> torch.Tensor:
-    """What `scaled_mm_fp4` computes, on any device, from the very bytes it would read.
+    """What `scaled_mm_fp4` computes, on any device, from the very bytes it would read (`tables`: the
+    caller's decode lookup tables, None: made for this call).
 
     Both operands are decoded exactly (E2M1 x e4m3 products fit float32) with their block scales
     read back from the swizzled layout as cuBLAS defines it, then multiplied in float32 (the
@@ -348,8 +354,8 @@ def emulated_scaled_mm_fp4(
     one = torch.ones((), dtype=torch.float32, device=a_packed.device)
     a_scale = unswizzle_block_scales(a_scale_swizzled, rows_a, layout.scale_columns(width))
     b_scale = unswizzle_block_scales(b_scale_swizzled, rows_b, layout.scale_columns(width))
-    a = decode_rows(a_packed, a_scale, one)  # [M, K] float32
-    acc = dequant_linear(a, NVFP4Weight(b_packed, b_scale, one), None)  # [M, N] float32
+    a = decode_rows(a_packed, a_scale, one, tables=tables)  # [M, K] float32
+    acc = dequant_linear(a, NVFP4Weight(b_packed, b_scale, one), None, tables=tables)  # [M, N] float32
     alpha = _global_or_one(a_global, acc.device) * _global_or_one(b_global, acc.device)
     return _epilogue(acc, alpha, bias, out_dtype)
 

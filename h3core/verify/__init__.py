@@ -1,7 +1,7 @@
 """`h3 verify`: every distributed piece of h3 compared with its single-rank reference, with the error.
 
 Checks (`CHECK_NAMES`, in run order): transport, sdpa, ragged, projection, tp, nvfp4, parity,
-backends. Each runs the engine's real code (collectives, `UlyssesAttention`, `apply_tensor`, the
+backends. Each runs the engine's real code (collectives, `UlyssesProcessor`, `apply_tensor`, the
 NVFP4 shard functions and reader, `rank_generate`) on one World spawned once and reused for every
 check and every rank count (sub-groups via `RankContext.first_ranks`), and reports one
 `CheckRow` per variant and count. `verify(VerifyConfig(...)) -> VerifyReport` is the entry point;

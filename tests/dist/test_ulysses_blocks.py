@@ -3,13 +3,13 @@
 import pytest
 import torch
 
+from h3core.model.attention import AttentionKernel
 from h3core.model.config import preset
-from h3core.model.dit import AttentionCore, ProjectedQKV
 from h3core.model.sequence import SegmentKind, pack_segments
 from h3core.parallel.modes import Mode
+from h3core.parallel.modes.ulysses import ProjectedQKV, UlyssesProcessor
 from h3core.parallel.plan import ParallelPlan
 from h3core.parallel.runtime import ParallelRuntime
-from h3core.parallel.modes.ulysses import UlyssesAttention
 
 
 def _both_paths(ctx, size, num_tokens, num_heads, head_dim):
@@ -25,11 +25,11 @@ def _both_paths(ctx, size, num_tokens, num_heads, head_dim):
     rows = slice(tokens[sub.rank].start, tokens[sub.rank].stop)
     mine = ProjectedQKV(q[rows], k[rows], v[rows], angles[rows].cos(), angles[rows].sin())
     runtime = ParallelRuntime(plan, sub.rank, sub.group)
-    attention = UlyssesAttention(AttentionCore("math"), runtime)
-    with runtime.sequence(plan.sequences[0]), torch.inference_mode():
-        fused = attention.attend_projected(mine)  # [S_loc, H, Dh]
-        finished_first = attention(*mine.split())
-    one_rank = AttentionCore("math").attend_projected(ProjectedQKV(q, k, v, angles.cos(), angles.sin()))[rows]
+    processor = UlyssesProcessor(AttentionKernel("math"), runtime)
+    with torch.inference_mode():
+        fused = processor.attend_projected(mine, tokens)  # [S_loc, H, Dh]
+        finished_first = processor.attend(*mine.split(), tokens)
+    one_rank = AttentionKernel("math")(*ProjectedQKV(q, k, v, angles.cos(), angles.sin()).split())[rows]
     return {"fused": fused, "finished_first": finished_first, "one_rank": one_rank}
 
 

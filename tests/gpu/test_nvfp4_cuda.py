@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from h3core.nvfp4.codec import NVFP4Weight, dequantize, global_scale_for, quantize
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.nvfp4.matmul import PATH_CUDA_BF16, PATH_CUDA_FP4, dequant_linear
-from h3core.nvfp4.selftest import fp4_kernel_problem
+from h3core.nvfp4.kernels import DeviceKernels
 from h3core.nvfp4.shard import row_parallel
 from h3core.parallel.partition import nvfp4_column_slices
 
@@ -119,7 +119,7 @@ def test_pre_blackwell_takes_the_bf16_path():
 
 @needs_fp4
 def test_fp4_kernel_is_available_on_blackwell():
-    assert fp4_kernel_problem(CUDA) is None
+    assert DeviceKernels.of(CUDA).fp4_gemm_problem() is None
 
 
 @needs_fp4

@@ -5,7 +5,7 @@ import torch
 
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.request import GenerateRequest, resolve
-from h3core.model.dit import ProjectedQKV
+from h3core.parallel.modes.ulysses import ProjectedQKV
 from h3core.parallel.collectives import send_blocks
 from h3core.parallel.partition import head_spans
 from h3core.parallel.modes import Mode

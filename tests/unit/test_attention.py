@@ -16,7 +16,7 @@ from h3core.errors import BackendUnavailable
 from h3core.model import attention
 from collections import Counter
 
-from h3core.model.attention import attend, check_backend
+from h3core.model.attention import AttentionKernel, attend, check_backend, checks
 
 FUSED_CPU = [SDPBackend.FLASH_ATTENTION]
 """The CPU's only fused SDPA kernel; under this context a call that would need math raises."""
@@ -83,10 +83,11 @@ def test_the_decision_is_taken_on_the_real_tensors_not_a_probe(monkeypatch):
         return real(q, k, v, *args, **kwargs)
 
     monkeypatch.setattr(torch, "_fused_sdp_choice", spy)
-    monkeypatch.setattr(attention, "_sdpa_choices", {})
     q, k, v = model_like_qkv(33, 3, 16, torch.float32)
-    attend(q, k, v, "sdpa")
-    attend(q, k, v, "sdpa")  # same signature: decided once
+    kernel = AttentionKernel("sdpa")  # the model's: it keeps its decisions
+    kernel.record = Counter()
+    kernel(q, k, v)
+    kernel(q, k, v)  # same signature: decided once
     assert seen == [((1, 3, 33, 16), q.transpose(0, 1).unsqueeze(0).stride())]
 
 
@@ -98,16 +99,16 @@ def fake_module(monkeypatch, name: str, version: str | None, **attrs) -> None:
     for key, value in attrs.items():
         setattr(module, key, value)
     monkeypatch.setitem(sys.modules, name, module)
-    real_version = attention.importlib.metadata.version
+    real_version = checks.importlib.metadata.version
 
     def version_of(dist: str) -> str:
         if dist.replace("-", "_") == name:
             if version is None:
-                raise attention.importlib.metadata.PackageNotFoundError(dist)
+                raise checks.importlib.metadata.PackageNotFoundError(dist)
             return version
         return real_version(dist)
 
-    monkeypatch.setattr(attention.importlib.metadata, "version", version_of)
+    monkeypatch.setattr(checks.importlib.metadata, "version", version_of)
 
 
 H100, B200, RTX5090 = (9, 0), (10, 0), (12, 0)
@@ -162,6 +163,6 @@ def test_generate_refuses_fp32_with_flash_before_spawning(monkeypatch):
     from h3core.generate.request import GenerateRequest, resolve
 
     fake_module(monkeypatch, "flash_attn", "2.8.3", flash_attn_func=lambda *a, **k: None)
-    monkeypatch.setattr(attention, "_gpu_capability", lambda: H100)
+    monkeypatch.setattr(checks, "_gpu_capability", lambda: H100)
     with pytest.raises(BackendUnavailable, match="fp16 or bf16 only, not float32; drop --dtype fp32"):
         resolve(GenerateRequest(attention="flash", device="cuda", dtype="fp32", world_size=4))

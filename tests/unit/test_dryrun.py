@@ -3,6 +3,7 @@ on both GPU paths, and its CPU prediction against the same code on real CPU tens
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -76,3 +77,43 @@ def test_fake_cuda_needs_the_guard_on_a_cpu_build():
             "with FakeTensorMode(allow_non_fake_inputs=True):\n    torch.zeros(2).to('cuda')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "not linked with support for cuda" in done.stderr
+
+
+# --- a seam broken on purpose: the failure surfaces, in one line, and the memory check says so -------------
+
+
+def _broken_host(run, device, tracker, fake, capability):
+    """The dry run's own instruments with one seam broken: host arithmetic left on fake tensors, whose
+    values (the sigma schedule's `unique_consecutive`, a step's distinct timesteps) do not exist."""
+    from dataclasses import replace
+
+    from h3core.generate.dryrun.fakes import fake_instruments
+    from h3core.generate.instruments import on_host
+
+    return replace(fake_instruments(run, device, tracker, fake, capability), host=on_host)
+
+
+@needs_guard
+def test_a_broken_seam_fails_the_dry_run_in_one_line_and_the_memory_check_says_so():
+    from h3core.errors import DryRunFailed
+
+    run = _run("tiny", 1, Mode.ULYSSES, "sm_90")
+    with pytest.raises(DryRunFailed) as failed:
+        dryrun.dry_run(run, "sm_90", fakes=_broken_host)
+    line = str(failed.value)
+    assert "\n" not in line  # which rank, what, and the h3 line it failed at (the schedule's `unique_consecutive`)
+    assert re.fullmatch(r"the dry run of rank 0 \(sm_90\) failed: DynamicOutputShapeException: aten\.\w+\.default \(at h3core/model/sampler\.py:\d+ \w+\)", line), line
+    check, predicted = dryrun.check_device_memory(run, arch="sm_90", usable_bytes=80 << 30, dry=lambda r, a: dryrun.dry_run(r, a, fakes=_broken_host))
+    assert predicted is None and check.model == "formula" and check.failed
+    assert check.line.startswith(line) and "the memory formula (a lower bound) checked instead" in check.line
+
+
+@needs_guard
+def test_the_dry_run_decides_the_gpus_memory():
+    from h3core.errors import ResourceLimit
+
+    run = _run("tiny", 2, Mode.TENSOR, "sm_120")
+    check, predicted = dryrun.check_device_memory(run, arch="sm_120", usable_bytes=80 << 30)
+    assert check.model == "dry run" and not check.failed and check.peak_bytes == max(predicted.peaks())
+    with pytest.raises(ResourceLimit, match=r"the dry run of this run's own code predicts a peak of .* on rank \d, but a GPU here has"):
+        dryrun.check_device_memory(run, arch="sm_120", usable_bytes=check.peak_bytes - 1)

@@ -79,13 +79,12 @@ def test_hopper_and_checkpoints_without_nvfp4_linears_need_none(tiny, blackwell,
     assert blackwell == []
 
 
-def test_a_rank_installs_its_own_gpus_verdict(tiny, monkeypatch):
-    monkeypatch.setattr(selftest, "_installed", {})
+def test_a_rank_takes_its_own_gpus_verdict(tiny, blackwell):
     refused = _record("cuda:1", []).model_copy(update={"accepted": False, "reason": "zeros at (M, N, K) = (300, 2048, 5376)"})
     run = tiny.model_copy(update={"fp4_selftest": {"cuda:0": _record("cuda:0", []), "cuda:1": refused}})
-    fp4gate.install_on_rank(run, torch.device("cuda", 1))
-    assert selftest._installed == {"cuda:1": refused}
-    assert selftest.problem_for("cuda:1") == refused.reason  # the rank takes the dequant path, saying why
+    assert fp4gate.rank_kernels(run, torch.device("cuda", 1)).fp4_gemm_problem() == refused.reason  # the rank takes the dequant path, saying why
+    assert fp4gate.rank_kernels(run, torch.device("cuda", 0)).fp4_gemm_problem() is None
+    assert blackwell == []  # the launcher's records decided: no self-test ran on the rank
 
 
 def test_the_self_test_is_not_part_of_the_request(tiny):

@@ -44,7 +44,7 @@ def test_the_need_follows_the_plan():
 
 
 def test_attention_scores_are_counted_where_the_kernel_materialises_them(monkeypatch):
-    import h3core.model.attention as attention
+    from h3core.model.attention import dispatch as attention
 
     s, h, dh = 1000, 8, 16
     assert scores_bytes("math", "cpu", torch.float32, h, s, dh) == 2 * 4 * h * s * s

@@ -8,7 +8,6 @@ from h3core.model.dit import (
     Clocks,
     H3Model,
     add_gated,
-    apply_rope,
     curve,
     modulate,
     pack_audio,
@@ -19,6 +18,7 @@ from h3core.model.dit import (
     unpatchify_video,
 )
 from h3core.model.positions import position_ids
+from h3core.model.rope import apply_rope
 from h3core.model.sequence import AUDIO_TAG, TEXT_TAG, VIDEO_TAG, Segment, SegmentKind as K, pack_segments
 
 
@@ -141,29 +141,37 @@ def _attention_and_inputs(rows: int = 29):
 
 
 def test_attention_with_v_computed_apart_is_bitwise_the_fused_qkv(monkeypatch):
-    """On the dequant paths Attention leaves v to its GEMM (`LinearHeads`, which Ulysses points at
-    its send blocks); on one rank that gives bitwise what the fused q|k|v GEMM gives."""
-    from h3core.model.dit import LinearHeads
+    """On the dequant paths Ulysses' processor leaves v to its GEMM (`LinearHeads`, which it points at
+    its send blocks); finished on one rank that gives bitwise what the model's own processor computes
+    from the fused q|k|v GEMM."""
     from h3core.nvfp4.linear import NVFP4Linear
+    from h3core.parallel.modes.ulysses import LinearHeads, project_qkv
 
     attn, h, rope = _attention_and_inputs()
-    assert isinstance(attn._project(h)[2], LinearHeads)
-    apart = attn(h, rope)
+
+    def apart():
+        projected = project_qkv(attn, h, rope)
+        return projected, attn.out_proj(attn.processor.kernel(*projected.split()).flatten(1))
+
+    projected, out = apart()
+    assert isinstance(projected.v, LinearHeads)
+    assert torch.equal(attn(h, rope), out)
     monkeypatch.setattr(NVFP4Linear, "rows_apart", property(lambda self: False))  # as on the fp4 paths
-    assert not isinstance(attn._project(h)[2], LinearHeads)
-    assert torch.equal(attn(h, rope), apart)
+    projected, out = apart()
+    assert not isinstance(projected.v, LinearHeads)
+    assert torch.equal(attn(h, rope), out)
 
 
 def test_attention_with_rope_in_row_chunks_is_bitwise_one_pass(monkeypatch):
     """The model's RoPE over cache-sized row chunks (the CPU path for big inputs) changes no bit of
     attention's output; forced here on the tiny preset with chunks of 4 rows (29 rows: a ragged last)."""
-    from h3core.model import dit
+    from h3core.model import rope as rope_module
 
     attn, h, rope = _attention_and_inputs()
     one_pass = attn(h, rope)
     q = torch.empty(29, attn.qkv_proj.out_features // 3 // attn.head_dim, attn.head_dim)
-    monkeypatch.setattr(dit, "ROPE_CHUNK_BYTES", 4 * 4 * q[0].numel())
-    assert dit.rope_chunk_rows(q) == 4
+    monkeypatch.setattr(rope_module, "ROPE_CHUNK_BYTES", 4 * 4 * q[0].numel())
+    assert rope_module.rope_chunk_rows(q) == 4
     assert torch.equal(attn(h, rope), one_pass)
 
 

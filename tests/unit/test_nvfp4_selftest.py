@@ -2,7 +2,7 @@
 passes within the bound; a GEMM that returns zeros, NaNs or wrong values for some M (the reported
 SM120 failure), or one that raises, refuses the fp4 path in one line naming the shape and the
 fallback; the child process reports back and a child that dies refuses too, leaving the parent
-alive; the verdict is what `choose_path` follows."""
+alive; the verdict (a device's `DeviceKernels`) is what `choose_path` follows."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from h3core.nvfp4 import selftest
+from h3core.nvfp4.kernels import DeviceKernels
 from h3core.nvfp4.matmul import PATH_CUDA_BF16, PATH_CUDA_FP4, choose_path, emulated_scaled_mm_fp4
 from h3core.nvfp4.selftest import FP4SelfTest, model_gemm_shapes, relative_bound, run_fp4_selftest, self_test
 
@@ -109,25 +110,25 @@ def test_a_child_that_dies_refuses_the_path_and_the_parent_lives(tmp_path, monke
     assert torch.ones(2).sum().item() == 2  # this process is fine
 
 
-def test_choose_path_follows_the_installed_verdict(monkeypatch):
+def test_choose_path_follows_the_devices_verdict():
     refused = self_test(SHAPES, broken_at(77, lambda out: out * 0), "cpu", device_name="GPU 3").model_copy(update={"device": "cuda:3"})
-    monkeypatch.setattr(selftest, "_kernel_problems", {})
-    monkeypatch.setattr(selftest, "_installed", {})
-    selftest.install(refused)
-    choice = choose_path("cuda", (12, 0), fp4_enabled=True, emulate_fp4=False, fp4_kernel_problem=lambda: selftest.fp4_kernel_problem(torch.device("cuda", 3)))
+    kernels = DeviceKernels(torch.device("cuda", 3), (12, 0), fp4_verdict=lambda: None if refused.accepted else refused.reason)
+    choice = choose_path("cuda", (12, 0), fp4_enabled=True, emulate_fp4=False, fp4_kernel_problem=kernels.fp4_gemm_problem)
     assert choice.path == PATH_CUDA_BF16 and "failed at (M, N, K) = (77, 48, 96)" in choice.reason
 
 
-def test_without_an_installed_verdict_the_child_runs_once(monkeypatch):
+def test_without_a_record_the_child_runs_once_per_device_kernels(monkeypatch):
     calls = []
 
     def fake_run(shapes, device):
         calls.append(device)
         return FP4SelfTest(device=device, accepted=True, path=PATH_CUDA_FP4, reason="passed", bound="")
 
-    monkeypatch.setattr(selftest, "_installed", {})
     monkeypatch.setattr(selftest, "run_fp4_selftest", fake_run)
-    assert selftest.problem_for("cuda:1") is None and selftest.problem_for("cuda:1") is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
+    kernels = DeviceKernels.of("cuda:1")  # no launcher record: the verdict is asked lazily, once
+    assert calls == []
+    assert kernels.fp4_gemm_problem() is None and kernels.fp4_gemm_problem() is None
     assert calls == ["cuda:1"]
 
 

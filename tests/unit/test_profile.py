@@ -6,12 +6,12 @@ import torch
 from torch import nn
 
 from h3core.generate.profile import CATEGORIES, Profiler, RunProfile, mean_split, profiling, shares
-from h3core.model.dit import AttentionCore
+from h3core.model.attention import AttentionKernel
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.parallel import collectives
 
 
-class _SlowCore(AttentionCore):
+class _SlowCore(AttentionKernel):
     def forward(self, q, k, v):
         time.sleep(0.03)
         return super().forward(q, k, v)

@@ -3,8 +3,8 @@ every checkpoint layout h3 reads (the reference implementation is the specificat
 
 A small random diffusers model is written by the test into each layout (tests/h3_reference.py: the
 original names are checked against diffusers' own converter; NVFP4 tensors are comfy-kitchen's),
-loaded through `h3core.model.load_transformer`, and run on one packed t2va step built by diffusers'
-pipeline steps. Bound: 1e-5 relative (max |diff| / max |ref|) in fp32; measured values are printed
+loaded through `h3core.model.load_transformer`, and run, through the diffusers-argument adapter
+(`h3core.model.packing.diffusers_forward`), on one packed t2va step built by diffusers' pipeline steps. Bound: 1e-5 relative (max |diff| / max |ref|) in fp32; measured values are printed
 by `-s` and recorded in docs/checkpoint.md. A mutation (the fc1 halves read the wrong way round, the
 qkv rows read stacked from interleaved shards) must exceed it.
 """
@@ -18,6 +18,7 @@ import h3_reference as ref
 from h3core.errors import CheckpointError
 from h3core.model.checkpoint import Checkpoint, load_transformer
 from h3core.model.config import preset
+from h3core.model.packing import diffusers_forward
 
 BOUND = 1e-5
 
@@ -26,7 +27,7 @@ def _compare(model, path, inputs=None) -> tuple[float, float]:
     inputs = inputs or ref.packed_inputs(model)
     with torch.no_grad():
         expected = model(**inputs, return_dict=False)
-        got = load_transformer(path)(**inputs)
+        got = diffusers_forward(load_transformer(path), **inputs)
     errors = tuple(ref.relative_error(a, b) for a, b in zip(got, expected))
     print(f"{path.name}: video {errors[0]:.2e}, audio {errors[1]:.2e}")
     return errors

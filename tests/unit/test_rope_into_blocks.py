@@ -7,10 +7,11 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from h3core.model import dit
-from h3core.model.dit import LinearHeads, ProjectedQKV, apply_rope, rope_chunk_rows
+from h3core.model import rope as dit
+from h3core.model.rope import apply_rope, rope_chunk_rows
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.parallel.collectives import send_blocks
+from h3core.parallel.modes.ulysses import LinearHeads, ProjectedQKV
 from h3core.parallel.partition import head_spans
 
 

@@ -5,7 +5,7 @@ Every part of a block but attention is row-local (norms, modulation by segment, 
 linears, the MLP, the final layer). Attention is not: a row attends over every token's k and v. So
 the rows-only run gets attention the way Ulysses gives it: its own rows' q (finished here: RoPE at
 their positions) against k and v of *every* row, taken from the all-rows run of the same block
-(`_AllRowsKeys`). What this proves: the row-local parts on a slice (segments clipped and rebased with
+(`_AllRowsKeys`, the kernel the model's processor calls). What this proves: the row-local parts on a slice (segments clipped and rebased with
 their AdaLN rows, RoPE rows selected, text rows picked by kind) equal the slice of the whole, block after block and
 through the final layer; attention's own exchange is proven by the transport and Ulysses tests
 (tests/dist). Attention itself is computed the same way, row by row, in both runs, so every
@@ -23,7 +23,8 @@ import torch
 from h3core.generate.parity import tolerance
 from h3core.model.checkpoint import Checkpoint
 from h3core.model.config import preset
-from h3core.model.dit import AttentionCore, Clocks, PackedSequence, ProjectedQKV, rope_table
+from h3core.model.attention import AttentionKernel
+from h3core.model.dit import Clocks, PackedSequence, rope_table
 from h3core.model.positions import position_ids
 from h3core.model.sequence import SegmentKind
 from h3core.model.synthetic import synthetic_checkpoint
@@ -43,8 +44,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.einsum("hk,khd->hd", row.softmax(-1), v) for row in scores])
 
 
-class _Recorder(AttentionCore):
-    """The all-rows run's attention core: records each call's finished k and v."""
+class _Recorder(AttentionKernel):
+    """The all-rows run's attention kernel: records each call's finished k and v."""
 
     def __init__(self, keys: list):
         super().__init__()
@@ -55,15 +56,15 @@ class _Recorder(AttentionCore):
         return _attend(q, k, v)
 
 
-class _AllRowsKeys(AttentionCore):
-    """The rows-only run's attention core: its rows' q against the recorded k and v of every row."""
+class _AllRowsKeys(AttentionKernel):
+    """The rows-only run's attention kernel: its rows' q against the recorded k and v of every row."""
 
     def __init__(self, keys: list):
         super().__init__()
         self.keys = keys
 
-    def attend_projected(self, qkv: ProjectedQKV) -> torch.Tensor:
-        q, _, _ = qkv.split()  # [S_loc, H, Dh]: RoPE at this slice's own positions
+    def forward(self, q, k_rows, v_rows):  # type: ignore[no-untyped-def]
+        # q: [S_loc, H, Dh], RoPE at this slice's own positions (the model's processor finished it)
         k, v = self.keys.pop(0)  # [S, H, Dh] each
         return _attend(q, k, v)
 
@@ -95,19 +96,19 @@ def _rows_of(seq: PackedSequence, rows: Span) -> PackedSequence:
 def _velocity_rows(model, whole: PackedSequence, rows: Span) -> dict[SegmentKind, tuple[torch.Tensor, torch.Tensor]]:
     """(rows-only result, the same rows of the all-rows result) per latent kind."""
     keys: list = []
-    cores = [block.attn.core for block in model.blocks]
+    kernels = [block.attn.processor.kernel for block in model.blocks]
     try:
         for block in model.blocks:
-            block.attn.core = _Recorder(keys)
+            block.attn.processor.kernel = _Recorder(keys)
         with torch.inference_mode():
             full = model(whole, CLOCKS)
         for block in model.blocks:
-            block.attn.core = _AllRowsKeys(keys)
+            block.attn.processor.kernel = _AllRowsKeys(keys)
         with torch.inference_mode():
             local = model(_rows_of(whole, rows), CLOCKS)
     finally:
-        for block, core in zip(model.blocks, cores):
-            block.attn.core = core
+        for block, kernel in zip(model.blocks, kernels):
+            block.attn.processor.kernel = kernel
     held = partition.kind_rows(whole.segments, rows)
     return {kind: (local[kind], full[kind][held[kind].start : held[kind].stop]) for kind in local}
 

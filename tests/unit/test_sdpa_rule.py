@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from h3core.errors import BackendUnavailable
-from h3core.model import attention
-from h3core.model.attention import SdpaChoice, attend, check_backend, choose_sdpa_backends
+from h3core.model.attention import SdpaChoice, SdpaChoices, attend, check_backend, choose_sdpa_backends
+from h3core.nvfp4.kernels import DeviceKernels
 from h3core.verify import gpu_reports
 
 H100, B200, B300, RTX_PRO_6000, A100, L40S = (9, 0), (10, 0), (10, 3), (12, 0), (8, 0), (8, 9)
@@ -98,19 +98,22 @@ def test_the_cuda_call_runs_under_the_choice(monkeypatch):
     record: Counter[str] = Counter()
     fused = attend(q, k, v, "sdpa", record)
     forced = SdpaChoice(("math",), "injected", False)
-    monkeypatch.setattr(attention, "_backend_choice", lambda q4: forced)
-    restricted = attend(q, k, v, "sdpa", record)
+
+    class Forced(SdpaChoices):  # what a CUDA call's choices answer, here on the CPU
+        def rule(self, q4):
+            return forced
+
+    restricted = attend(q, k, v, "sdpa", record, Forced())
     assert record == {"sdpa:flash_attention": 1, "sdpa:math": 1}
     assert torch.allclose(fused, restricted, atol=1e-5)
     assert torch.backends.cuda.flash_sdp_enabled()  # the restriction ends with the call
 
 
-def test_a_cuda_call_with_no_fused_kernel_is_refused_not_run_as_math(monkeypatch):
-    monkeypatch.setattr(attention, "_choices", {})
-    monkeypatch.setattr(attention, "sdpa_choice_here", lambda *a: rule(capability=(3, 5)))
+def test_a_cuda_call_with_no_fused_kernel_is_refused_not_run_as_math():
+    choices = SdpaChoices(DeviceKernels(torch.device("cuda", 0), (3, 5)))  # the GPU's facts, as its loader gives them
     q4 = types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16, shape=(1, 2, 8, 16))  # what it reads
     with pytest.raises(BackendUnavailable, match="no fused kernel here.*sm_35"):
-        attention._backend_choice(q4)
+        choices.rule(q4)
 
 
 def test_check_backend_refuses_sdpa_before_the_run_where_nothing_fused_fits():
@@ -126,7 +129,7 @@ def test_the_rule_for_a_report_uses_its_dtype_width_and_length(monkeypatch, tmp_
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
     path = tmp_path / "generate.json"
     path.write_text(json.dumps({"dtype": "bf16", "config": {"head_dim": 128}, "num_tokens": H3_LENGTH}))
-    verdict = json.loads(attention.sdpa_rule_for_report(path))
+    verdict = json.loads(gpu_reports.sdpa_rule_for_report(path))
     assert verdict["allowed"] == ["sdpa:flash_attention", "sdpa:efficient_attention"]
 
 

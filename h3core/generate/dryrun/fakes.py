@@ -93,6 +93,10 @@ class FakeHost:
         return out
 
 
+FakeInstruments = Callable[[ResolvedRun, torch.device, StorageTracker, "FakeTensorMode", "tuple[int, int] | None"], RankInstruments]
+"""What makes one rank's instruments for a dry run: (run, device, tracker, fake mode, GPU capability or None for the CPU)."""
+
+
 def fake_instruments(run: ResolvedRun, device: torch.device, tracker: StorageTracker, fake: "FakeTensorMode",
                      capability: tuple[int, int] | None) -> RankInstruments:
     """A dry run's instruments for one rank of `run` on `device` (a GPU of `capability`, or the CPU when None)."""

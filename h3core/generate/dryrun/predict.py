@@ -31,13 +31,13 @@ import time
 import traceback
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from h3core.errors import DryRunFailed, H3Error
-from h3core.generate.dryrun.fakes import TrackedMeter, fake_instruments
+from h3core.generate.dryrun.fakes import FakeInstruments, TrackedMeter, fake_instruments
 from h3core.generate.instruments import RankInstruments
 from h3core.generate.report import HeldWeights
 from h3core.generate.request import ResolvedRun
@@ -148,9 +148,10 @@ def predicted_peaks(run: ResolvedRun, arch: str) -> list[int]:
     return dry_run(run, arch).peaks()
 
 
-def dry_run(run: ResolvedRun, arch: str, steps: int = DEFAULT_STEPS) -> DryRun:
+def dry_run(run: ResolvedRun, arch: str, steps: int = DEFAULT_STEPS, *, fakes: FakeInstruments = fake_instruments) -> DryRun:
     """Run every distinct rank of `run` on fake tensors for `arch` (module docstring); `DryRunFailed`
-    (one line) where it cannot run here or a rank's code fails."""
+    (one line) where it cannot run here or a rank's code fails. `fakes`: what makes each rank's
+    instruments (the dry run's own; a test passes one with a seam broken on purpose)."""
     problem = dry_run_problem(arch)
     if problem is not None:
         raise DryRunFailed(f"no dry run here: {problem}")
@@ -158,7 +159,7 @@ def dry_run(run: ResolvedRun, arch: str, steps: int = DEFAULT_STEPS) -> DryRun:
     short = _short(run, steps)
     ranks = []
     for rank, same in _distinct_ranks(run).items():
-        prediction = _rank_dry_run(short, arch, rank)
+        prediction = _rank_dry_run(short, arch, rank, fakes=fakes)
         ranks.append(prediction.model_copy(update={"same_as": same}))
     return DryRun(arch=arch, device="cpu" if arch == "cpu" else "cuda", mode=run.plan.mode.value, world_size=run.plan.layout.world_size,
                   preset=run.config.name, steps_simulated=short.shape.steps, ranks=ranks, seconds=time.perf_counter() - started)
@@ -202,18 +203,18 @@ def _distinct_ranks(run: ResolvedRun) -> dict[int, list[int]]:
 # --- one rank ---------------------------------------------------------------------------------------
 
 
-def _rank_dry_run(run: ResolvedRun, arch: str, rank: int, fake: bool = True) -> RankPrediction:
+def _rank_dry_run(run: ResolvedRun, arch: str, rank: int, fake: bool = True, fakes: FakeInstruments = fake_instruments) -> RankPrediction:
     """One rank's load and denoise under the tracker: on fake tensors (the dry run), or with `fake=False`
     on real CPU tensors from the real checkpoint (the measurement a CPU prediction is compared with)."""
     try:
-        return _rank_under_tracker(run, arch, rank, fake)
+        return _rank_under_tracker(run, arch, rank, fake, fakes)
     except H3Error:
         raise
     except Exception as err:  # the rank's own code failed on fake tensors: say which rank, what and where
         raise DryRunFailed(f"the dry run of rank {rank} ({arch}) failed: {type(err).__name__}: {_first_line(err)} (at {_h3_line(err)})") from err
 
 
-def _rank_under_tracker(run: ResolvedRun, arch: str, rank: int, fake: bool) -> RankPrediction:
+def _rank_under_tracker(run: ResolvedRun, arch: str, rank: int, fake: bool, fakes: FakeInstruments) -> RankPrediction:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from h3core.generate.pipeline import RankPipeline, new_record, rank_runtime
@@ -224,7 +225,7 @@ def _rank_under_tracker(run: ResolvedRun, arch: str, rank: int, fake: bool) -> R
         group = stack.enter_context(fake_cuda.fake_world(rank, world))
         if fake:
             mode = FakeTensorMode(allow_non_fake_inputs=True)
-            instruments = fake_instruments(run, device, tracker, mode, ARCHS[arch].capability if arch in ARCHS else None)  # the header: before the fake mode
+            instruments = fakes(run, device, tracker, mode, ARCHS[arch].capability if arch in ARCHS else None)  # the header: before the fake mode
             stack.enter_context(mode)
         else:
             instruments = RankInstruments(meter=TrackedMeter(device, tracker), kernels=DeviceKernels.of(device))
@@ -274,6 +275,6 @@ def _h3_line(err: BaseException) -> str:
     found = "outside h3"
     for frame in traceback.extract_tb(err.__traceback__):
         path = Path(frame.filename).resolve()
-        if path.is_relative_to(root / "h3core"):
+        if path.is_relative_to(root / "h3core") and path.name != "fake_cuda.py":  # the tracker sees every op: not where it failed
             found = f"{path.relative_to(root)}:{frame.lineno} {frame.name}"
     return found

@@ -5,7 +5,7 @@ planning object implements (`ParallelMode`), torch-free. The objects themselves 
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
@@ -63,6 +63,7 @@ class Mode(str, Enum):
         )
 
 
+@runtime_checkable
 class ParallelMode(Protocol):
     """The planning side of one distributed mode (module docstring): plain, torch-free answers about
     a `ParallelPlan` that the launcher asks before any rank starts."""
