@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -76,16 +75,16 @@ def matrix(
     frames: options.Frames = None,
     steps: options.Steps = None,
     seed: options.Seed = options.DEFAULT_SEED,
-    attention: Annotated[str, typer.Option("--attention", help="sdpa, math, sage2 or flash.")] = "sdpa",
+    attention: options.Attention = None,
     device: options.Device = "auto",
     dtype: options.Dtype = None,
     model: options.Model = None,
     text_encoder: options.TextEncoder = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Report folder: new or empty (see --overwrite). Default: H3_DISTRIBUTED_OUTPUT, else outputs/<time>-matrix-<4 hex>.", show_default=False)] = None,
-    save_latents: Annotated[Optional[bool], typer.Option("--save-latents/--no-save-latents", help="Write each cell's latents. Default: H3_SAVE_LATENTS (0 = reports only), else yes.", show_default=False)] = None,
-    benchmark: Annotated[Optional[Path], typer.Option("--benchmark", help="Also write the matrix JSON here. Default: H3_DISTRIBUTED_BENCHMARK.", show_default=False)] = None,
+    output: options.MatrixOutput = None,
+    save_latents: options.SaveLatents = None,
+    benchmark: options.Benchmark = None,
     overwrite: options.Overwrite = False,
-    profile: Annotated[bool, typer.Option("--profile/--no-profile", help="Split every cell's step into attention, NVFP4 linears, each collective and the rest (costs <= 3%).")] = True,
+    profile: options.Profile = True,
     json: options.Json = False,
 ) -> None:
     """Run generate for every mode x rank count this machine can take; speedup, memory and parity per cell."""
@@ -95,7 +94,7 @@ def matrix(
 
     template = GenerateRequest(
         prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
-        preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, attention=attention,
+        preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, attention=attention or "sdpa",
         device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile,
     )
     request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark, overwrite=overwrite, cfg_parallel=cfg_parallel)

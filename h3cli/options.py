@@ -32,5 +32,20 @@ Model = Annotated[Optional[Path], typer.Option("--model", help=f"MiniMax-H3 tran
 TextEncoder = Annotated[Optional[Path], typer.Option("--text-encoder", help=f"Qwen3-VL text encoder (file or folder). Default: {settings.TEXT_ENCODER_PATH}, else synthetic.", show_default=False)]
 DecodedWeights = Annotated[str, typer.Option("--decoded-weights", help="Hold the NVFP4 linears decoded once in bf16 instead of decoding them every forward (Hopper's cuda-dequant-bf16 path; bitwise the same outputs): auto (where they fit beside the run's need), on, off.")]
 
+# --- how a generate run runs and what it writes (h3 generate, h3 matrix) ------------------------------
+Attention = Annotated[Optional[str], typer.Option("--attention", help="Attention backend: sdpa, math, sage2 or flash.", show_default="sdpa")]
+SaveLatents = Annotated[Optional[bool], typer.Option("--save-latents/--no-save-latents", help=f"Write the latents (h3 matrix: each cell's). Default: {settings.SAVE_LATENTS} (0 = reports only), else yes.", show_default=False)]
+Benchmark = Annotated[Optional[Path], typer.Option("--benchmark", help=f"Also write the result's JSON here (h3 generate: the report; h3 matrix: the matrix). Default: {settings.BENCHMARK}.", show_default=False)]
+Profile = Annotated[bool, typer.Option("--profile/--no-profile", help="Split every step's time per rank: attention, NVFP4 linears, each collective and the rest (table and report; costs <= 3%).")]
+
+
+def output_folder(default: str) -> object:
+    """`--output/-o` of a command whose results go in a new folder (`default`: the folder it makes when neither the flag nor H3_DISTRIBUTED_OUTPUT names one)."""
+    return Annotated[Optional[Path], typer.Option("--output", "-o", help=f"Result folder: new or empty (see --overwrite). Default: {settings.OUTPUT}, else {default}.", show_default=False)]
+
+
+GenerateOutput = output_folder("outputs/<time>-generate-<mode>-<N>-<4 hex>")
+MatrixOutput = output_folder("outputs/<time>-matrix-<4 hex>")
+
 VideoVae = Annotated[Optional[Path], typer.Option("--video-vae", help="Video VAE: minimax_h3_video_vae_fp16.safetensors, a diffusers vae/ folder or MiniMax's video_vae/. Default: H3_VIDEO_VAE_PATH, else beside H3_MODEL_PATH's transformer/, else (synthetic transformer only) synthetic.", show_default=False)]
 AudioVae = Annotated[Optional[Path], typer.Option("--audio-vae", help="Audio VAE: minimax_h3_audio_vae_fp32.safetensors or an audio_vae/ folder. Default: H3_AUDIO_VAE_PATH, else beside H3_MODEL_PATH's transformer/, else (synthetic transformer only) synthetic.", show_default=False)]

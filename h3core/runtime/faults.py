@@ -75,18 +75,13 @@ def _wildcard_int(text: str) -> int | None:
     return None if text in ("", "*") else int(text)
 
 
-_fault_cache: tuple[str, list[FaultSpec]] = ("", [])
-
-
 def maybe_inject_fault(point: str, rank: int, index: int | None = None) -> None:
-    """Test hook: fail here when H3_INJECT_FAULT names this point, index and rank (no-op when unset)."""
-    global _fault_cache
+    """Test hook: fail here when H3_INJECT_FAULT names this point, index and rank (no-op when unset;
+    the variable is parsed where it is set, a few times per step: no cache to outlive it)."""
     text = settings.injected_faults()
     if not text:
         return
-    if _fault_cache[0] != text:
-        _fault_cache = (text, parse_fault_specs(text))
-    for spec in _fault_cache[1]:
+    for spec in parse_fault_specs(text):
         if spec.matches(point, rank, index):
             _trigger(spec, point, rank, index, text)
 

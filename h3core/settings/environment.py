@@ -1,29 +1,17 @@
-"""Settings: what a user gives h3 (flags and environment variables) turned into checked values.
-
-This is the one module that reads h3's environment variables, and the one way every setting is
-chosen: **a flag beats its variable; a variable beats the default** (`choose`). A malformed value
-is one `ConfigError` line that names the flag or the variable it came from.
-
-Two halves:
-
-- variables: every `H3_*` name (README's tables are the contract), one reader per kind of value
-  (`env_str`, `env_int`, `env_bool`, `env_seconds`), and one function per setting that takes the
-  flag's value when a command has the flag (`output_folder(flag)`, `save_latents(flag)`, ...);
-- requests: `UserRequest`, the pydantic base of every command's request model, whose constructor
-  turns pydantic's `ValidationError` into `ConfigError("--steps 0: must be at least 1")`.
-
-Torch-free and quick to import: the CLI checks flags before anything heavy starts.
+"""h3's environment variables turned into checked values: every `H3_*` name (README's tables are the
+contract), one reader per kind of value (`env_str`, `env_int`, `env_bool`, `env_seconds`), and one
+function per setting, taking the flag's value when a command has the flag (`output_folder(flag)`,
+`save_latents(flag)`, ...). The one way every setting is chosen: **a flag beats its variable; a
+variable beats the default** (`choose`). A malformed value is one `ConfigError` line that names the
+flag or the variable it came from.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence, TypeVar
-
-from pydantic import BaseModel, Field, ValidationError
+from typing import Callable, Sequence, TypeVar
 
 from h3core.errors import ConfigError
 
@@ -50,9 +38,6 @@ MEMORY_CHECK = "H3_MEMORY_CHECK"
 MAX_CPU_RANKS = "H3_MAX_CPU_RANKS"
 INJECT_FAULT = "H3_INJECT_FAULT"
 DEBUG = "H3_DEBUG"
-
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 
 DEFAULT_SEED = 440420
 """The seed of the seed's reference runs: the default of every `--seed`."""
@@ -213,24 +198,6 @@ def mode_names(flag: str | None, choices: Sequence[str], default: Sequence[str])
     return names
 
 
-def world_size(count: int | None, visible_gpus: Callable[[], int]) -> int:
-    """The rank count of a run: the explicit count, else torchrun's WORLD_SIZE when launched by it,
-    else `H3_WORLD_SIZE`, else every visible GPU (`visible_gpus()`), else 1."""
-    if count is not None:
-        if count < 1:
-            raise ConfigError(f"world size must be at least 1, got {count}: give a rank count of 1 or more")
-        return count
-    launched = torchrun_env()
-    if launched is not None:
-        return launched.world_size
-    from_env = env_int(WORLD_SIZE)
-    if from_env is not None:
-        if from_env < 1:
-            raise ConfigError(f"{WORLD_SIZE}={from_env} must be at least 1")
-        return from_env
-    return visible_gpus() or 1
-
-
 # --- settings without a flag ---------------------------------------------------------------------------
 
 
@@ -290,146 +257,3 @@ def cpu_allocator() -> str:
 def injected_faults() -> str:
     """`H3_INJECT_FAULT`'s text ('' when unset): see `h3core.runtime.faults`."""
     return os.environ.get(INJECT_FAULT, "")
-
-
-# --- "launched by torchrun": the one definition --------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TorchrunEnv:
-    """The launcher contract torchrun follows: this process is rank `rank` of `world_size`."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    """Processes torchrun started on this machine (`LOCAL_WORLD_SIZE`; the world when a launcher omits it).
-    Multi-node: WORLD_SIZE counts every machine's ranks, this only this machine's."""
-
-    def describe(self) -> str:
-        master = f", MASTER_ADDR={os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}" if env_str("MASTER_ADDR") else ""
-        return f"RANK={self.rank} WORLD_SIZE={self.world_size} LOCAL_RANK={self.local_rank}{master}"
-
-
-def torchrun_env() -> TorchrunEnv | None:
-    """This process's torchrun rank, when RANK, WORLD_SIZE and LOCAL_RANK are all set (else None).
-
-    Every part of h3 that asks "was I launched by torchrun?" asks this: a stray `RANK` alone is not
-    a launch. Values that cannot come from a launcher are a ConfigError that says to unset them.
-    """
-    values = {name: env_str(name) for name in TORCHRUN_VARS}
-    if not all(values.values()):
-        return None
-    shown = " ".join(f"{k}={v}" for k, v in values.items())
-    stale = "if torchrun did not start this command, unset RANK, WORLD_SIZE and LOCAL_RANK"
-    try:
-        rank, world, local_rank = (int(values[name]) for name in TORCHRUN_VARS)  # type: ignore[arg-type]
-    except ValueError:
-        raise ConfigError(f"{shown}: not whole numbers; {stale}") from None
-    if world < 1 or not 0 <= rank < world or local_rank < 0:
-        raise ConfigError(f"{shown}: not a valid torchrun rank (needs 0 <= RANK < WORLD_SIZE); {stale}")
-    local_world = _local_world_size(world, local_rank, stale)
-    return TorchrunEnv(rank, world, local_rank, local_world)
-
-
-def _local_world_size(world: int, local_rank: int, stale: str) -> int:
-    """`LOCAL_WORLD_SIZE` (torchrun sets it: the processes of this machine), else the whole world."""
-    text = env_str(LOCAL_WORLD_SIZE)
-    if text is None:
-        return world
-    try:
-        value = int(text)
-    except ValueError:
-        raise ConfigError(f"{LOCAL_WORLD_SIZE}={text}: not a whole number; {stale}") from None
-    if not local_rank < value <= world:
-        raise ConfigError(f"{LOCAL_WORLD_SIZE}={value} with LOCAL_RANK={local_rank} and WORLD_SIZE={world}: not a valid torchrun launch; {stale}")
-    return value
-
-
-def ranks_on_this_machine(world_size: int) -> int:
-    """The ranks of a `world_size` run that this machine holds: under torchrun its `LOCAL_WORLD_SIZE`
-    (a multi-node world spans machines), else all of them (spawned here, or one in this process)."""
-    launched = torchrun_env()
-    return launched.local_world_size if launched is not None else world_size
-
-
-def under_torchrun() -> bool:
-    """True when torchrun (or any launcher following its environment contract) started us."""
-    return torchrun_env() is not None
-
-
-def is_rank_zero() -> bool:
-    """False only in a torchrun-launched process whose rank is not 0 (a malformed launch environment
-    counts as rank 0: the command refuses it, and that line must show)."""
-    try:
-        launched = torchrun_env()
-    except ConfigError:
-        return True
-    return launched is None or launched.rank == 0
-
-
-# --- requests built from flags -------------------------------------------------------------------------
-
-
-class UserRequest(BaseModel):
-    """A pydantic model filled from user input: an invalid value is one `ConfigError` line naming its
-    flag. A model maps its field names to flags in `FLAGS` (default: `--field-name`)."""
-
-    FLAGS: ClassVar[dict[str, str]] = {}
-
-    def __init__(self, /, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as err:
-            raise ConfigError(describe(err, type(self).FLAGS)) from None
-
-
-class SizeFlags(UserRequest):
-    """`--width/--height/--frames` of a command that plans a video without running it (`h3 plan`,
-    `h3 bench-transport`), checked as `h3 generate` checks them: None is the preset's size, a
-    given value is at least 1 (0 is refused, never taken for "not given")."""
-
-    width: int | None = Field(None, ge=1, description="Pixels (None: the preset's).")
-    height: int | None = Field(None, ge=1, description="Pixels (None: the preset's).")
-    frames: int | None = Field(None, ge=1, description="Video frames, 4k+1 (None: the preset's).")
-
-    def or_defaults(self, width: int, height: int, frames: int) -> tuple[int, int, int]:
-        """(width, height, frames): each given value, else the default passed for it."""
-        return (width if self.width is None else self.width, height if self.height is None else self.height,
-                frames if self.frames is None else self.frames)
-
-
-def describe(err: ValidationError, flags: dict[str, str]) -> str:
-    """The first problem of `err` as '<flag> <value>: <what is wrong>' (and how many more there are)."""
-    problems = err.errors()
-    first = problems[0]
-    field = str(first["loc"][0]) if first["loc"] else ""
-    flag = flags.get(field, "--" + field.replace("_", "-")) if field else "the request"
-    value = first.get("input")
-    shown = f" {value!r}" if first["type"] != "missing" and not isinstance(value, dict) else ""
-    more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
-    return f"{flag}{shown}: {_reason(first)}{more}"
-
-
-_BOUNDS = {
-    "greater_than_equal": ("must be at least", "ge"),
-    "greater_than": ("must be greater than", "gt"),
-    "less_than_equal": ("must be at most", "le"),
-    "less_than": ("must be less than", "lt"),
-}
-_REASONS = {
-    "finite_number": "must be a finite number (not inf or nan)",
-    "missing": "is required",
-    "extra_forbidden": "is not a setting this command takes",
-}
-
-
-def _reason(problem: Any) -> str:
-    kind = problem["type"]
-    if kind in _BOUNDS:
-        words, key = _BOUNDS[kind]
-        return f"{words} {(problem.get('ctx') or {}).get(key)}"
-    if kind in _REASONS:
-        return _REASONS[kind]
-    message = str(problem.get("msg", "is not valid"))
-    return message[0].lower() + message[1:] if message else "is not valid"
