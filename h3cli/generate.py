@@ -46,6 +46,8 @@ def render_run(report, console: Console) -> None:
         f"(median step {median(steps) if steps else 0:.3f}s) · gather {t.get('gather', 0):.3f}s",
     )
     table.add_row("peak memory", " · ".join(f"r{r.rank} {format_bytes(r.peak_memory_sampling_bytes)}" for r in report.ranks))
+    if report.memory_check is not None:
+        table.add_row("memory check", report.memory_check.line)
     table.add_row(
         "weights / rank",
         " · ".join(f"r{r.rank} {format_bytes(r.weights.resident)} held ({r.weights.block_share:.0%} of block linears), {format_bytes(r.weights.read)} read" for r in report.ranks),
@@ -180,6 +182,8 @@ def generate(
             job, on_step=lambda msg: update(completed=msg.step, total=msg.steps, description=f"{msg.seconds:.2f}s/step"),
             on_phase=lambda phase: update(description=phase),
         )
+    if report is not None and report.memory_check is not None and report.memory_check.failed:
+        out.warn(report.memory_check.line)  # a dry run that could not finish says so, in one line
     out.result(report, lambda console: render_run(report, console))
     out.exit_for(report)
 

@@ -38,6 +38,9 @@ MAX_FOLDER_FILES = 10_000
 VERSION = "h3-content-1"
 
 _memo: dict[tuple, str] = {}
+"""Content ids by file identity (path, device, inode, size, times): a memo of a pure function of the
+file, owned by the process (a changed file has another key: nothing in it can go stale or belong to
+one request)."""
 
 
 def content_id(path: Path | str) -> str:

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from h3core.nvfp4.kernels import DeviceKernels
 
 _tested: dict[tuple[tuple[str, ...], tuple[Shape, ...]], dict[str, FP4SelfTest]] = {}
+"""This machine's GPUs' self-tests by (GPUs, shapes): a fact of the machine the process runs on, meant
+to be reused by every request of the process (a parity reference, the next batch round, a server's
+next job); nothing of a request is in it."""
 
 
 def needs_selftest(run: "ResolvedRun") -> bool:

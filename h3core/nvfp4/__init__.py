@@ -8,7 +8,9 @@ reason. The torch parts are submodules:
 - `swizzle` the 128x4 block-scale layout Blackwell GEMMs read (built in memory at load time)
 - `matmul`  the matmul paths (cpu-dequant, cpu-fp4-emulated, cuda-dequant-bf16, cuda-fp4-scaled-mm), the choice, the record of what ran
 - `activation` the fp4 paths' activation quantizer: eager (reference) and fused (`fused_kernel`, Triton); quantize-before-gather
-- `selftest` the fp4 GEMM self-test with values, in a child process; the verdict `NVFP4Linear` follows
+- `selftest` the fp4 GEMM self-test with values, in a child process
+- `kernels` `DeviceKernels`: what a device runs (capability, cuDNN, the self-test's verdict, the fused
+            quantizer, the decode's lookup tables), what `NVFP4Linear` and the SDPA rule ask
 - `linear`  `NVFP4Linear`, buffers named as ModelOpt names them
 - `shard`   layout-preserving row / column shards (ranges from `h3core.parallel.partition`)
 - `io`      safetensors with ModelOpt names, lazy row / column slices from disk

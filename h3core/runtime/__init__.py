@@ -6,7 +6,9 @@
 - `faults`      `H3_INJECT_FAULT`: a chosen rank fails at a chosen point (tests)
 - `liveness`    heartbeats, and the watch that ends a run whose rank stopped
 - `rendezvous`  torchrun's env:// rendezvous, bounded by `H3_RANK_TIMEOUT`
-- `device`      device and dtype policy, timing, peak memory, threads per rank
+- `device`      device and dtype policy, timing, peak memory (`DeviceMeter`), threads per rank
+- `fake_cuda`   what a dry run needs below the model: the no-op CUDA guard, the storage tracker,
+                torch's fake process group (nothing patched)
 - `cpu_memory`  the CPU ranks' allocator policy
 - `limits`      a run's memory need against what the machine has, checked before any rank starts
 """

@@ -23,6 +23,7 @@ from h3core.model.sequence import SegmentKind
 from h3core.parallel.modes import Mode
 from h3core.parallel.plan import ParallelPlan
 from h3core.parallel.runtime import ParallelRuntime
+from h3core.runtime.device import DeviceMeter
 
 TEXT, POINTS, SEED = 9, 5, 11
 
@@ -65,7 +66,7 @@ def _h3_loop(path, text: torch.Tensor, noise: dict) -> tuple[torch.Tensor, torch
     with torch.inference_mode():
         sequences = [build_sequence(model, plan.sequences[0], text, shape, torch.device("cpu"))]
         denoiser = Denoiser(model, runtime, sequences, 1.0, schedules)
-        latent, seconds = denoise(denoiser, denoiser.own_rows(noise, torch.device("cpu")), torch.device("cpu"), None, lambda *a: None)
+        latent, seconds = denoise(denoiser, denoiser.own_rows(noise, torch.device("cpu")), DeviceMeter("cpu"), None, lambda *a: None)
     assert len(seconds) == POINTS - 1  # N sigma points: N - 1 forwards
     return latent[SegmentKind.VIDEO], latent[SegmentKind.AUDIO], shape
 
