@@ -2,7 +2,7 @@
 """The two GPU kernels a step of H3 is made of, timed side by side at the real shapes (gpu_check.sh step).
 
 1. Attention: `attend(q, k, v, "sdpa")` as h3 calls it (h3's rule picks the fused kernels,
-   `h3core.model.attention.choose_sdpa_backends`), at H3's real lengths: the seed's 864x480x141
+   `h3core.model.attention.sdpa_rule.choose_sdpa_backends`), at H3's real lengths: the seed's 864x480x141
    (17,608 rows with 128 text rows) and the official 1344x768x243 (73,386 + 128), with all 56 heads
    (one GPU) and 7 (eight GPUs, Ulysses). Each allowed fused backend is also timed alone, so the
    table shows what h3's choice costs against the fastest fused kernel here. The math kernel is
@@ -59,7 +59,8 @@ def attention_rows(repeat: int) -> list[dict]:
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from h3core.model.attention import attend, sdpa_choice_here
+    from h3core.model.attention.dispatch import attend
+    from h3core.model.attention.sdpa_rule import sdpa_choice_here
     from h3core.model.config import preset
 
     config = preset("h3")

@@ -10,7 +10,7 @@ fails in well under a second and allocates nothing. The `ResolvedRun` goes to ev
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -149,10 +149,11 @@ def _given(value, default):  # type: ignore[no-untyped-def]
     return default if value is None else value
 
 
-def resolve(request: GenerateRequest, *, gpu_by_dry_run: bool = False) -> ResolvedRun:
+def resolve(request: GenerateRequest, *, check_gpus: Callable[[ResolvedRun], ResolvedRun] | None = None) -> ResolvedRun:
     """Pick the config, sizes, plan and checkpoint; validate everything before spawning (module docstring).
-    `gpu_by_dry_run`: the caller checks the GPUs' memory with the dry run next (`h3 generate`:
-    `h3core.generate.dryrun.check_device_memory`), so the formula here checks the host only."""
+    `check_gpus`: the caller's check of the GPUs' memory (`h3 generate`: the dry run of the ranks'
+    code, `h3core.generate.dryrun.check_device_memory`), given the run before its weights are
+    checked whole or built; None: the formula checks them here, with the host."""
     base = get_preset(request.preset or ("h3" if request.model_path else "tiny"))
     checkpoint = Checkpoint.open(request.model_path, base) if request.model_path is not None else None
     config = checkpoint.config if checkpoint else base
@@ -163,9 +164,21 @@ def resolve(request: GenerateRequest, *, gpu_by_dry_run: bool = False) -> Resolv
     elements = shape.latent_elements
     dtype = compute_dtype(request.device, request.dtype)
     plan = _with_decoded_weights(request, config, plan, specs, elements, shape.steps, dtype)
-    check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention, device_part=not gpu_by_dry_run)
+    check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention, device_part=check_gpus is None)
+    run = ResolvedRun(request=request, config=config, checkpoint=_planned_checkpoint(request, checkpoint, base), synthetic=checkpoint is None or checkpoint.weights == SYNTHETIC,
+                      shape=shape, plan=plan)
+    if check_gpus is not None:
+        run = check_gpus(run)  # before the weights: a run that cannot fit builds nothing
     path, synthetic = _weights(request, checkpoint, base)
-    return ResolvedRun(request=request, config=config, checkpoint=path, synthetic=synthetic, shape=shape, plan=plan)
+    return run.model_copy(update={"checkpoint": path, "synthetic": synthetic})
+
+
+def _planned_checkpoint(request: GenerateRequest, checkpoint: Checkpoint | None, base: ModelConfig) -> Path:
+    """The checkpoint the run will load: the file given, else (not built yet) a name for the synthetic
+    layout of `base`, which a dry run reads as the synthetic specs."""
+    if checkpoint is not None and request.model_path is not None:
+        return Path(request.model_path)
+    return Path(f"synthetic-{base.name}.safetensors")
 
 
 def _with_decoded_weights(request: GenerateRequest, config: ModelConfig, plan: ParallelPlan, specs, elements: int, steps: int, dtype) -> ParallelPlan:  # type: ignore[no-untyped-def]

@@ -23,7 +23,7 @@ from h3core.generate.files import output_bytes, write_outputs
 from h3core.generate.fp4gate import with_fp4_selftest
 from h3core.generate.parity import LatentParity, latent_parity, run_tolerance
 from h3core.generate.pipeline import rank_generate
-from h3core.generate.dryrun import check_device_memory
+from h3core.generate.dryrun import DryRun, check_device_memory
 from h3core.generate.report import RankReport, RunReport, StepDone, build_report, request_fingerprint
 from h3core.generate.request import GenerateJob, GenerateRequest, ResolvedRun, build_plan, check_torchrun_parity, resolve
 from h3core.parallel.modes import Mode
@@ -109,16 +109,21 @@ class ResolvedJob:
 def resolve_job(job: GenerateJob) -> ResolvedJob:
     """Every check of `h3 generate` before any rank starts, in this order: the flags that need one
     prompt or no torchrun, the request (`resolve`: config, sizes, plan, backends, the host's memory,
-    weights), the decode (VAEs and their memory), the GPUs' memory (the dry run's predicted peaks on
-    CUDA, the formula where no dry run can run or one failed: `run.memory_check` says which), and the
-    fp4 GEMM self-test of every GPU at the shapes the dry run called."""
+    the GPUs' memory (the dry run's predicted peaks on CUDA, the formula where no dry run can run or
+    one failed: `run.memory_check` says which), then the weights), the decode (VAEs and their
+    memory), and the fp4 GEMM self-test of every GPU at the shapes the dry run called."""
     check_torchrun_parity(job.parity)
     check_one_group(job.request)
-    run = resolve(job.request, gpu_by_dry_run=True)
+    predicted: list[DryRun] = []
+
+    def check_gpus(run: ResolvedRun) -> ResolvedRun:  # CUDA: the dry run of the ranks' own code predicts each rank's peak
+        memory, dry = check_device_memory(run)
+        predicted.extend([dry] if dry is not None else [])
+        return run.model_copy(update={"memory_check": memory})
+
+    run = resolve(job.request, check_gpus=check_gpus)
     decode = plan_run_decode(job, run)
-    memory, dry = check_device_memory(run)  # CUDA: the dry run of the ranks' own code predicts each rank's peak (h3core.generate.dryrun)
-    run = run.model_copy(update={"memory_check": memory})
-    run = with_fp4_selftest(run, dry.gemm_shapes() if dry is not None else None)  # ... and the fp4 GEMMs it will call
+    run = with_fp4_selftest(run, predicted[0].gemm_shapes() if predicted else None)  # ... and the fp4 GEMMs it will call
     return ResolvedJob(job, run, decode)
 
 

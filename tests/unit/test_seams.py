@@ -58,3 +58,21 @@ def test_no_patching_in_h3core(name):
     """The dry run and everything else use seams: nothing in h3core patches a name (`mock.patch`)."""
     found = [str(p.relative_to(ROOT.parent)) for p in (ROOT.parent / name).rglob("*.py") if "unittest" in p.read_text() or "mock." in p.read_text()]
     assert found == []
+
+
+def test_the_gpus_memory_is_checked_before_the_weights_are_built(tmp_path, monkeypatch):
+    """`h3 generate`'s GPU check (the dry run) sees the run before its weights exist: a refusal builds nothing."""
+    from h3core.errors import ResourceLimit
+
+    monkeypatch.setenv("H3_CACHE_DIR", str(tmp_path))
+    seen = []
+
+    def refuse(run):
+        seen.append((run.synthetic, run.checkpoint.exists()))
+        raise ResourceLimit("predicted peak above the GPU")
+
+    with pytest.raises(ResourceLimit):
+        resolve(GenerateRequest(preset="tiny", steps=2), check_gpus=refuse)
+    assert seen == [(True, False)] and not list(tmp_path.rglob("*.safetensors"))
+    run = resolve(GenerateRequest(preset="tiny", steps=2), check_gpus=lambda run: run)
+    assert run.synthetic and run.checkpoint.is_file() and run.checkpoint.parent == tmp_path
