@@ -16,11 +16,11 @@ from h3core.verify.transport import measure_ragged
 def drop_last_rank(reduce_scatter):  # type: ignore[no-untyped-def]
     """A reduce-scatter that loses the last rank's partial (the rank sends zeros instead)."""
 
-    def broken(x, rows, group=None, stats=None):  # type: ignore[no-untyped-def]
+    def broken(x, rows, group=None, stats=None, scratch=None):  # type: ignore[no-untyped-def]
         rank, size = h3core.parallel.collectives.group_rank_and_size(group)
         if rank == size - 1:
             x = torch.zeros_like(x)
-        return reduce_scatter(x, rows, group, stats)
+        return reduce_scatter(x, rows, group, stats, scratch)
 
     return broken
 
