@@ -380,13 +380,24 @@ def has_final_norm(reader: SafetensorsReader, prefix: str) -> bool:
     return f"{prefix}norm.weight" in reader
 
 
-def config_metadata(fields: Mapping[str, object]) -> str:
-    """A Hugging Face text config (JSON) of our config fields, for a single file's header."""
-    hf = {
+def config_metadata(fields: Mapping[str, object], vision: Mapping[str, object] | None = None) -> str:
+    """A Hugging Face config (JSON) of our config fields, for a single file's header: the text
+    config, or with `vision` (our vision fields) a Qwen3-VL config holding both, which transformers'
+    `Qwen3VLConfig(**json.loads(...))` also builds."""
+    text: dict[str, object] = {
         "model_type": "qwen3_vl_text", "vocab_size": fields["vocab_size"], "hidden_size": fields["hidden_size"],
         "num_hidden_layers": fields["num_layers"], "num_attention_heads": fields["num_heads"],
         "num_key_value_heads": fields["num_kv_heads"], "head_dim": fields["head_dim"],
         "intermediate_size": fields["intermediate_size"], "rms_norm_eps": fields["rms_norm_eps"],
         "rope_theta": fields["rope_theta"], "attention_bias": fields["attention_bias"], "hidden_act": "silu",
     }
-    return json.dumps(hf, sort_keys=True)
+    if fields.get("mrope_section") is not None:
+        text["rope_parameters"] = {
+            "rope_type": "default", "rope_theta": fields["rope_theta"], "mrope_section": list(fields["mrope_section"]),  # type: ignore[call-overload]
+            "mrope_interleaved": fields.get("mrope_interleaved", True),
+        }
+    if vision is None:
+        return json.dumps(text, sort_keys=True)
+    vision_config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vision.items() if k != "rope_theta"}
+    vision_config |= {"model_type": "qwen3_vl_vision", "rope_parameters": {"rope_type": "axial", "rope_theta": vision["rope_theta"]}}
+    return json.dumps({"model_type": "qwen3_vl", "text_config": text, "vision_config": vision_config, "tie_word_embeddings": False}, sort_keys=True)
