@@ -169,7 +169,7 @@ class TextEncoder:
         if not images:
             ids = self.token_ids(prompt, max_tokens)
             return self._states(ids), torch.ones(len(ids), dtype=torch.int64)
-        spec, tower = self._vision_tower()
+        spec, tower = self.vision_tower()
         pixel_values, grids = spec.processor.pixel_values(images)
         merge = spec.config.spatial_merge_size
         shown = present(self.tokenizer, prompt, [t * h * w // merge**2 for t, h, w in grids])
@@ -212,8 +212,10 @@ class TextEncoder:
             raise CheckpointError(f"token id {bad} is outside the embedding's {vocab} rows: the ids do not belong to these weights")
         return ids
 
-    def _vision_tower(self) -> tuple[VisionSpec, Qwen3VisionTower]:
-        """The vision tower, checked and built from the open files on the first call with images."""
+    def vision_tower(self) -> tuple[VisionSpec, Qwen3VisionTower]:
+        """The vision tower (its spec: config, processor, prefix) checked and built from the open files on
+        the first call (`encode_prompt` makes it on the first request with images); a `KeyframeError`
+        line when the checkpoint has none."""
         self._model_or_raise()
         if self._vision is None:
             loaded = self._loaded
@@ -291,6 +293,18 @@ def check_text_encoder(
     finally:
         found.reader.close()
     return found.tokenizer
+
+
+def vision_tower_bytes(path: str | Path | None, *, hidden_size: int) -> int:
+    """Bytes the vision tower of the text encoder at `path` (None: the synthetic one) takes once loaded
+    (its tensors' stored size: it is kept in the stored dtype); 0 when it has none. Headers only."""
+    if path is None:
+        path, _ = synthetic_text_encoder(hidden_size, 0)
+    checkpoint = locate(Path(path))
+    with SafetensorsReader(checkpoint.files) as reader:
+        kind, _ = identify(reader, Path(path))
+        prefix = vision_prefix(reader, kind)
+        return 0 if prefix is None else sum(reader.nbytes(name) for name in reader.keys() if name.startswith(prefix))
 
 
 def image_processor_for(path: str | Path | None) -> ImageProcessor:

@@ -33,7 +33,7 @@ from h3core.keyframes import KeyframeError
 from h3core.text import check_text_encoder, load_text_encoder
 from h3core.text.checkpoint import METADATA_CONFIG
 from h3core.text.config import Qwen3VisionConfig
-from h3core.text.encoder import image_processor_for
+from h3core.text.encoder import image_processor_for, vision_tower_bytes
 from h3core.text.image_processor import ImageProcessor
 from h3core.text.tokenizer import SHIPPED_FOLDER
 from h3core.text.vision_checkpoint import resolve_vision_config
@@ -99,7 +99,7 @@ def _reference_states(vl, tokenizer, processor, prompt: str, images) -> tuple[tu
 def test_vision_tower_equals_transformers(vl, images, tmp_path):
     path = write_file(tmp_path / "comfy.safetensors", comfy_names(vl, LAYERS, vision=True), {METADATA_CONFIG: json.dumps(vl.config.to_dict())})
     encoder = load_text_encoder(path, hidden_size=HIDDEN)
-    spec, tower = encoder._vision_tower()
+    spec, tower = encoder.vision_tower()
     assert spec.config == Qwen3VisionConfig(**{**KEYFRAME_VISION, "deepstack_visual_indexes": (0, 2)})
     pixel_values, grids = ImageProcessor().pixel_values(images)
     with torch.no_grad():
@@ -182,6 +182,8 @@ def test_a_text_only_request_reads_no_vision_byte(vl, tmp_path, comfy_file):
     before = with_tower.info.bytes_read
     with_tower.encode_prompt(PROMPT, [Image.new("RGB", (256, 256), (200, 30, 30))])
     assert with_tower.info.bytes_read - before >= tower_bytes  # the tower is read when keyframes come, whole
+    assert with_tower.info.vision_resident_bytes == tower_bytes == vision_tower_bytes(comfy_file, hidden_size=HIDDEN)
+    assert vision_tower_bytes(bare, hidden_size=HIDDEN) == 0
     with_tower.release()
     assert with_tower._vision is None
 
