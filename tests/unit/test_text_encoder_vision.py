@@ -36,7 +36,6 @@ from h3core.text.config import Qwen3VisionConfig
 from h3core.text.encoder import image_processor_for, vision_tower_bytes
 from h3core.text.image_processor import ImageProcessor
 from h3core.text.tokenizer import SHIPPED_FOLDER
-from h3core.text.vision_checkpoint import resolve_vision_config
 
 TOLERANCE = 1e-5  # max |h3 - transformers| / max |transformers|, float32
 PROMPT = "the fox turns its head and runs off, wind noise <d>[English] Go!</d>"
@@ -244,34 +243,6 @@ def test_too_many_tokens_with_images_is_one_line(comfy_file, images):
     with pytest.raises(ConfigError, match=r"with its 2 keyframe\(s\) is \d+ tokens, more than the 100") as caught:
         encoder.encode_prompt(PROMPT, images, max_tokens=100)
     _one_line(caught.value)
-
-
-class _Shapes:
-    """A reader stand-in holding only names, shapes and dtypes (H3's tower is 1.19 GB)."""
-
-    def __init__(self, shapes: dict[str, tuple[int, ...]]):
-        self.shapes = shapes
-
-    def keys(self):
-        return list(self.shapes)
-
-    def __contains__(self, name):
-        return name in self.shapes
-
-    def shape(self, name):
-        return self.shapes[name]
-
-
-def test_a_config_less_file_with_h3s_tower_gets_h3s_vision_config(tmp_path):
-    from h3core.text.vision_checkpoint import expected_vision_shapes
-
-    h3 = Qwen3VisionConfig(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, patch_size=16, temporal_patch_size=2,
-                           spatial_merge_size=2, out_hidden_size=5120, num_position_embeddings=2304, deepstack_visual_indexes=(8, 16, 24))
-    reader = _Shapes({f"visual.{name}": shape for name, shape in expected_vision_shapes(h3).items()})
-    assert resolve_vision_config(reader, "visual.", None, "inferred from tensor shapes", text_hidden=5120, where=tmp_path) == h3
-    assert reader.shape("visual.blocks.26.mlp.linear_fc1.weight") == (4304, 1152)
-    total = sum(int(np.prod(shape)) * 2 for shape in reader.shapes.values())
-    assert total == 1_190_533_600  # the bf16 bytes of the tower in H3's Comfy file (docs/text-encoder.md)
 
 
 def test_the_comparison_catches_1d_positions_and_a_misplaced_deepstack(vl, images, reference_tokenizer, comfy_file, monkeypatch):
