@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from h3core import settings
 from h3core.errors import ConfigError
 from h3core.generate.memory import check_limits, plan_decoded_weights
+from h3core.generate.prompt import PromptText
 from h3core.model.checkpoint import SYNTHETIC, Checkpoint
 from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
 from h3core.nvfp4.selftest import FP4SelfTest
@@ -42,7 +43,7 @@ class GenerateRequest(UserRequest):
         "cfg_parallel": "--cfg-parallel", "decoded_weights": "--decoded-weights",
     }
 
-    prompt: str = Field(DEFAULT_PROMPT, description="What to generate.")
+    prompt: PromptText = Field(DEFAULT_PROMPT, description="What to generate (not empty or blank: `h3core.generate.prompt`).")
     negative_prompt: str = Field("", description="Guidance's unconditional prompt (used when guidance_scale != 1).")
     guidance_scale: float = Field(1.0, ge=0, allow_inf_nan=False, description="Classifier-free guidance; 1 runs one forward per step.")
     preset: str | None = Field(None, description="Model preset; default tiny without a checkpoint, h3 with one.")
