@@ -24,7 +24,6 @@ Every read goes through one `SafetensorsReader` (only the bytes asked for, count
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
@@ -36,6 +35,7 @@ from h3core.checkpoints.names import Piece
 from h3core.errors import CheckpointError
 from h3core.files.paths import path_kind
 from h3core.files.safetensors import FLOAT_DTYPE_NAMES, INDEX_FILE, SafetensorsReader, shard_files
+from h3core.files.text import MAX_CONFIG_BYTES, read_json
 from h3core.nvfp4 import comfy, layout
 from h3core.nvfp4.codec import NVFP4Weight
 from h3core.nvfp4.io import check_values, read_linear
@@ -252,11 +252,8 @@ def _open_folder(folder: Path) -> TransformerFile:
     files = shard_files(folder, index)
     config = None
     if (folder / DIFFUSERS_CONFIG).is_file():
-        try:
-            config = json.loads((folder / DIFFUSERS_CONFIG).read_text())
-            assert isinstance(config, dict)
-        except (ValueError, AssertionError, OSError):
-            raise CheckpointError(f"{folder / DIFFUSERS_CONFIG} is not a JSON object; download the checkpoint again") from None
+        config = read_json(folder / DIFFUSERS_CONFIG, "the transformer's config", MAX_CONFIG_BYTES, "download the checkpoint again",
+                           error=CheckpointError, want=dict)
     opened = _classify(folder, SafetensorsReader(files), folder=True)
     opened.config_json = config
     return opened
@@ -289,13 +286,11 @@ def _classify(path: Path, reader: SafetensorsReader, folder: bool) -> Transforme
 
 def _markers(reader: SafetensorsReader, stripped: dict[str, str], path: Path) -> dict[str, comfy.ComfyQuant]:
     suffix = f".{comfy.MARKER}"
-    raw = {}
+    markers = comfy.legacy_markers(reader.metadata, str(path))
     for name, stored in stripped.items():
         if name.endswith(suffix):
-            if reader.dtype_name(stored) != "U8" or len(reader.shape(stored)) != 1:
-                raise CheckpointError(f"{path}: {stored} is {reader.dtype_name(stored)} {list(reader.shape(stored))}, a marker is U8 bytes")
-            raw[name.removesuffix(suffix)] = bytes(reader.get(stored).tolist())
-    return comfy.markers_of(raw, reader.metadata, str(path))
+            markers[name.removesuffix(suffix)] = comfy.read_marker(reader, stored, str(path))
+    return markers
 
 
 def _original_pieces(reader: SafetensorsReader, stripped: dict[str, str], interleaved: bool) -> dict[str, list[Piece]]:

@@ -48,7 +48,7 @@ BOM = "\ufeff"
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _STEPS = str.maketrans({"[": "\x01", "{": "\x01", "]": "\xff", "}": "\xff"})
-_CHUNK = 1 << 22
+_CHUNK = 1 << 20
 
 
 class _Refused(Exception):
@@ -108,7 +108,7 @@ def nesting_exceeds(text: str, depth: int) -> bool:
     steps = np.frombuffer(brackets.translate(_STEPS).encode("latin-1"), dtype=np.int8)  # +1 opens, -1 closes
     level = 0
     for start in range(0, len(steps), _CHUNK):
-        running = np.cumsum(steps[start:start + _CHUNK], dtype=np.int64) + level
+        running = np.cumsum(steps[start:start + _CHUNK], dtype=np.int32) + level  # (a depth fits: documents are < 2 GiB)
         if int(running.max()) > depth:
             return True
         level = int(running[-1])
@@ -139,7 +139,7 @@ def _parse(data: bytes | str, limit: int | None, want: type | None) -> Any:
         raise _Refused(f"not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except RecursionError:  # the depth check's backstop (a parser called from deep in a stack)
         raise _Refused("JSON nested too deeply") from None
-    except ValueError as err:  # what the number hooks or the parser refuse otherwise
+    except ValueError as err:  # what else the parser refuses
         raise _Refused(f"not valid JSON ({err})") from None
     if want is not None and not isinstance(value, want):
         raise _Refused(f"a JSON {_kind(value)}, not {'an object' if want is dict else 'a ' + _kind(want())}")
@@ -158,7 +158,7 @@ def _float(text: str) -> float:
 
 def _check_number(text: str) -> None:
     if len(text) > MAX_NUMBER_CHARS:
-        raise ValueError(f"a number of {len(text)} characters; h3 reads numbers of at most {MAX_NUMBER_CHARS}")
+        raise _Refused(f"a number of {len(text)} characters (h3 reads numbers of at most {MAX_NUMBER_CHARS})")
 
 
 def _kind(value: Any) -> str:

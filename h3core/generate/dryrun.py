@@ -572,9 +572,9 @@ def preset_run(plan: ParallelPlan, preset_name: str, arch: str, *, width: int | 
 def compare_with_report(report_path: Path, arch: str | None = None) -> dict:
     """The dry run of the run an `h3 generate --json` report describes (its preset's synthetic layout,
     mode, count and size) next to the peaks its ranks measured (`peak_memory_sampling_bytes`)."""
-    import json
+    from h3core.files.text import read_json
 
-    report = json.loads(Path(report_path).read_text())
+    report = read_json(report_path, "the report", 64 << 20, "give the report of an h3 generate --json run", want=dict)
     plan = ParallelPlan.model_validate(report["partition"])
     shape = report.get("shape", {})
     arch = arch or (arch_of(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else "sm_120")

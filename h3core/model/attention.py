@@ -368,7 +368,9 @@ def sdpa_choice_here(dtype: torch.dtype, head_dim: int, seq_len: int, device: to
 def sdpa_rule_for_report(report_path: str | Path) -> str:
     """JSON of the rule on this GPU for the run an `h3 generate --json` report describes (its dtype,
     head width and packed length): what `scripts/gpu_check.sh` checks each rank's kernels against."""
-    report = json.loads(Path(report_path).read_text())
+    from h3core.files.text import read_json
+
+    report = read_json(report_path, "the report", 64 << 20, "give the report of an h3 generate --json run", want=dict)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     choice = sdpa_choice_here(dtypes[report["dtype"]], report["config"]["head_dim"], report["num_tokens"])
     return json.dumps({"allowed": list(choice.kernels), "reason": choice.reason, "torch_default_prefers_cudnn": choice.torch_default_prefers_cudnn})

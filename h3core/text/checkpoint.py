@@ -31,7 +31,7 @@ from typing import Iterable, Mapping
 
 from h3core.errors import CheckpointError
 from h3core.files.paths import path_kind
-from h3core.files.safetensors import FLOAT_DTYPE_NAMES, INDEX_FILE, SafetensorsReader
+from h3core.files.safetensors import FLOAT_DTYPE_NAMES, INDEX_FILE, SafetensorsReader, index_shards
 from h3core.nvfp4 import comfy, layout
 from h3core.text.config import (
     QWEN3_RMS_NORM_EPS,
@@ -105,14 +105,7 @@ def _shards(folder: Path) -> list[Path]:
     """The shards `model.safetensors.index.json` names (each must exist), else every `*.safetensors`."""
     index = folder / INDEX_FILE
     if index.is_file():
-        try:
-            names = dict.fromkeys(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise CheckpointError(f"{index} is not a safetensors index ({err}); download it again") from None
-        missing = [n for n in names if not (folder / n).is_file()]
-        if missing:
-            raise CheckpointError(f"{index} names shard {missing[0]}, which is not in {folder}: the download is incomplete")
-        return [folder / n for n in names]
+        return index_shards(index)
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         raise CheckpointError(f"text encoder folder {folder} holds no .safetensors file")
@@ -159,7 +152,7 @@ class Markers:
 
     def __init__(self, reader: SafetensorsReader):
         self.reader = reader
-        self.from_metadata = comfy.markers_of({}, reader.metadata, str(reader.paths[0]))
+        self.from_metadata = comfy.legacy_markers(reader.metadata, str(reader.paths[0]))
         self._parsed: dict[str, comfy.ComfyQuant | None] = {}
 
     def __call__(self, module: str) -> comfy.ComfyQuant | None:
@@ -169,9 +162,7 @@ class Markers:
 
     def _read(self, module: str) -> comfy.ComfyQuant:
         name = f"{module}.{comfy.MARKER}"
-        if self.reader.dtype_name(name) != "U8" or len(self.reader.shape(name)) != 1:
-            raise CheckpointError(f"{name} in {self.reader.file_of(name)} is {self.reader.dtype_name(name)} {list(self.reader.shape(name))}, a marker is U8 bytes")
-        return comfy.parse_marker(self.reader.get(name).numpy().tobytes(), name)
+        return comfy.read_marker(self.reader, name, str(self.reader.file_of(name)))
 
 
 def linear_kind(reader: SafetensorsReader, markers: Markers, linear: str) -> str:

@@ -15,13 +15,13 @@ dynamic) are refused with a clear error rather than silently computed wrong.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from h3core.errors import CheckpointError
+from h3core.files.text import MAX_CONFIG_BYTES, parse_json, read_json
 
 QWEN3_ROPE_THETA = 1_000_000.0
 """RoPE base of every Qwen3 text model; used when a checkpoint has no config.json."""
@@ -52,8 +52,8 @@ class Qwen3TextConfig(BaseModel):
     num_kv_heads: int = Field(gt=0, description="Key/value heads (GQA: each serves num_heads/num_kv_heads queries).")
     head_dim: int = Field(gt=0, description="Width of one head; even (RoPE rotates pairs).")
     intermediate_size: int = Field(gt=0, description="SwiGLU width: gate_proj and up_proj are [intermediate, hidden].")
-    rope_theta: float = Field(gt=0, description="RoPE base.")
-    rms_norm_eps: float = Field(gt=0, description="Epsilon of every RMSNorm (layer, q/k and final norms).")
+    rope_theta: float = Field(gt=0, allow_inf_nan=False, description="RoPE base.")
+    rms_norm_eps: float = Field(gt=0, allow_inf_nan=False, description="Epsilon of every RMSNorm (layer, q/k and final norms).")
     attention_bias: bool = Field(False, description="Whether q/k/v/o projections carry a bias.")
 
     @model_validator(mode="after")
@@ -84,23 +84,14 @@ _SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_vl", "qwen3_vl_text")
 def read_metadata_config(text: str, where: str) -> dict[str, Any]:
     """The text-decoder fields a single file states in its header (`__metadata__["config"]`, a
     Hugging Face text config as JSON: h3's synthetic encoder writes one)."""
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{where}: the header's config is not JSON ({exc}); the file is corrupt") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{where}: the header's config is not a JSON object; the file is corrupt")
+    raw = parse_json(text, f"{where}: the header's config", "the file is corrupt", error=CheckpointError, want=dict)
     return text_fields(raw, Path(where))
 
 
 def read_config_json(path: Path) -> dict[str, Any]:
     """The text-decoder fields (our names) that `config.json` at `path` states."""
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}; fix or remove it (h3 then infers the config from shapes)") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path} is not a JSON object; fix or remove it")
+    raw = read_json(path, "the text encoder's config", MAX_CONFIG_BYTES, "fix or remove it (h3 then infers the config from shapes)",
+                    error=CheckpointError, want=dict)
     return text_fields(raw, path)
 
 
@@ -118,8 +109,8 @@ def text_fields(raw: Mapping[str, Any], path: Path) -> dict[str, Any]:
     _check_unsupported(text, path)
     fields = {ours: text[hf] for hf, ours in _HF_FIELDS.items() if text.get(hf) is not None}
     theta = _rope_theta(text)
-    if theta is not None:
-        fields["rope_theta"] = float(theta)
+    if theta is not None:  # (a number as float; anything else is left to the config's validation, one line)
+        fields["rope_theta"] = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else theta
     return fields
 
 

@@ -16,10 +16,12 @@ the first GPU run are checked on the CPU. A problem is one line saying what ran 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from h3core.errors import ConfigError
+from h3core.files.text import read_json
 
 UNFUSED_KERNELS = ("sdpa:math", "h3 math (fp32 softmax)")
 
@@ -75,9 +77,9 @@ def summary_lines(generate: dict[str, Any], linear_bench: dict[str, Any]) -> lis
 
 def _load(path: Path, problems: list[str]) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        problems.append(f"{path.name}: not readable JSON ({type(err).__name__}: {err})")
+        return read_json(path, "the report", 64 << 20, "rerun the check that writes it", want=dict)
+    except ConfigError as err:
+        problems.append(str(err))
         return {}
 
 
