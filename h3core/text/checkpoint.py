@@ -24,11 +24,11 @@ epsilon. A checkpoint without its final norm is truncated: its output layer is i
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from h3core.checkpoints import numbered
 from h3core.errors import CheckpointError
 from h3core.files.paths import path_kind
 from h3core.files.safetensors import FLOAT_DTYPE_NAMES, INDEX_FILE, SafetensorsReader, index_shards
@@ -132,15 +132,19 @@ def identify(reader: SafetensorsReader, where: Path) -> tuple[str, str]:
 
 
 def layer_count(names: Iterable[str], prefix: str, where: Path) -> int:
-    """Number of decoder layers; their indices must run 0..n-1 without a gap."""
-    pattern = re.compile(re.escape(prefix) + r"layers\.(\d+)\.")
-    indices = {int(m.group(1)) for name in names if (m := pattern.match(name))}
+    """Number of decoder layers; their indices must run 0..n-1 without a gap (read as
+    `h3core.checkpoints.numbered` reads them: nothing is sized by a number in a name)."""
+    try:
+        indices = numbered.indices_under(names, f"{prefix}layers.")
+    except numbered.BadIndex as err:
+        raise CheckpointError(f"{where}: {err}; not a Qwen3 checkpoint h3 reads") from None
     if not indices:
         raise CheckpointError(f"{where} has no decoder layers ({prefix}layers.N.*)")
-    missing = sorted(set(range(max(indices) + 1)) - indices)
-    if missing:
-        raise CheckpointError(f"{where} lacks decoder layer {missing[0]} ({prefix}layers.{missing[0]}.*): truncated or mis-merged shards?")
-    return max(indices) + 1
+    count = numbered.contiguous_count(indices)
+    if count is None:
+        gap = numbered.missing(indices, 1)[0]
+        raise CheckpointError(f"{where} lacks decoder layer {gap} ({prefix}layers.{gap}.*): truncated or mis-merged shards?")
+    return count
 
 
 # --- markers ---------------------------------------------------------------------------------------
