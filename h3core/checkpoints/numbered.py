@@ -25,7 +25,7 @@ class BadIndex(ValueError):
     def __init__(self, name: str, under: str):
         part = name[len(under):].split(".")[0]
         shown = part if len(part) <= 12 else f"{part[:12]}... ({len(part)} characters)"
-        super().__init__(f"tensor {name[:80]!r} is not under a numbered {under}<i>. ({shown!r} is not an index from 0 to {10**MAX_INDEX_DIGITS - 1:,})")
+        super().__init__(f"tensor {name[:80]!r} is not numbered as {under}<i>.… ({shown!r} is not an index from 0 to {10**MAX_INDEX_DIGITS - 1:,})")
 
 
 def index_of(name: str, under: str) -> int:

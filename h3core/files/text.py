@@ -45,7 +45,6 @@ MAX_CONFIG_BYTES = 16 << 20
 BOM = "\ufeff"
 """The byte-order mark as a character (what `EF BB BF` decodes to)."""
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _STEPS = str.maketrans({"[": "\x01", "{": "\x01", "]": "\xff", "}": "\xff"})
 _CHUNK = 1 << 20
@@ -95,12 +94,21 @@ def read_json(path: Path | str, what: str, limit: int, hint: str, *, error: type
         raise error(f"cannot read {what} {path}: {why}; {hint}") from None
 
 
+def check_depth(text: str, where: str, hint: str, error: type[H3Error] = ConfigError) -> str:
+    """`text`, when its JSON nests at most `MAX_DEPTH` levels: for a document another parser reads
+    (`tokenizers` reads tokenizer.json), bounded as h3's own reads are; else one `error` line."""
+    if nesting_exceeds(text, MAX_DEPTH):
+        raise error(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; {hint}")
+    return text
+
+
 def nesting_exceeds(text: str, depth: int) -> bool:
     """Whether arrays and objects in the JSON `text` nest deeper than `depth` (brackets inside
     strings do not count). Linear in `len(text)`, with no recursion."""
     if text.count("[") + text.count("{") <= depth:
         return False
-    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    unescaped = text.replace("\\\\", "").replace('\\"', "")  # escaped backslashes, then escaped quotes: none is a string's end
+    brackets = _NOT_BRACKET.sub("", "".join(unescaped.split('"')[::2]))  # what lies outside strings
     if brackets.count("[") + brackets.count("{") <= depth:
         return False
     import numpy as np

@@ -221,6 +221,7 @@ class Checkpoint:
             raise CheckpointError(f"{self.path}: linear {prefix} is {list(stored)}, the model needs {list(shape)}; the file does not match its own config")
         if (slot.bias is not None) != (f"{prefix}.bias" in self.file):
             raise CheckpointError(f"{self.path}: linear {prefix} {'lacks' if slot.bias is not None else 'has'} a bias; not an H3 checkpoint layout h3 knows")
+        self.file.check_headers(prefix, shape)
 
     def load(self, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, skip: tuple[str, ...] = ()) -> H3Model:
         """Build the model and fill it from disk; linears under a `skip` prefix stay empty slots."""

@@ -31,7 +31,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 from pydantic_core import PydanticCustomError
 
 from h3core.errors import CheckpointError
-from h3core.files.text import MAX_CONFIG_BYTES, read_json, read_text
+from h3core.files.text import MAX_CONFIG_BYTES, check_depth, read_json, read_text
 
 SHIPPED_FOLDER = Path(__file__).parent / "h3_tokenizer"
 """H3's tokenizer as h3 ships it: Qwen's vocab.json and merges.txt, and H3's added tokens."""
@@ -120,6 +120,7 @@ def load_tokenizer(folder: Path, name: str) -> QwenTokenizer:
     config = _read_config(folder / CONFIG)
     if files.has_tokenizer_json:
         text = read_text(folder / TOKENIZER_JSON, "the tokenizer", MAX_TOKENIZER_BYTES, _HINT, CheckpointError)
+        check_depth(text, str(folder / TOKENIZER_JSON), _HINT, CheckpointError)
         tokenizer = _built(folder, lambda: _from_tokenizer_json(text))
     else:
         vocab, merges = _read_vocab(folder / VOCAB), _read_merges(folder / MERGES)
