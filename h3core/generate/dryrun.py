@@ -44,6 +44,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from h3core.checkpoints.file import TransformerFile, _classify, open_transformer
+from h3core.errors import ConfigError
 from h3core.files.safetensors import SafetensorsReader, _Entry
 from h3core.generate.report import HeldWeights
 from h3core.generate.request import ResolvedRun
@@ -528,7 +529,11 @@ def plan_memory(preset_name: str, count: int | None, mode: Mode, *, archs: Seque
                 height: int | None = None, frames: int | None = None, text_tokens: int | None = None, cfg_parallel: bool = False,
                 replicas: int = 1, decoded_weights: str = "auto") -> PlanMemory:
     """The dry run of preset `preset_name`'s synthetic layout (the seed's file, tensor for tensor, for `h3`)
-    at `count` ranks for each of `archs`, without building any checkpoint."""
+    at `count` ranks for each of `archs`, without building any checkpoint. An unknown architecture is
+    a ConfigError before anything is computed; one that cannot dry-run here is `skipped`."""
+    unknown = [a for a in archs if a != "cpu" and a not in ARCHS]
+    if unknown:
+        raise ConfigError(f"--arch {unknown[0]}: unknown architecture; choose one of: {', '.join(ARCHS)}, cpu")
     plan = ParallelPlan.for_preset(preset_name, count, mode, width=width, height=height, frames=frames, text_tokens=text_tokens,
                                    cfg_parallel=cfg_parallel, replicas=replicas)
     problems = [p for p in (dry_run_problem(a) for a in archs) if p]
