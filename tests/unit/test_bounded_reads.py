@@ -250,3 +250,19 @@ def test_the_command_refuses_a_deep_prompt_line_in_one_line_and_writes_nothing(c
     code, out, err = run_main(capsys, "generate", "--prompts", str(prompts), "--output", str(tmp_path / "run"))
     assert code == 2 and "JSON nested deeper than 100 levels" in one_line(err) and out == ""
     assert not (tmp_path / "run").exists() and not (tmp_path / "outputs").exists()
+
+
+def test_reports_and_caches_h3_reads_back_are_read_bounded_and_a_bad_one_is_redone(tmp_path, monkeypatch):
+    """What h3 wrote and reads again (a batch prompt's report.json, a folder's index, the fingerprint
+    cache) goes through the same reader: a deep or malformed one is 'not h3's', never a traceback."""
+    from h3core.batch.plan import written_fingerprint
+    from h3core.files import fingerprint
+
+    for text in (DEEP, '{"request_fingerprint": ' + "9" * 5000 + "}", "\ufeff" + '{"request_fingerprint": "abc"}'):
+        (tmp_path / "report.json").write_text(text)
+        assert written_fingerprint(tmp_path) == ("abc" if text.startswith("\ufeff") else None)
+    monkeypatch.setenv("H3_CACHE_DIR", str(tmp_path / "cache"))
+    key = (str(tmp_path / "f"), 1, 2, 3, 4, 5)
+    fingerprint._cache_file(key).parent.mkdir(parents=True)
+    fingerprint._cache_file(key).write_text(DEEP[:60_000])
+    assert fingerprint._cached(key) is None
