@@ -2,10 +2,11 @@
 JSON bounded in depth and in the length of its numbers.
 
 Every text file h3 reads (prompt files, public keys, tokenizer files, merges) goes through
-`read_text` / `decode_text`; every JSON document (safetensors headers, shard indexes, `config.json`,
+`read_text`; every JSON document (safetensors headers, shard indexes, `config.json`,
 `tokenizer_config.json`, `comfy_quant` markers and `_quantization_metadata`, JSONL prompt lines,
 VAE configs, the reports and caches h3 reads back, RunPod's answers) through `read_json` /
-`parse_json`. What a hostile or damaged document can do is then decided here, once:
+`parse_json` (or, for a document another parser reads, `tokenizers`' tokenizer.json, through
+`check_depth`). What a hostile or damaged document can do is then decided here, once:
 
 - a byte-order mark (`EF BB BF`, what Windows editors write) is not text: it is dropped;
 - bytes that are not UTF-8 are one line naming the byte;
@@ -54,14 +55,6 @@ class _Refused(Exception):
     """Why a document is not JSON h3 reads (a phrase: 'not valid JSON (...)'), before it is named."""
 
 
-def decode_text(data: bytes, where: str, hint: str, error: type[H3Error] = ConfigError) -> str:
-    """`data` as text: UTF-8, a leading byte-order mark dropped; else one `error` line naming the byte."""
-    try:
-        return _decode(data)
-    except _Refused as why:
-        raise error(f"{where}: {why}; {hint}") from None
-
-
 def read_text(path: Path | str, what: str, limit: int, hint: str, error: type[ConfigError] = ConfigError) -> str:
     """The text of the regular file `path` (at most `limit` bytes: `read_bounded`), UTF-8 with an
     optional byte-order mark; anything else is one `error` line 'cannot read WHAT PATH: why; HINT'."""
@@ -97,12 +90,12 @@ def read_json(path: Path | str, what: str, limit: int, hint: str, *, error: type
 def check_depth(text: str, where: str, hint: str, error: type[H3Error] = ConfigError) -> str:
     """`text`, when its JSON nests at most `MAX_DEPTH` levels: for a document another parser reads
     (`tokenizers` reads tokenizer.json), bounded as h3's own reads are; else one `error` line."""
-    if nesting_exceeds(text, MAX_DEPTH):
+    if _nesting_exceeds(text, MAX_DEPTH):
         raise error(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; {hint}")
     return text
 
 
-def nesting_exceeds(text: str, depth: int) -> bool:
+def _nesting_exceeds(text: str, depth: int) -> bool:
     """Whether arrays and objects in the JSON `text` nest deeper than `depth` (brackets inside
     strings do not count). Linear in `len(text)`, with no recursion."""
     if text.count("[") + text.count("{") <= depth:
@@ -139,7 +132,7 @@ def _parse(data: bytes | str, limit: int | None, want: type | None) -> Any:
     if limit is not None and size > limit:
         raise _Refused(f"larger than {_size(limit)}")
     text = _decode(data) if isinstance(data, (bytes, bytearray, memoryview)) else data.removeprefix(BOM)
-    if nesting_exceeds(text, MAX_DEPTH):
+    if _nesting_exceeds(text, MAX_DEPTH):
         raise _Refused(f"JSON nested deeper than {MAX_DEPTH} levels")
     try:
         value = json.loads(text, parse_int=_integer, parse_float=_float)
