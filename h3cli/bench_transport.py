@@ -82,7 +82,7 @@ def bench_transport(
     frames: options.Frames = None,
     heads: Annotated[int, typer.Option("--heads", help="Attention heads.")] = 56,
     head_dim: Annotated[int, typer.Option("--head-dim", help="Width of one head.")] = 128,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU).")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (or torch's names: float32, bfloat16, float16); default: bf16 on CUDA, fp32 on CPU.")] = None,
     iters: Annotated[int, typer.Option("--iters", help="Timed iterations (the median is reported).")] = 20,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed iterations first.")] = 3,
     skip_attention: Annotated[bool, typer.Option("--skip-attention", help="Time the transport only (attention at H3 sizes takes minutes on a CPU).")] = False,

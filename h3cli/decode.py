@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from h3cli import options
-from h3cli.output import Output
+from h3cli.output import Output, styled
 from h3core.reports.units import format_bytes
 
 
@@ -43,7 +43,7 @@ def render(report, console: Console) -> None:
         f"A/V drift {p.av_drift_s * 1000:.1f} ms · {format_bytes(p.size_bytes)}",
     )
     if d.problems:
-        table.add_row("[red]contract[/]", "[red]" + "; ".join(d.problems) + "[/]")
+        table.add_row(styled("contract", "red"), styled("; ".join(d.problems), "red"))
     files = [d.files.video, d.files.preview, d.files.decoded, report.report]
     table.add_row("files", "\n".join(f for f in files if f))
     console.print(table)

@@ -106,7 +106,19 @@ def _main(argv: list[str] | None) -> None:
     debug = settings.debug()
     err_console = LiteralConsole(stderr=True)
     try:
-        app(args=argv, prog_name="h3")
+        code = app(args=argv, prog_name="h3", standalone_mode=False)  # (Typer's own errors come here, not boxed)
+    except _PARSE_ERRORS as err:  # Typer's parsing: an unknown option or command, a value of the wrong type or range, a missing argument
+        if type(err).__name__ == "NoArgsIsHelpError":  # `h3` or `h3 pod` alone: the help is printed, as Typer does
+            sys.exit(2)
+        if debug:
+            raise
+        err_console.print(line(styled("error:", "bold red"), " ", _one_line(_usage_line(err))), soft_wrap=True)
+        sys.exit(getattr(err, "exit_code", 2))
+    except typer.Abort:  # end of input at a prompt
+        if debug:
+            raise
+        err_console.print(line(styled("error:", "bold red"), " aborted (end of input)"), soft_wrap=True)
+        sys.exit(1)
     except Interrupted as err:
         if debug:
             raise
@@ -129,6 +141,32 @@ def _main(argv: list[str] | None) -> None:
         err = Interrupted.by(stop, "")
         err_console.print(styled(str(err), "bold red"))
         sys.exit(err.exit_code)
+    if isinstance(code, int) and code:  # `typer.Exit(code)` (out of standalone mode Typer returns its code)
+        sys.exit(code)
+
+
+def _parse_errors() -> tuple[type[Exception], ...]:
+    """What Typer raises for a command line it cannot parse: its own exceptions (Typer 0.2x carries its
+    own copy of click) and click's (earlier Typers use click itself)."""
+    kinds: list[type[Exception]] = [typer.TyperException] if hasattr(typer, "TyperException") else []
+    try:
+        import click
+
+        kinds.append(click.ClickException)
+    except ImportError:
+        pass
+    return tuple(kinds)
+
+
+_PARSE_ERRORS = _parse_errors()
+
+
+def _usage_line(err: Exception) -> str:
+    """Typer's error as h3's one line (never its boxed panel): its message, and where the command's help is."""
+    message = (err.format_message() if hasattr(err, "format_message") else str(err)).strip().rstrip(".")
+    message = message[:1].lower() + message[1:]
+    context = getattr(err, "ctx", None)
+    return f"{message}; see '{context.command_path} -h'" if context is not None else message
 
 
 def _one_line(message: str) -> str:

@@ -27,7 +27,7 @@ Steps = Annotated[Optional[int], typer.Option("--steps", help="Sigma points of t
 Seed = Annotated[int, typer.Option("--seed", help="Noise seed.")]
 DEFAULT_SEED = settings.DEFAULT_SEED
 Device = Annotated[str, typer.Option("--device", help="auto, cpu or cuda (cpu: ranks are Gloo processes).")]
-Dtype = Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU).")]
+Dtype = Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (or torch's names: float32, bfloat16, float16); default: bf16 on CUDA, fp32 on CPU.")]
 Model = Annotated[Optional[Path], typer.Option("--model", help=f"MiniMax-H3 transformer: a Comfy single file (bf16 or NVFP4, full or AdaLN-pruned), the official shards or a diffusers transformer/ folder (detected from the contents). Default: {settings.MODEL_PATH}, else the embedded synthetic one.", show_default=False)]
 TextEncoder = Annotated[Optional[Path], typer.Option("--text-encoder", help=f"Qwen3-VL text encoder (file or folder). Default: {settings.TEXT_ENCODER_PATH}, else synthetic.", show_default=False)]
 DecodedWeights = Annotated[str, typer.Option("--decoded-weights", help="Hold the NVFP4 linears decoded once in bf16 instead of decoding them every forward (Hopper's cuda-dequant-bf16 path; bitwise the same outputs): auto (where they fit beside the run's need), on, off.")]

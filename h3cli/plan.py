@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from h3cli import options
-from h3cli.output import Output
+from h3cli.output import Output, line, styled
+from h3core.errors import ConfigError
 from h3core.parallel.modes import Mode, mode_of
 from h3core.parallel.plan import ParallelPlan
 from h3core.reports.units import format_bytes
@@ -82,6 +83,8 @@ def plan(
     json: options.Json = False,
 ) -> None:
     """Print the rank layout's groups and, per rank of a group, the heads, token interval, clipped segments and (tensor mode) NVFP4 slices."""
+    if not memory and (arch or decoded_weights != "auto"):
+        raise ConfigError(f"{'--arch' if arch else '--decoded-weights'} says what --memory predicts for; add --memory")
     if memory:
         from h3core.generate.dryrun import ARCHS, plan_memory
 
@@ -105,7 +108,7 @@ def _render_memory(found, console: Console) -> None:  # type: ignore[no-untyped-
         console.print(f"decoded weights (Hopper's option, first architecture): {held}: {decoded.count} NVFP4 linears "
                       f"({', '.join(decoded.linears)}), {format_bytes(max(decoded.bytes_per_rank, default=0))} per rank; {decoded.reason}")
     if found.skipped:
-        console.print(f"[red]no dry run here: {found.skipped}[/red]")
+        console.print(line(styled("no dry run here: ", "red"), styled(found.skipped, "red")))
         return
     for run in found.dry_runs:
         table = Table(title=f"predicted GPU memory · {run.arch} · {run.mode} · {run.world_size} rank(s) · dry run of {run.steps_simulated - 1} steps in {run.seconds:.1f} s",

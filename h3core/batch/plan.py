@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from h3core.batch.prompts import PromptEntry, folder_names
 from h3core.batch.report import PromptResult, PromptStatus
 from h3core.errors import ConfigError, H3Error
-from h3core.files.paths import read_bounded
+from h3core.files.text import read_json
 from h3core.generate.report import request_fingerprint
 from h3core.generate.request import GenerateRequest, ResolvedRun, resolve
 
@@ -158,8 +158,8 @@ def _results_in(folder: Path, save_latents: bool, decode: bool = False) -> dict[
 def written_fingerprint(folder: Path) -> str | None:
     """The `request_fingerprint` of the report.json in `folder` (None: none, or none h3 can read)."""
     try:
-        data = json.loads(read_bounded(folder / "report.json", "report", REPORT_LIMIT, "it is redone"))
-    except (ConfigError, ValueError):
+        data = read_json(folder / "report.json", "report", REPORT_LIMIT, "it is redone")
+    except ConfigError:
         return None
     written = data.get("request_fingerprint") if isinstance(data, dict) else None
     return written if isinstance(written, str) else None

@@ -14,14 +14,14 @@ and the line (exit 2), before any rank starts.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from h3core.errors import ConfigError
-from h3core.files.paths import read_bounded
+from h3core.files.text import BOM, parse_json, read_text
+from h3core.generate.prompt import PromptText
 
 MAX_SEED = 2**64 - 1
 MAX_FILE_BYTES = 64 << 20
@@ -34,7 +34,7 @@ class PromptEntry(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     line: int = Field(description="Its line in the file (1-based).")
-    prompt: str = Field(min_length=1)
+    prompt: PromptText
     negative_prompt: str | None = None
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     width: int | None = Field(None, ge=1)
@@ -65,21 +65,15 @@ def read_prompts(path: Path) -> list[PromptEntry]:
 
 
 def _read_lines(path: Path) -> list[str]:
-    data = read_bounded(path, "--prompts", MAX_FILE_BYTES, "give a prompt file (one prompt per line, or JSONL)")
-    try:
-        return data.decode("utf-8").splitlines()
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"--prompts {path}: not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+    """The file's lines: UTF-8, bounded in size, byte-order marks dropped (the file's, by
+    `h3core.files.text`; a line's, left where files were joined with `cat`)."""
+    text = read_text(path, "--prompts", MAX_FILE_BYTES, "give a UTF-8 prompt file (one prompt per line, or JSONL)")
+    return [line.removeprefix(BOM) for line in text.splitlines()]
 
 
 def _json_entry(path: Path, line: int, text: str) -> PromptEntry:
     where = f"--prompts {path}, line {line}"
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{where}: not valid JSON ({err.msg} at column {err.colno}); each line of a JSONL file is one object") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: a JSON {type(data).__name__}, not an object; give e.g. {{\"prompt\": \"a red fox\", \"seed\": 1}}")
+    data = parse_json(text, where, 'each line of a JSONL file is one object, e.g. {"prompt": "a red fox", "seed": 1}', want=dict)
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise ConfigError(f"{where}: unknown field {unknown[0]!r}; a prompt takes {', '.join(FIELDS)}")

@@ -24,7 +24,6 @@ Every read goes through one `SafetensorsReader` (only the bytes asked for, count
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
@@ -36,9 +35,10 @@ from h3core.checkpoints.names import Piece
 from h3core.errors import CheckpointError
 from h3core.files.paths import path_kind
 from h3core.files.safetensors import FLOAT_DTYPE_NAMES, INDEX_FILE, SafetensorsReader, shard_files
+from h3core.files.text import MAX_CONFIG_BYTES, read_json
 from h3core.nvfp4 import comfy, layout
 from h3core.nvfp4.codec import NVFP4Weight
-from h3core.nvfp4.io import check_values, read_linear
+from h3core.nvfp4.io import check_linear_header, check_values, read_linear
 from h3core.nvfp4.kernels import DeviceKernels
 from h3core.nvfp4.layout import ColumnSlice
 from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
@@ -127,9 +127,23 @@ class TransformerFile:
         marker = self.markers.get(prefix)
         return bool(marker and marker.full_precision_matrix_mult)
 
+    def check_headers(self, prefix: str, shape: tuple[int, int]) -> None:
+        """Every stored tensor of linear `prefix` (logical `out x in`) has the dtype and shape its storage
+        implies: its scales, global scale and bias, from the headers, before any weight is read."""
+        storage, stored = self.storage(prefix), self._stored_prefix(prefix)
+        if storage == "nvfp4-comfy":
+            comfy.check_nvfp4_headers(self.reader, stored, *shape)
+        elif storage == "nvfp4-modelopt":
+            check_linear_header(self.reader, stored)
+        elif f"{prefix}.bias" in self and self.shape(f"{prefix}.bias") != (shape[0],):
+            raise CheckpointError(f"{self.path}: {prefix}.bias has shape {list(self.shape(f'{prefix}.bias'))}, the model needs {[shape[0]]}")
+
     def linear_shape(self, prefix: str) -> tuple[int, int]:
         """`(out, in)` of linear `prefix` as stored (a Comfy NVFP4 linear's padded shape)."""
-        out, width = self.shape(f"{prefix}.weight")
+        shape = self.shape(f"{prefix}.weight")
+        if len(shape) != 2:
+            raise CheckpointError(f"{self.path}: {prefix}.weight has shape {list(shape)}; a linear's weight is 2-D (the file is damaged)")
+        out, width = shape
         return (out, width) if self.storage(prefix) == "dense" else (out, layout.unpacked_width(width))
 
     # --- reading ---------------------------------------------------------------------------------------
@@ -255,11 +269,8 @@ def _open_folder(folder: Path) -> TransformerFile:
     files = shard_files(folder, index)
     config = None
     if (folder / DIFFUSERS_CONFIG).is_file():
-        try:
-            config = json.loads((folder / DIFFUSERS_CONFIG).read_text())
-            assert isinstance(config, dict)
-        except (ValueError, AssertionError, OSError):
-            raise CheckpointError(f"{folder / DIFFUSERS_CONFIG} is not a JSON object; download the checkpoint again") from None
+        config = read_json(folder / DIFFUSERS_CONFIG, "the transformer's config", MAX_CONFIG_BYTES, "download the checkpoint again",
+                           error=CheckpointError, want=dict)
     opened = _classify(folder, SafetensorsReader(files), folder=True)
     opened.config_json = config
     return opened
@@ -292,28 +303,24 @@ def _classify(path: Path, reader: SafetensorsReader, folder: bool) -> Transforme
 
 def _markers(reader: SafetensorsReader, stripped: dict[str, str], path: Path) -> dict[str, comfy.ComfyQuant]:
     suffix = f".{comfy.MARKER}"
-    raw = {}
+    markers = comfy.legacy_markers(reader.metadata, str(path))
     for name, stored in stripped.items():
         if name.endswith(suffix):
-            if reader.dtype_name(stored) != "U8" or len(reader.shape(stored)) != 1:
-                raise CheckpointError(f"{path}: {stored} is {reader.dtype_name(stored)} {list(reader.shape(stored))}, a marker is U8 bytes")
-            raw[name.removesuffix(suffix)] = bytes(reader.get(stored).tolist())
-    return comfy.markers_of(raw, reader.metadata, str(path))
+            markers[name.removesuffix(suffix)] = comfy.read_marker(reader, stored, str(path))
+    return markers
 
 
 def _original_pieces(reader: SafetensorsReader, stripped: dict[str, str], interleaved: bool) -> dict[str, list[Piece]]:
     pieces = {}
     for name, stored in stripped.items():
-        if name.endswith(f".{comfy.MARKER}") or name in names.DROPPED:
+        if name.endswith(f".{comfy.MARKER}"):
             continue
-        rows = reader.shape(stored)[0] if reader.shape(stored) else 0
         if interleaved and name.endswith(".attn.qkv_proj.weight"):
-            head_dim = reader.shape(stripped[name.replace("qkv_proj.weight", "q_norm.weight")])[0]
+            head_dim = _head_dim(reader, stripped, name.replace("qkv_proj.weight", "q_norm.weight"))
+            rows = _rows(reader, stored, multiple=3 * head_dim, what=f"3 x the head width {head_dim} (q, k and v per head)")
             pieces[name] = names.interleaved_qkv(stored, rows // (3 * head_dim), head_dim)
         else:
-            pieces[name] = names.whole(stored, rows)
-    if "rope.inv_freq" in stripped:
-        pieces["rope.inv_freq"] = names.whole(stripped["rope.inv_freq"], reader.shape(stripped["rope.inv_freq"])[0])
+            pieces[name] = names.whole(stored, _leading(reader, stored))
     return pieces
 
 
@@ -321,16 +328,48 @@ def _diffusers_pieces(reader: SafetensorsReader, stripped: dict[str, str]) -> di
     pieces: dict[str, list[Piece]] = {}
     for name, stored in stripped.items():
         original = names.from_diffusers(name)
-        rows = reader.shape(stored)[0] if reader.shape(stored) else 0
         if original.endswith(".attn.qkv_proj.weight"):
             if original not in pieces:
                 base = name.rsplit(".to_", 1)[0]
                 sources = tuple(stripped.get(f"{base}.to_{p}.weight", "") for p in "qkv")
                 if not all(sources):
                     raise CheckpointError(f"{reader.paths[0].parent}: {base} lacks one of to_q/to_k/to_v; the checkpoint is incomplete")
-                pieces[original] = names.split_qkv(sources, rows)  # type: ignore[arg-type]
+                shapes = {reader.shape(s) for s in sources}
+                if len(shapes) != 1:
+                    raise CheckpointError(f"{reader.paths[0].parent}: {base}.to_q/to_k/to_v have shapes {[list(reader.shape(s)) for s in sources]}, not one shape; the file is damaged")
+                pieces[original] = names.split_qkv(sources, _rows(reader, sources[0], multiple=1, what="1"))  # type: ignore[arg-type]
         elif original.endswith(".mlp.fc1.weight"):
-            pieces[original] = names.swapped_halves(stored, rows // 2)
+            pieces[original] = names.swapped_halves(stored, _rows(reader, stored, multiple=2, what="2 (its up and gate halves)") // 2)
         else:
-            pieces[original] = names.whole(stored, rows)
+            pieces[original] = names.whole(stored, _leading(reader, stored))
     return pieces
+
+
+# --- the shapes the pieces are cut by: checked before any arithmetic on them ----------------------------
+
+
+def _leading(reader: SafetensorsReader, stored: str) -> int:
+    """Rows (dim 0) of a tensor, 0 for a scalar (read whole, never by rows)."""
+    shape = reader.shape(stored)
+    return shape[0] if shape else 0
+
+
+def _rows(reader: SafetensorsReader, stored: str, *, multiple: int, what: str) -> int:
+    """Rows of a fused linear's weight that is cut into pieces: 2-D, and a positive multiple of `multiple`."""
+    shape = reader.shape(stored)
+    if len(shape) != 2 or not shape[0] or shape[0] % multiple:
+        raise CheckpointError(
+            f"{reader.file_of(stored)}: tensor {stored!r} has shape {list(shape)}; its rows must be a positive multiple of {what} "
+            "(a 2-D weight); the file is damaged or not an H3 checkpoint"
+        )
+    return shape[0]
+
+
+def _head_dim(reader: SafetensorsReader, stripped: dict[str, str], q_norm: str) -> int:
+    """The head width, from the length of a block's q_norm (the official shards interleave qkv by it)."""
+    if q_norm not in stripped:
+        raise CheckpointError(f"{reader.paths[0].parent} has no tensor {q_norm!r}: the official shards' qkv rows are cut by its length; the checkpoint is incomplete")
+    shape = reader.shape(stripped[q_norm])
+    if len(shape) != 1 or not shape[0]:
+        raise CheckpointError(f"{reader.file_of(stripped[q_norm])}: tensor {q_norm!r} has shape {list(shape)}, not the head width (a non-empty 1-D tensor); the file is damaged")
+    return shape[0]

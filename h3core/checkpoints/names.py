@@ -27,8 +27,6 @@ from h3core.span import Span
 COMFY_PREFIX = "model.diffusion_model."
 """Some community single files put every key under this prefix; h3 strips it."""
 
-DROPPED = ("rope.inv_freq",)
-"""Stored in original files but recomputed from the config (h3 checks it against the config)."""
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Mapping
 
+from h3core.checkpoints import numbered
 from h3core.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -90,19 +91,30 @@ def weight_norm_names(tensors: Mapping[str, "torch.Tensor"]) -> dict[str, "torch
     return {PARAMETRIZED.sub(lambda m: ".weight_g" if m.group(1) == "0" else ".weight_v", name): t for name, t in tensors.items()}
 
 
+_DOWNSAMPLER = re.compile(r"^encoder\.block\.[^.]*\.block\.4\.")
+
+
 def config_from_shapes(shapes: Mapping[str, tuple[int, ...]], where: str) -> dict[str, object]:
     """diffusers' `AutoencoderKLMiniMaxH3Audio` config (less the latent statistics) from a file's
     shapes, in either weight form; a structure that is not H3's is a CheckpointError."""
 
     def need(module: str) -> tuple[int, ...]:
+        """A convolution's weight shape: 3-D with no empty dimension (what the config is read from)."""
         shape = weight_of(shapes, module)
         if shape is None:
             raise CheckpointError(f"{where} has no weight for {module}; it is not a whole H3 audio VAE (download it again)")
+        if len(shape) != 3 or not all(shape):
+            raise CheckpointError(f"{where}: the weight of {module} has shape {list(shape)}, not a 1-D convolution's; not an H3 audio VAE")
         return shape
 
-    blocks = sorted({int(m.group(1)) for name in shapes if (m := re.match(r"^encoder\.block\.(\d+)\.block\.4\.", name))})
+    try:  # (no number in a name is trusted: h3core.checkpoints.numbered)
+        blocks = sorted({numbered.index_of(name, "encoder.block.") for name in shapes if _DOWNSAMPLER.match(name)})
+    except numbered.BadIndex as err:
+        raise CheckpointError(f"{where}: {err}; not an H3 audio VAE") from None
+    if blocks != list(range(1, len(blocks) + 1)):
+        raise CheckpointError(f"{where}: the encoder's downsampling blocks are {blocks[:5]}, not 1..n; not an H3 audio VAE")
     rates = tuple(need(f"encoder.block.{i}.block.4")[2] // 2 for i in blocks)
-    if math.prod(rates) != HOP or blocks != list(range(1, len(blocks) + 1)):
+    if math.prod(rates) != HOP:
         raise CheckpointError(f"{where}: the encoder's strides {list(rates)} do not make 800 samples per latent; not an H3 audio VAE")
     ups = tuple(need(f"decoder.ups.{i}.0")[2] for i in range(len(STRUCTURE["decoder_kernel_sizes"])))  # type: ignore[arg-type]
     amp = tuple(need(f"decoder.resblocks.{i}.convs1.0")[2] for i in range(3))

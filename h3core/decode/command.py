@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import Field
 
 from h3core import settings
-from h3core.decode.geometry import LatentGeometry, geometry_of
+from h3core.decode.geometry import LatentGeometry, check_latent_dtype, geometry_of
 from h3core.decode.report import DecodeRunReport
 from h3core.decode.run import Decoders, Phase, no_phase, output_bytes
 from h3core.decode.sources import VaeChoice, choose_vaes
@@ -58,6 +58,8 @@ def read_latents(path: Path) -> tuple[dict, dict[str, str], LatentGeometry]:
                 f"LATENTS {path} has no {' and no '.join(repr(k) for k in missing)} tensor (it has {', '.join(reader.keys()) or 'none'}); "
                 "h3 decode reads 'video' [24, T, H/16, W/16] and 'audio' [2, 32, T_a]"
             )
+        for name in ("video", "audio"):  # before anything is read or converted
+            check_latent_dtype(name, reader.dtype_name(name), f"LATENTS {path}")
         geometry = geometry_of(reader.shape("video"), reader.shape("audio"), f"LATENTS {path}")
         latents = {k: reader.get(k).float() for k in ("video", "audio")}
         return latents, reader.metadata, geometry

@@ -30,6 +30,19 @@ from h3core.media import AUDIO_STEREO, FPS, FRAMES_PER_CHUNK, LATENTS_PER_CHUNK,
 VIDEO_LATENT_CHANNELS = 24
 AUDIO_LATENT_CHANNELS = 32
 
+LATENT_DTYPES = ("F32", "F16", "BF16", "F64")
+"""What a latent may be stored as (safetensors' names): a float of 16 bits or more. Checked before
+anything is converted: cast to float first, an integer or boolean tensor would pass any later check."""
+
+
+def check_latent_dtype(name: str, dtype: str, where: str) -> None:
+    """The `name` latent's stored dtype `dtype` (safetensors' name, e.g. `I64`) is one a latent may be."""
+    if dtype not in LATENT_DTYPES:
+        raise ConfigError(
+            f"{where}: the {name} latent is {dtype}, not a float tensor ({', '.join(LATENT_DTYPES)}); "
+            "give the latents.safetensors of an h3 generate run"
+        )
+
 
 def latent_frames(frames: int) -> int:
     """17n + 5 frames -> 5n + 2 latent frames with n >= 1 (the VAE decodes no 2-frame latent); anything

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
-from h3core.decode.geometry import LatentGeometry, geometry_of
+from h3core.decode.geometry import LatentGeometry, check_latent_dtype, geometry_of
 from h3core.media import FPS, SAMPLE_RATE
 from h3core.decode.memory import AudioDecoderSize, VideoDecoderSize, estimate_decode_memory
 from h3core.decode.report import DecodeFiles, DecodeReport, DecodeTimings, Mp4Probe
@@ -126,6 +126,13 @@ class Decoded:
         return F.pad(audio, (0, wanted - audio.shape[1])) if audio.shape[1] < wanted else audio
 
 
+def _stored_names() -> dict:
+    """safetensors' name of each torch dtype a latent may be (`LATENT_DTYPES`)."""
+    import torch
+
+    return {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+
+
 def check_latents(latents: Mapping[str, "torch.Tensor"], where: str) -> LatentGeometry:
     """The latents are H3's pair (shapes, channel counts, lengths that agree) and finite."""
     import torch
@@ -133,10 +140,9 @@ def check_latents(latents: Mapping[str, "torch.Tensor"], where: str) -> LatentGe
     missing = [k for k in ("video", "audio") if latents.get(k) is None]
     if missing:
         raise ConfigError(f"{where} has no {' and no '.join(repr(k) for k in missing)} latent; it needs 'video' [24, T, H/16, W/16] and 'audio' [2, 32, T_a]")
+    stored = _stored_names()
     for name in ("video", "audio"):
-        tensor = latents[name]
-        if not tensor.is_floating_point():
-            raise ConfigError(f"{where}: the {name} latent is {tensor.dtype}, not a float tensor")
+        check_latent_dtype(name, stored.get(latents[name].dtype, str(latents[name].dtype).removeprefix("torch.")), where)
     geometry = geometry_of(latents["video"].shape, latents["audio"].shape, where)
     for name in ("video", "audio"):
         if not bool(torch.isfinite(latents[name]).all()):

@@ -23,13 +23,13 @@ Key layouts (what the tensor names say):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal
 
 from h3core.errors import CheckpointError
 from h3core.files.paths import path_kind
+from h3core.files.text import MAX_CONFIG_BYTES, read_json
 
 if TYPE_CHECKING:
     import torch
@@ -136,10 +136,9 @@ def _folder(path: Path, role: Role, source: str) -> VaeFiles:
 def _diffusers_weights(folder: Path) -> list[Path]:
     index = folder / DIFFUSERS_INDEX
     if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{index} has no weight_map; download the folder again")
-        return [folder / name for name in dict.fromkeys(weight_map.values())]
+        from h3core.files.safetensors import index_shards
+
+        return index_shards(index)
     if (folder / DIFFUSERS_WEIGHTS).is_file():
         return [folder / DIFFUSERS_WEIGHTS]
     found = sorted(folder.glob("*.safetensors"))
@@ -149,13 +148,7 @@ def _diffusers_weights(folder: Path) -> list[Path]:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path} is not readable JSON ({err}); download it again") from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{path} is not a JSON object; download it again")
-    return value
+    return read_json(path, "the VAE's JSON file", MAX_CONFIG_BYTES, "download it again", error=CheckpointError, want=dict)
 
 
 def _read_headers(files: VaeFiles, source: str) -> None:

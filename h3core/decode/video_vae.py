@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Mapping
 
+from h3core.checkpoints import numbered
 from h3core.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -185,7 +186,7 @@ def config_from_shapes(shapes: Mapping[str, tuple[int, ...]], layout: str, where
     names = shapes if layout == "original" else _original_names(shapes)
     need = _needs(names, where)
     latent = need("post_quant_conv.weight")[0]
-    levels = _count(names, r"^encoder\.down\.(\d+)\.")
+    levels = _count(names, "encoder.down.", where)
     expected_levels = len(STRUCTURE["spatial_downsample_factors"])  # type: ignore[arg-type]
     if levels != expected_levels:
         raise CheckpointError(f"{where}: the encoder has {levels} levels, H3's video VAE has {expected_levels}; not an H3 video VAE")
@@ -201,8 +202,8 @@ def config_from_shapes(shapes: Mapping[str, tuple[int, ...]], layout: str, where
         **STRUCTURE,
         "latent_channels": latent,
         "block_out_channels": tuple(need(f"encoder.down.{i}.block.0.conv1.weight")[0] for i in range(levels)),
-        "layers_per_block": _count(names, r"^encoder\.down\.0\.block\.(\d+)\."),
-        "decoder_num_layers": _count(names, r"^decoder\.transformer_blocks\.(\d+)\."),
+        "layers_per_block": _count(names, "encoder.down.0.block.", where),
+        "decoder_num_layers": _count(names, "decoder.transformer_blocks.", where),
         "decoder_num_attention_heads": dim // HEAD_DIM,
         "decoder_num_register_tokens": need("decoder.register_tokens")[1],
         "decoder_ffn_mult": ff_rows // (2 * dim),
@@ -222,16 +223,27 @@ def _original_names(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[in
 
 def _needs(names: Mapping[str, tuple[int, ...]], where: str):
     def need(name: str) -> tuple[int, ...]:
+        """The shape of `name`: at least 2-D with no empty dimension (what the config is read from)."""
         if name not in names:
             raise CheckpointError(f"{where} has no tensor {name}; it is not a whole H3 video VAE (download it again)")
-        return names[name]
+        shape = names[name]
+        if len(shape) < 2 or not all(shape):
+            raise CheckpointError(f"{where}: tensor {name} has shape {list(shape)}; not an H3 video VAE (download it again)")
+        return shape
 
     return need
 
 
-def _count(names: Mapping[str, object], pattern: str) -> int:
-    found = {int(m.group(1)) for name in names if (m := re.match(pattern, name))}
-    return max(found) + 1 if found else 0
+def _count(names: Mapping[str, object], under: str, where: str) -> int:
+    """How many `<under><i>.…` there are, numbered 0..n-1 (`h3core.checkpoints.numbered`: no number is trusted)."""
+    try:
+        indices = numbered.indices_under(names, under)
+    except numbered.BadIndex as err:
+        raise CheckpointError(f"{where}: {err}; not an H3 video VAE") from None
+    count = numbered.contiguous_count(indices)
+    if count is None:
+        raise CheckpointError(f"{where}: {under}{numbered.missing(indices, 1)[0]}.* is missing; not a whole H3 video VAE (download it again)")
+    return count
 
 
 def _check_downsamplers(names: Mapping[str, object], where: str) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from h3core import settings
 from h3core.errors import ConfigError
 from h3core.files.atomic import write_atomic
-from h3core.files.paths import read_bounded
+from h3core.files.text import read_json
 
 SAMPLES = 64
 BLOCK_BYTES = 64 << 10
@@ -142,8 +142,8 @@ def _cache_file(key: tuple) -> Path:
 def _cached(key: tuple) -> str | None:
     """The id cached for exactly this file state (device, inode, size, times), else None."""
     try:
-        data = json.loads(read_bounded(_cache_file(key), "a fingerprint cache file", 64 << 10, "it is rebuilt"))
-    except (ConfigError, ValueError):
+        data = read_json(_cache_file(key), "a fingerprint cache file", 64 << 10, "it is rebuilt")
+    except ConfigError:
         return None
     if not isinstance(data, dict) or data.get("key") != list(key) or not isinstance(data.get("content"), str):
         return None

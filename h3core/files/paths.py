@@ -1,5 +1,6 @@
 """File-system facts in words: what kind of thing a path names, and why an OSError happened; and
-`read_bounded`, the one way h3 reads a small file a user names.
+`read_bounded`, the one way h3 reads a small file a user names (`h3core.files.text` decodes it as
+text or JSON).
 
 One place for the phrasing every "cannot read/write X" line uses (outputs, checkpoints, caches).
 """
@@ -64,20 +65,20 @@ def free_bytes(folder: Path) -> int:
     return stats.f_bavail * stats.f_frsize
 
 
-def read_bounded(path: Path | str, what: str, limit: int, hint: str) -> bytes:
+def read_bounded(path: Path | str, what: str, limit: int, hint: str, error: type[ConfigError] = ConfigError) -> bytes:
     """The whole content of the regular file `path`, at most `limit` bytes.
 
-    Anything else is one `ConfigError` line, 'cannot read WHAT PATH: <why>; HINT', before a byte
-    is read: a FIFO (which would block), a device (`/dev/zero` never ends), a socket or a folder
-    is refused by what it is, without being opened (opening a device can have effects of its
-    own), and checked again on the opened file (it may have been swapped in between); a file
+    Anything else is one `error` line (a `ConfigError`, or the subclass the caller names),
+    'cannot read WHAT PATH: <why>; HINT', before a byte is read: a FIFO (which would block), a
+    device (`/dev/zero` never ends), a socket or a folder is refused by what it is, without being
+    opened (opening a device can have effects of its own), and checked again on the opened file (it may have been swapped in between); a file
     larger than `limit` is refused by its size, and one that grows past it while being read, at
     `limit` bytes.
     """
     path = Path(path)
 
     def refuse(reason: str) -> ConfigError:
-        return ConfigError(f"cannot read {what} {path}: {reason}; {hint}")
+        return error(f"cannot read {what} {path}: {reason}; {hint}")
 
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):

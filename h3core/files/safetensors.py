@@ -11,7 +11,6 @@ Ranges are anything with `start` and `stop` (h3's `Span`, or a `range`).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import weakref
@@ -25,6 +24,7 @@ from safetensors.torch import save_file
 from h3core.errors import CheckpointError
 from h3core.files.atomic import atomic_file
 from h3core.files.paths import path_kind
+from h3core.files.text import MAX_CONFIG_BYTES, parse_json, read_json
 
 
 class Range(Protocol):
@@ -270,11 +270,11 @@ def read_header(path: Path) -> tuple[dict[str, Any], int, dict[str, str]]:
             length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
             if not 2 <= length <= min(MAX_HEADER_BYTES, size - 8):
                 raise ValueError("the header length is not valid")
-            header = json.loads(f.read(length))
-    except (OSError, ValueError, UnicodeDecodeError) as err:
+            raw = f.read(length)
+    except (OSError, ValueError) as err:
         raise CheckpointError(f"{path} is not a readable safetensors file ({err}); it may be truncated or corrupt: download it again") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: its safetensors header is not a JSON object; the file is corrupt")
+    header = parse_json(raw, f"{path} is not a readable safetensors file (its header)", "the file is corrupt or not safetensors: download it again",
+                        error=CheckpointError, limit=MAX_HEADER_BYTES, want=dict)
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise CheckpointError(f"{path}: its safetensors __metadata__ is not a map of strings; the file is corrupt")
@@ -334,24 +334,30 @@ def shard_files(folder: Path, index_name: str = INDEX_FILE) -> list[Path]:
     """
     index = folder / index_name
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-                raise TypeError("weight_map is not a map of file names")
-        except (ValueError, KeyError, TypeError, OSError) as err:
-            raise CheckpointError(f"{index} is not a valid safetensors index ({err}); download it again") from None
-        files = []
-        for name in dict.fromkeys(weight_map.values()):
-            shard = Path(name)
-            if shard.is_absolute() or ".." in shard.parts or not name:
-                raise CheckpointError(f"{index} points at {name!r}, outside its folder; the index is corrupt or hostile: download it again")
-            if not (folder / shard).is_file():
-                raise CheckpointError(f"{index} names the shard {name}, which is not in {folder}; the download is incomplete")
-            files.append(folder / shard)
-        return files
+        return index_shards(index)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{folder} holds no *.safetensors files; point H3_MODEL_PATH at a checkpoint")
+    return files
+
+
+def index_shards(index: Path) -> list[Path]:
+    """The shard files a safetensors index (`{"weight_map": {tensor name: file name}}`) names, in
+    order of first mention: each a file name inside the index's folder (no absolute path, no `..`)
+    that exists. Every other index is one `CheckpointError` line naming it."""
+    hint = "download it again"
+    data = read_json(index, "the safetensors index", MAX_CONFIG_BYTES, hint, error=CheckpointError, want=dict)
+    weight_map = data.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{index} is not a valid safetensors index (its weight_map is not a map of tensor names to file names); {hint}")
+    folder, files = index.parent, []
+    for name in dict.fromkeys(weight_map.values()):
+        shard = Path(name)
+        if not name or shard.is_absolute() or ".." in shard.parts:
+            raise CheckpointError(f"{index} points at {name!r}, outside its folder; the index is corrupt or hostile: {hint}")
+        if not (folder / shard).is_file():
+            raise CheckpointError(f"{index} names shard {name}, which is not in {folder}; the download is incomplete")
+        files.append(folder / shard)
     return files
 
 

@@ -145,7 +145,7 @@ class RunReport(BaseModel):
     attention: str
     attention_kernel: str  # the kernels every rank ran (per rank where they differ); see ranks[].attention_kernels
     nvfp4_path: str  # the NVFP4 paths every rank ran (per rank where they differ); see ranks[].nvfp4_paths
-    weights: str  # "synthetic", or the checkpoint path and its size
+    weights: str  # "synthetic", or the checkpoint path and the bytes of its weights (`weights_label`)
     checkpoint: str
     config: ModelConfig
     text_encoder: dict
@@ -218,6 +218,15 @@ def per_rank_summary(records: list[dict[str, int]]) -> str:
     return "; ".join(f"rank {rank}: {name}" for rank, name in enumerate(names))
 
 
+def weights_label(run: ResolvedRun) -> str:
+    """`synthetic`, or the checkpoint and the bytes of its weights: its tensors as stored, what the plan
+    counted (never the size of a path's own entry: a folder's is some 4,096 bytes, a file's adds its header)."""
+    if run.synthetic:
+        return SYNTHETIC
+    weights = run.plan.weights
+    return f"{run.checkpoint} ({weights.checkpoint_bytes:,} bytes of weights)" if weights is not None else str(run.checkpoint)
+
+
 def build_report(run: ResolvedRun, outcomes: list[RankReport]) -> RunReport:
     """The run's report from every rank's outcome (rank 0's first: it carries the latents)."""
     req, first = run.request, outcomes[0]
@@ -228,7 +237,7 @@ def build_report(run: ResolvedRun, outcomes: list[RankReport]) -> RunReport:
         dtype=dev.dtype_name(dev.compute_dtype(req.device, req.dtype)), attention=req.attention,
         attention_kernel=per_rank_summary([o.attention_kernels for o in outcomes]),
         nvfp4_path=per_rank_summary([o.nvfp4_paths for o in outcomes]),
-        weights=SYNTHETIC if run.synthetic else f"{run.checkpoint} ({run.checkpoint.stat().st_size:,} bytes)",
+        weights=weights_label(run),
         checkpoint=str(run.checkpoint), config=run.config, text_encoder=first.text_encoder or {},
         prompt=req.prompt, negative_prompt=req.negative_prompt, guidance_scale=req.guidance_scale, seed=req.seed,
         shape=run.shape, schedules=Schedules.of(run.shape), num_tokens=run.plan.num_tokens,

@@ -12,18 +12,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from h3core import settings
 from h3core.errors import ConfigError
 from h3core.generate.memory import MemoryCheck, check_limits, plan_decoded_weights
+from h3core.generate.prompt import PromptText
 from h3core.model.checkpoint import SYNTHETIC, Checkpoint
 from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
 from h3core.nvfp4.selftest import FP4SelfTest
 from h3core.parallel.layout import RankLayout
 from h3core.parallel.modes import Mode
 from h3core.parallel.plan import ParallelPlan
-from h3core.runtime.device import compute_dtype
+from h3core.runtime.device import compute_dtype, dtype_key
 from h3core.settings import UserRequest
 
 DEFAULT_PROMPT = "a red fox running through fresh snow at dawn, wind and crunching footsteps"
@@ -42,7 +44,7 @@ class GenerateRequest(UserRequest):
         "cfg_parallel": "--cfg-parallel", "decoded_weights": "--decoded-weights",
     }
 
-    prompt: str = Field(DEFAULT_PROMPT, description="What to generate.")
+    prompt: PromptText = Field(DEFAULT_PROMPT, description="What to generate (not empty or blank: `h3core.generate.prompt`).")
     negative_prompt: str = Field("", description="Guidance's unconditional prompt (used when guidance_scale != 1).")
     guidance_scale: float = Field(1.0, ge=0, allow_inf_nan=False, description="Classifier-free guidance; 1 runs one forward per step.")
     preset: str | None = Field(None, description="Model preset; default tiny without a checkpoint, h3 with one.")
@@ -58,12 +60,20 @@ class GenerateRequest(UserRequest):
     cfg_parallel: bool = Field(False, description="With guidance: half the ranks run the prompt's sequence, half the negative prompt's; one exchange per step.")
     replicas: int = Field(1, ge=1, description="Independent groups of ranks, each running the whole request (h3core.parallel.layout).")
     device: str = Field("cpu", description="'cpu' or 'cuda' once resolved; as the flags give it (auto, cpu, cuda) until a job or matrix resolves it.")
-    dtype: str | None = Field(None, description="Compute dtype override: fp32, bf16, fp16.")
+    dtype: str | None = Field(None, description="Compute dtype override: fp32, bf16, fp16 (torch's float32, bfloat16, float16 too; kept as h3's name).")
     attention: str = "sdpa"
     model_path: Path | None = None
     text_encoder_path: Path | None = None
     profile: bool = Field(False, description="Split every step's time per rank: attention, NVFP4 linears, each collective, the rest (h3core.generate.profile).")
     decoded_weights: Literal["auto", "on", "off"] = Field("auto", description="Hold the NVFP4 linears decoded once in bf16 (Hopper): auto where they fit (h3core.parallel.decoded).")
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, value: str | None) -> str | None:
+        try:
+            return None if value is None else dtype_key(value)
+        except ValueError as err:
+            raise PydanticCustomError("dtype", str(err)) from None
 
     @property
     def prompts(self) -> list[str]:

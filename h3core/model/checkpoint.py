@@ -27,6 +27,7 @@ from typing import Sequence
 import torch
 from pydantic import ValidationError
 
+from h3core.checkpoints import numbered
 from h3core.checkpoints.file import TransformerFile, open_transformer
 from h3core.errors import CheckpointError
 from h3core.model.config import ModelConfig
@@ -129,17 +130,16 @@ def _exact(file: TransformerFile, total: int, part: int, what: str) -> int:
 
 
 def _count(file: TransformerFile, under: str) -> int:
-    """1 + the largest `i` of `<under><i>.…` (0 when none); a name there that is not numbered is refused."""
-    indices = set()
-    for name in file.keys():
-        if name.startswith(under):
-            index = name[len(under):].split(".")[0]
-            if not index.isdigit():
-                raise CheckpointError(f"{file.path}: tensor {name!r} is not under a numbered block ({under}<i>.…); not an H3 checkpoint")
-            indices.add(int(index))
-    if indices and indices != set(range(max(indices) + 1)):
-        raise CheckpointError(f"{file.path}: blocks {sorted(set(range(max(indices) + 1)) - indices)[:5]} under {under!r} are missing; the file is incomplete")
-    return 1 + max(indices) if indices else 0
+    """How many blocks `<under><i>.…` there are, numbered 0..n-1 without a gap (`h3core.checkpoints.numbered`:
+    a name there that is not numbered, or numbered past any sane count, is refused; nothing is sized by a number)."""
+    try:
+        indices = numbered.indices_under(file.keys(), under)
+    except numbered.BadIndex as err:
+        raise CheckpointError(f"{file.path}: {err}; not an H3 checkpoint") from None
+    count = numbered.contiguous_count(indices)
+    if count is None:
+        raise CheckpointError(f"{file.path}: blocks {numbered.missing(indices)} under {under!r} are missing (the largest is {max(indices):,}); the file is incomplete")
+    return count
 
 
 def _check_rope(file: TransformerFile, config: ModelConfig) -> None:
@@ -223,6 +223,7 @@ class Checkpoint:
             raise CheckpointError(f"{self.path}: linear {prefix} is {list(stored)}, the model needs {list(shape)}; the file does not match its own config")
         if (slot.bias is not None) != (f"{prefix}.bias" in self.file):
             raise CheckpointError(f"{self.path}: linear {prefix} {'lacks' if slot.bias is not None else 'has'} a bias; not an H3 checkpoint layout h3 knows")
+        self.file.check_headers(prefix, shape)
 
     def load(self, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, skip: tuple[str, ...] = (),
              kernels: DeviceKernels | None = None) -> H3Model:

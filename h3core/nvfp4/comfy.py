@@ -17,7 +17,7 @@ a reader can take the scales of a row range (whole row tiles) or a column range 
 tiles of every row tile) without the rest of the tensor (`scale_row_tiles`, `scale_column_tiles`).
 
 Legacy files keep the markers in the safetensors metadata instead (`_quantization_metadata`:
-`{"layers": {prefix: {"format": ...}}}`); `markers_of` reads both.
+`{"layers": {prefix: {"format": ...}}}`); `legacy_markers` reads those, `read_marker` a tensor.
 
 Also here, for a reader that takes whole linears from a `SafetensorsReader` (the text encoder):
 `read_nvfp4_linear` (headers checked, converted, `full_precision_matrix_mult` honoured), the writer
@@ -36,6 +36,7 @@ import torch
 
 from h3core.errors import CheckpointError
 from h3core.files.safetensors import FLOAT_DTYPE_NAMES, SafetensorsReader
+from h3core.files.text import parse_json
 from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import NVFP4Weight
 from h3core.nvfp4.io import check_values
@@ -48,6 +49,9 @@ MARKER = "comfy_quant"
 """The per-linear marker tensor: `<prefix>.comfy_quant`."""
 
 LEGACY_METADATA = "_quantization_metadata"
+
+MAX_MARKER_BYTES = 64 << 10
+"""The largest `comfy_quant` marker read: ComfyUI's are some 30-60 bytes of JSON."""
 
 NVFP4 = "nvfp4"
 INT8_TENSORWISE = "int8_tensorwise"
@@ -68,12 +72,24 @@ class ComfyQuant:
     """int8_tensorwise only: rows Hadamard-rotated in groups (ConvRot); h3 does not undo it."""
 
 
+def read_marker(reader: SafetensorsReader, name: str, where: str) -> ComfyQuant:
+    """The marker tensor `name` of `reader`: checked to be U8 bytes of at most `MAX_MARKER_BYTES`
+    before it is read, then parsed (`where` names the file in messages)."""
+    dtype, shape = reader.dtype_name(name), reader.shape(name)
+    if dtype != "U8" or len(shape) != 1:
+        raise CheckpointError(f"{where}: {name} is {dtype} {list(shape)}, a marker is U8 bytes; the file is corrupt")
+    if shape[0] > MAX_MARKER_BYTES:
+        raise CheckpointError(f"{where}: {name} holds {shape[0]:,} bytes, a marker at most {MAX_MARKER_BYTES:,}; the file is corrupt")
+    return parse_marker(reader.get(name).numpy().tobytes(), f"{where}: {name}")
+
+
 def parse_marker(raw: bytes, where: str) -> ComfyQuant:
     """A marker's JSON (`where` names the tensor in messages): a format string, an optional bool."""
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise CheckpointError(f"{where} is not a JSON quantization marker ({raw[:40]!r}); the file is corrupt") from None
+    data = parse_json(raw, f"{where} is not a JSON quantization marker", "the file is corrupt", error=CheckpointError, limit=MAX_MARKER_BYTES)
+    return _marker(data, where)
+
+
+def _marker(data: object, where: str) -> ComfyQuant:
     if not isinstance(data, dict) or not isinstance(data.get("format"), str):
         raise CheckpointError(f"{where} has no quantization format ({str(data)[:80]}); the file is corrupt")
     flags = {name: data.get(name, False) for name in ("full_precision_matrix_mult", "convrot")}
@@ -83,21 +99,18 @@ def parse_marker(raw: bytes, where: str) -> ComfyQuant:
     return ComfyQuant(data["format"], **flags)
 
 
-def markers_of(marker_bytes: Mapping[str, bytes], metadata: Mapping[str, str], source: str) -> dict[str, ComfyQuant]:
-    """Every linear's marker: `<prefix>.comfy_quant` tensors (given as raw bytes by prefix) and the
-    legacy metadata table (a tensor marker wins)."""
+def legacy_markers(metadata: Mapping[str, str], source: str) -> dict[str, ComfyQuant]:
+    """The markers an older file keeps in its header's `_quantization_metadata` table, by linear
+    (a `<prefix>.comfy_quant` tensor, `read_marker`, wins over its entry here)."""
     markers: dict[str, ComfyQuant] = {}
     legacy = metadata.get(LEGACY_METADATA)
     if legacy is not None:
-        try:
-            layers = json.loads(legacy)["layers"]
-            assert isinstance(layers, dict)
-        except (ValueError, KeyError, TypeError, AssertionError):
-            raise CheckpointError(f"{source}: its {LEGACY_METADATA} metadata is not {{\"layers\": {{...}}}}; the file is corrupt") from None
+        table = parse_json(legacy, f"{source}: its {LEGACY_METADATA} metadata", "the file is corrupt", error=CheckpointError, want=dict)
+        layers = table.get("layers")
+        if not isinstance(layers, dict):
+            raise CheckpointError(f"{source}: its {LEGACY_METADATA} metadata is not {{\"layers\": {{...}}}}; the file is corrupt")
         for prefix, conf in layers.items():
-            markers[prefix] = parse_marker(json.dumps(conf).encode(), f"{source}: {LEGACY_METADATA}[{prefix!r}]")
-    for prefix, raw in marker_bytes.items():
-        markers[prefix] = parse_marker(raw, f"{source}: {prefix}.{MARKER}")
+            markers[prefix] = _marker(conf, f"{source}: {LEGACY_METADATA}[{prefix!r}]")
     return markers
 
 

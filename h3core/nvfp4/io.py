@@ -56,7 +56,7 @@ def read_linear(
     """
     if rows is not None and columns is not None:
         raise ValueError("read_linear takes rows (column-parallel) or columns (row-parallel), not both")
-    out_features, in_features = _check_linear_header(reader, prefix)
+    out_features, in_features = check_linear_header(reader, prefix)
     try:
         if rows is not None:
             check_rows(rows, out_features)
@@ -104,7 +104,7 @@ def _read_optional(
     return reader.get(name)
 
 
-def _check_linear_header(reader: SafetensorsReader, prefix: str) -> tuple[int, int]:
+def check_linear_header(reader: SafetensorsReader, prefix: str) -> tuple[int, int]:
     """(out, in) of linear `prefix`, after checking every tensor's dtype and shape from the headers."""
     weight_name = f"{prefix}.{WEIGHT}"
     shape = reader.shape(weight_name)

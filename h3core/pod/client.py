@@ -38,6 +38,7 @@ import urllib3
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from h3core.errors import ConfigError, Interrupted, RemoteAPIError
+from h3core.files.text import parse_json
 from h3core.settings import env_str
 from h3core.pod.deadline import MAX_ANSWER_BYTES, AnswerTooLarge, BoundedAdapter, Deadline, DeadlinePassed
 from h3core.pod.models import Cloud, CreatePodRequest, GpuType, NetworkVolume, Pod
@@ -416,13 +417,12 @@ class RunPodClient:
     # --- answers and errors ----------------------------------------------------------------------
 
     def _json(self, response: requests.Response, what: str) -> Any:
+        """The answer's JSON, read as h3 reads any JSON (`h3core.files.text`: bounded in depth and numbers)."""
         try:
-            return response.json()
-        except ValueError:
-            raise RemoteAPIError(self._redact(
-                f"RunPod {what}: HTTP {response.status_code} with a body that is not JSON; "
-                f"is {BASE_URL_VAR} ({self.base_url}) RunPod's API?"
-            )) from None
+            return parse_json(response.content, f"RunPod {what}: HTTP {response.status_code} with a body that is not JSON h3 reads",
+                              f"is {BASE_URL_VAR} ({self.base_url}) RunPod's API?", error=RemoteAPIError)
+        except RemoteAPIError as err:
+            raise RemoteAPIError(self._redact(str(err))) from None
 
     def _parse(self, model: type[Model], data: Any, what: str) -> Model:
         try:
@@ -437,8 +437,8 @@ class RunPodClient:
     def _problem_text(self, response: requests.Response) -> str:
         """'HTTP 404 Not Found: pod not found (errors: ...)' from an RFC 9457 body, or the status line."""
         try:
-            problem = response.json()
-        except ValueError:
+            problem = parse_json(response.content, "the error body", "", error=RemoteAPIError)
+        except RemoteAPIError:
             problem = None
         if not isinstance(problem, dict):
             return f"HTTP {response.status_code} {response.reason or ''}".strip()

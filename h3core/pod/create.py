@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from h3core.errors import ConfigError, RemoteAPIError
-from h3core.files.paths import read_bounded
+from h3core.files.text import read_text
 from h3core.pod.catalog import (
     DEFAULT_COUNT,
     DEFAULT_GPU_TYPE,
@@ -100,11 +100,7 @@ class CreateOptions(UserRequest):
 def read_public_key(path: pathlib.Path) -> str:
     """The OpenSSH public key(s) in `path`, checked; a private key or unreadable file is a `ConfigError`."""
     hint = "pass a readable .pub file, e.g. ~/.ssh/id_ed25519.pub"
-    data = read_bounded(path, "--ssh-public-key", _MAX_KEY_BYTES, hint)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"cannot read --ssh-public-key {path}: not UTF-8 text; {hint}") from None
+    text = read_text(path, "--ssh-public-key", _MAX_KEY_BYTES, hint)
     if "PRIVATE KEY" in text:
         raise ConfigError(f"--ssh-public-key {path} is a PRIVATE key; pass the matching public key ({path}.pub)")
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import secrets
 import shutil
@@ -39,7 +38,8 @@ from pathlib import Path
 
 from h3core.errors import ConfigError, H3Error, Interrupted, NoRoom, OutputError
 from h3core.files.atomic import write_atomic
-from h3core.files.paths import free_bytes, os_error_reason, path_kind, read_bounded
+from h3core.files.paths import free_bytes, os_error_reason, path_kind
+from h3core.files.text import read_json
 from h3core.reports.units import format_bytes
 
 REPORT_FILES = ("report.json", "matrix.json", "verify.json", "batch.json")
@@ -378,8 +378,8 @@ class ResultsFolder:
     def read_index(self, limit: int = 64 << 20) -> object:
         """The index file's JSON (None when absent or not JSON h3 can read)."""
         try:
-            return json.loads(read_bounded(self.path / self.index, self.flag, limit, "it is not a folder h3 wrote"))
-        except (ConfigError, ValueError):
+            return read_json(self.path / self.index, self.flag, limit, "it is not a folder h3 wrote")
+        except ConfigError:
             return None
 
     def clear(self) -> None:

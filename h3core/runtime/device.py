@@ -40,6 +40,18 @@ if TYPE_CHECKING:
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("fp32", "bf16", "fp16")
+DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
+               "fp16": "fp16", "float16": "fp16", "half": "fp16"}
+"""Every spelling of a compute dtype h3 takes: its own (`DTYPES`) and torch's (`torch.float32` less the prefix)."""
+DTYPE_CHOICES = "fp32 (float32), bf16 (bfloat16) or fp16 (float16)"
+
+
+def dtype_key(name: str) -> str:
+    """h3's name of the dtype `name` spells (`float32` -> `fp32`; case and spaces aside); ValueError for any other."""
+    key = DTYPE_NAMES.get(name.strip().lower().removeprefix("torch."))
+    if key is None:
+        raise ValueError(f"is not a dtype h3 computes in; choose {DTYPE_CHOICES}")
+    return key
 
 
 def visible_gpu_count() -> int:
@@ -82,10 +94,10 @@ def compute_dtype(device_type: str, override: str | None = None) -> "torch.dtype
     by_name = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if override is None:
         return torch.bfloat16 if device_type == "cuda" else torch.float32
-    key = override.strip().lower()
-    if key not in by_name:
-        raise ConfigError(f"unknown dtype {override!r}; choose one of: {', '.join(DTYPES)}")
-    return by_name[key]
+    try:
+        return by_name[dtype_key(override)]
+    except ValueError as err:
+        raise ConfigError(f"--dtype {override!r}: {err}") from None
 
 
 def dtype_name(dtype: "torch.dtype") -> str:

@@ -24,14 +24,14 @@ epsilon. A checkpoint without its final norm is truncated: its output layer is i
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from h3core.checkpoints import numbered
 from h3core.errors import CheckpointError
 from h3core.files.paths import path_kind
-from h3core.files.safetensors import FLOAT_DTYPE_NAMES, INDEX_FILE, SafetensorsReader
+from h3core.files.safetensors import FLOAT_DTYPE_NAMES, INDEX_FILE, SafetensorsReader, index_shards
 from h3core.nvfp4 import comfy, layout
 from h3core.text.config import (
     QWEN3_RMS_NORM_EPS,
@@ -112,14 +112,7 @@ def _shards(folder: Path) -> list[Path]:
     """The shards `model.safetensors.index.json` names (each must exist), else every `*.safetensors`."""
     index = folder / INDEX_FILE
     if index.is_file():
-        try:
-            names = dict.fromkeys(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise CheckpointError(f"{index} is not a safetensors index ({err}); download it again") from None
-        missing = [n for n in names if not (folder / n).is_file()]
-        if missing:
-            raise CheckpointError(f"{index} names shard {missing[0]}, which is not in {folder}: the download is incomplete")
-        return [folder / n for n in names]
+        return index_shards(index)
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         raise CheckpointError(f"text encoder folder {folder} holds no .safetensors file")
@@ -158,15 +151,19 @@ def vision_prefix(reader: SafetensorsReader, kind: str) -> str | None:
 
 
 def layer_count(names: Iterable[str], prefix: str, where: Path) -> int:
-    """Number of decoder layers; their indices must run 0..n-1 without a gap."""
-    pattern = re.compile(re.escape(prefix) + r"layers\.(\d+)\.")
-    indices = {int(m.group(1)) for name in names if (m := pattern.match(name))}
+    """Number of decoder layers; their indices must run 0..n-1 without a gap (read as
+    `h3core.checkpoints.numbered` reads them: nothing is sized by a number in a name)."""
+    try:
+        indices = numbered.indices_under(names, f"{prefix}layers.")
+    except numbered.BadIndex as err:
+        raise CheckpointError(f"{where}: {err}; not a Qwen3 checkpoint h3 reads") from None
     if not indices:
         raise CheckpointError(f"{where} has no decoder layers ({prefix}layers.N.*)")
-    missing = sorted(set(range(max(indices) + 1)) - indices)
-    if missing:
-        raise CheckpointError(f"{where} lacks decoder layer {missing[0]} ({prefix}layers.{missing[0]}.*): truncated or mis-merged shards?")
-    return max(indices) + 1
+    count = numbered.contiguous_count(indices)
+    if count is None:
+        gap = numbered.missing(indices, 1)[0]
+        raise CheckpointError(f"{where} lacks decoder layer {gap} ({prefix}layers.{gap}.*): truncated or mis-merged shards?")
+    return count
 
 
 # --- markers ---------------------------------------------------------------------------------------
@@ -178,7 +175,7 @@ class Markers:
 
     def __init__(self, reader: SafetensorsReader):
         self.reader = reader
-        self.from_metadata = comfy.markers_of({}, reader.metadata, str(reader.paths[0]))
+        self.from_metadata = comfy.legacy_markers(reader.metadata, str(reader.paths[0]))
         self._parsed: dict[str, comfy.ComfyQuant | None] = {}
 
     def __call__(self, module: str) -> comfy.ComfyQuant | None:
@@ -188,9 +185,7 @@ class Markers:
 
     def _read(self, module: str) -> comfy.ComfyQuant:
         name = f"{module}.{comfy.MARKER}"
-        if self.reader.dtype_name(name) != "U8" or len(self.reader.shape(name)) != 1:
-            raise CheckpointError(f"{name} in {self.reader.file_of(name)} is {self.reader.dtype_name(name)} {list(self.reader.shape(name))}, a marker is U8 bytes")
-        return comfy.parse_marker(self.reader.get(name).numpy().tobytes(), name)
+        return comfy.read_marker(self.reader, name, str(self.reader.file_of(name)))
 
 
 def linear_kind(reader: SafetensorsReader, markers: Markers, linear: str) -> str:

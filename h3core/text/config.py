@@ -18,7 +18,6 @@ fields come from the same file and from the tower's tensor shapes (`vision_check
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Mapping
@@ -26,6 +25,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from h3core.errors import CheckpointError
+from h3core.files.text import MAX_CONFIG_BYTES, parse_json, read_json
 
 QWEN3_ROPE_THETA = 1_000_000.0
 """RoPE base of every Qwen3 text model; used when a checkpoint has no config.json."""
@@ -56,8 +56,8 @@ class Qwen3TextConfig(BaseModel):
     num_kv_heads: int = Field(gt=0, description="Key/value heads (GQA: each serves num_heads/num_kv_heads queries).")
     head_dim: int = Field(gt=0, description="Width of one head; even (RoPE rotates pairs).")
     intermediate_size: int = Field(gt=0, description="SwiGLU width: gate_proj and up_proj are [intermediate, hidden].")
-    rope_theta: float = Field(gt=0, description="RoPE base.")
-    rms_norm_eps: float = Field(gt=0, description="Epsilon of every RMSNorm (layer, q/k and final norms).")
+    rope_theta: float = Field(gt=0, allow_inf_nan=False, description="RoPE base.")
+    rms_norm_eps: float = Field(gt=0, allow_inf_nan=False, description="Epsilon of every RMSNorm (layer, q/k and final norms).")
     attention_bias: bool = Field(False, description="Whether q/k/v/o projections carry a bias.")
     mrope_section: tuple[int, int, int] | None = Field(
         None,
@@ -158,14 +158,8 @@ def read_metadata_config(text: str, where: str) -> dict[str, Any]:
 
 
 def raw_metadata_config(text: str, where: str) -> dict[str, Any]:
-    """A single file's header config, parsed."""
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{where}: the header's config is not JSON ({exc}); the file is corrupt") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{where}: the header's config is not a JSON object; the file is corrupt")
-    return raw
+    """A single file's header config, parsed (bounded: h3core.files.text)."""
+    return parse_json(text, f"{where}: the header's config", "the file is corrupt", error=CheckpointError, want=dict)
 
 
 def read_config_json(path: Path) -> dict[str, Any]:
@@ -174,14 +168,9 @@ def read_config_json(path: Path) -> dict[str, Any]:
 
 
 def raw_config_json(path: Path) -> dict[str, Any]:
-    """`config.json` at `path`, parsed."""
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}; fix or remove it (h3 then infers the config from shapes)") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path} is not a JSON object; fix or remove it")
-    return raw
+    """`config.json` at `path`, parsed (bounded: h3core.files.text)."""
+    return read_json(path, "the text encoder's config", MAX_CONFIG_BYTES, "fix or remove it (h3 then infers the config from shapes)",
+                     error=CheckpointError, want=dict)
 
 
 def text_fields(raw: Mapping[str, Any], path: Path) -> dict[str, Any]:
@@ -198,8 +187,8 @@ def text_fields(raw: Mapping[str, Any], path: Path) -> dict[str, Any]:
     _check_unsupported(text, path)
     fields = {ours: text[hf] for hf, ours in _HF_FIELDS.items() if text.get(hf) is not None}
     theta = _rope_theta(text)
-    if theta is not None:
-        fields["rope_theta"] = float(theta)
+    if theta is not None:  # (a number as float; anything else is left to the config's validation, one line)
+        fields["rope_theta"] = _number(theta)
     rope = _rope_parameters(text)
     if rope.get("mrope_section") is not None:
         fields["mrope_section"] = tuple(rope["mrope_section"])
@@ -224,7 +213,7 @@ def vision_fields(raw: Mapping[str, Any], path: Path) -> dict[str, Any]:
     rope = vision.get("rope_parameters") or {}
     theta = rope.get("rope_theta", vision.get("rope_theta")) if isinstance(rope, Mapping) else vision.get("rope_theta")
     if theta is not None:
-        fields["rope_theta"] = float(theta)
+        fields["rope_theta"] = _number(theta)
     return fields
 
 
@@ -275,3 +264,8 @@ def merge_config(
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
         raise CheckpointError(f"text encoder config ({stated_in}) is not a valid Qwen3 decoder: {problems}") from None
+
+
+def _number(value: Any) -> Any:
+    """A JSON number as float; anything else as it is, for the config's validation to refuse in one line."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value

@@ -23,7 +23,6 @@ holds pixel values and grids equal to transformers' processor on several sizes.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,6 +33,7 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from h3core.errors import CheckpointError, KeyframeError
+from h3core.files.text import MAX_CONFIG_BYTES, read_json
 
 CONFIG_FILE = "preprocessor_config.json"
 
@@ -77,13 +77,8 @@ def read_processor_config(folders: Sequence[Path]) -> ImageProcessorConfig:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"cannot read {path}: {err}; fix it or take the model's own copy") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path} is not a JSON object; take the model's own copy")
-    return raw
+    return read_json(path, "the image processor's config", MAX_CONFIG_BYTES, "fix it or take the model's own copy",
+                     error=CheckpointError, want=dict)
 
 
 def _parse(raw: dict[str, Any], path: Path) -> ImageProcessorConfig:

@@ -22,13 +22,16 @@ the ids equal to transformers' tokenizer on prompts with dialogue markers and no
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+from pydantic_core import PydanticCustomError
 
 from h3core.errors import CheckpointError
+from h3core.files.text import MAX_CONFIG_BYTES, check_depth, read_json, read_text
 
 SHIPPED_FOLDER = Path(__file__).parent / "h3_tokenizer"
 """H3's tokenizer as h3 ships it: Qwen's vocab.json and merges.txt, and H3's added tokens."""
@@ -36,6 +39,9 @@ SHIPPED_FOLDER = Path(__file__).parent / "h3_tokenizer"
 SHIPPED_NAME = "h3 (shipped: Qwen3-VL vocabulary + H3 tokens)"
 
 TOKENIZER_JSON, VOCAB, MERGES, CONFIG = "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"
+
+MAX_TOKENIZER_BYTES = 64 << 20
+"""The largest tokenizer.json, vocab.json or merges.txt read (Qwen's are 11, 2.7 and 1.6 MB)."""
 
 TOKENIZER_FOLDER = "tokenizer"
 """The sibling folder the official layout keeps the tokenizer in (`FL2VA/tokenizer/`)."""
@@ -110,28 +116,68 @@ def folder_tokenizer(candidates: list[Path], where: Path) -> QwenTokenizer:
 
 @lru_cache(maxsize=8)
 def load_tokenizer(folder: Path, name: str) -> QwenTokenizer:
-    """The tokenizer in `folder` with the added tokens its `tokenizer_config.json` declares."""
+    """The tokenizer in `folder` with the added tokens its `tokenizer_config.json` declares.
+
+    Every file is read as h3 reads text and JSON (`h3core.files.text`: UTF-8 with a byte-order mark
+    dropped, bounded in size; JSON in depth too) and handed to `tokenizers` as data."""
     files = TokenizerFiles(folder)
-    try:
-        tokenizer = _from_tokenizer_json(folder) if files.has_tokenizer_json else _from_vocab_and_merges(folder)
-    except Exception as exc:  # the Rust side raises bare Exceptions on malformed files
-        raise CheckpointError(f"cannot read the tokenizer in {folder}: {' '.join(str(exc).split())}") from None
-    _add_configured_tokens(tokenizer, _read_config(folder / CONFIG), folder)
+    config = _read_config(folder / CONFIG)
+    if files.has_tokenizer_json:
+        text = read_text(folder / TOKENIZER_JSON, "the tokenizer", MAX_TOKENIZER_BYTES, _HINT, CheckpointError)
+        check_depth(text, str(folder / TOKENIZER_JSON), _HINT, CheckpointError)
+        tokenizer = _built(folder, lambda: _from_tokenizer_json(text))
+    else:
+        vocab, merges = _read_vocab(folder / VOCAB), _read_merges(folder / MERGES)
+        tokenizer = _built(folder, lambda: _from_vocab_and_merges(vocab, merges))
+    _add_configured_tokens(tokenizer, config, folder)
     return QwenTokenizer(tokenizer, name)
 
 
-def _from_tokenizer_json(folder: Path) -> Any:
+_HINT = "take the model's own tokenizer files"
+
+
+def _built(folder: Path, build: Any) -> Any:
+    try:
+        return build()
+    except Exception as exc:  # the Rust side raises bare Exceptions on malformed files
+        raise CheckpointError(f"cannot read the tokenizer in {folder}: {' '.join(str(exc).split())}") from None
+
+
+def _from_tokenizer_json(text: str) -> Any:
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(folder / TOKENIZER_JSON))
+    return Tokenizer.from_str(text)
 
 
-def _from_vocab_and_merges(folder: Path) -> Any:
+def _read_vocab(path: Path) -> dict[str, int]:
+    """vocab.json: a JSON object of token -> id (ids non-negative integers)."""
+    vocab = read_json(path, "the tokenizer's vocabulary", MAX_TOKENIZER_BYTES, _HINT, error=CheckpointError, want=dict)
+    bad = next((k for k, v in vocab.items() if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**32), None)
+    if bad is not None:
+        raise CheckpointError(f"{path}: token {bad!r} has the id {vocab[bad]!r}, not an integer from 0 to 2^32 - 1; {_HINT}")
+    return vocab
+
+
+def _read_merges(path: Path) -> list[tuple[str, str]]:
+    """merges.txt: after an optional `#version` line, one merge per line, two tokens split by a space
+    (the rule `tokenizers` reads it by)."""
+    merges = []
+    for number, line in enumerate(read_text(path, "the tokenizer's merges", MAX_TOKENIZER_BYTES, _HINT, CheckpointError).splitlines(), 1):
+        if line.startswith("#version"):
+            continue
+        pair = line.split(" ")
+        if len(pair) != 2:
+            raise CheckpointError(f"{path}, line {number}: {line[:40]!r} is not two tokens split by one space; {_HINT}")
+        merges.append((pair[0], pair[1]))
+    return merges
+
+
+def _from_vocab_and_merges(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Any:
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
 
-    bpe = BPE.from_file(
-        str(folder / VOCAB), str(folder / MERGES), unk_token=None, continuing_subword_prefix="",
+    bpe = BPE(
+        vocab=vocab, merges=merges, unk_token=None, continuing_subword_prefix="",
         end_of_word_suffix="", fuse_unk=False, byte_fallback=False,
     )
     tokenizer = Tokenizer(bpe)
@@ -144,29 +190,69 @@ def _from_vocab_and_merges(folder: Path) -> Any:
     return tokenizer
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+class AddedTokenSpec(BaseModel):
+    """One added token as `tokenizer_config.json` states it (transformers' `AddedToken` fields)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    content: StrictStr = Field(min_length=1, description="The token's text, matched whole.")
+    special: StrictBool = Field(False, description="A special token (never split, skipped when decoding with skip_special_tokens).")
+    single_word: StrictBool | None = None
+    lstrip: StrictBool | None = None
+    rstrip: StrictBool | None = None
+    normalized: StrictBool | None = None
+
+    def flags(self) -> dict[str, bool]:
+        """The matching flags the config states (those it leaves out keep `tokenizers`' defaults)."""
+        given = {"single_word": self.single_word, "lstrip": self.lstrip, "rstrip": self.rstrip, "normalized": self.normalized}
+        return {k: v for k, v in given.items() if v is not None}
+
+
+def _token_id(key: str) -> str:
+    if not (key.isascii() and key.isdigit() and len(key) <= 10 and int(key) < 2**32):
+        raise PydanticCustomError("token_id", "is not a token id (an integer from 0 to 2^32 - 1)")
+    return key
+
+
+TokenId = Annotated[str, AfterValidator(_token_id)]
+"""An id as a JSON key: a non-negative integer in decimal below 2^32 (what `tokenizers` takes)."""
+
+
+class TokenizerConfig(BaseModel):
+    """What h3 reads of `tokenizer_config.json`: the added tokens (other fields are transformers' own)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    added_tokens_decoder: dict[TokenId, AddedTokenSpec] = Field(default_factory=dict, description="Tokens at their stated ids.")
+    additional_special_tokens: list[StrictStr | AddedTokenSpec] = Field(default_factory=list, description="Special tokens appended after the known ids, in order.")
+
+
+def _read_config(path: Path) -> TokenizerConfig:
+    """`tokenizer_config.json` (absent: no added tokens), validated: a malformed one is one line naming
+    the file and the first field that is wrong."""
     if not path.is_file():
-        return {}
+        return TokenizerConfig()
+    raw = read_json(path, "the tokenizer config", MAX_CONFIG_BYTES, _HINT, error=CheckpointError, want=dict)
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}; fix it or take the model's own copy") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path} is not a JSON object; take the model's own copy")
-    return config
+        return TokenizerConfig.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"] if p not in ("[key]", "str", "AddedTokenSpec"))  # (pydantic's tags)
+        raise CheckpointError(f"{path}: {where}: {first['msg'][0].lower() + first['msg'][1:]} (got {_shown(first.get('input'))}); {_HINT}") from None
 
 
-def _add_configured_tokens(tokenizer: Any, config: dict[str, Any], folder: Path) -> None:
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _add_configured_tokens(tokenizer: Any, config: TokenizerConfig, folder: Path) -> None:
     """`added_tokens_decoder` at their stated ids, then `additional_special_tokens` not yet known
     appended in order (transformers' rule), each matched whole."""
     from tokenizers import AddedToken
 
-    decoder = config.get("added_tokens_decoder", {})
-    for token_id, spec in sorted(decoder.items(), key=lambda item: int(item[0])):
-        flags = {k: spec[k] for k in ("single_word", "lstrip", "rstrip", "normalized") if k in spec}
-        added = AddedToken(spec["content"], special=bool(spec.get("special", False)), **flags)
-        _add(tokenizer, added, int(token_id), folder)
-    for content in config.get("additional_special_tokens", []):
+    for token_id, spec in sorted(config.added_tokens_decoder.items(), key=lambda item: int(item[0])):
+        _add(tokenizer, AddedToken(spec.content, special=spec.special, **spec.flags()), int(token_id), folder)
+    for token in config.additional_special_tokens:
+        content = token if isinstance(token, str) else token.content
         if tokenizer.token_to_id(content) is None:
             _add(tokenizer, AddedToken(content, special=True, normalized=False), None, folder)
 

@@ -18,10 +18,12 @@ torch (when called). A problem is one line saying what ran and what should have:
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from h3core.errors import ConfigError
+from h3core.files.text import read_json
 
 UNFUSED_KERNELS = ("sdpa:math", "h3 math (fp32 softmax)")
 
@@ -54,9 +56,10 @@ def sdpa_rule_for_report(report_path: str | Path) -> str:
     dtype, head width and packed length): what `generate_problems` checks each rank's kernels against."""
     import torch
 
+    from h3core.files.text import read_json
     from h3core.model.attention.sdpa_rule import sdpa_choice_here
 
-    report = json.loads(Path(report_path).read_text())
+    report = read_json(report_path, "the report", 64 << 20, "give the report of an h3 generate --json run", want=dict)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     choice = sdpa_choice_here(dtypes[report["dtype"]], report["config"]["head_dim"], report["num_tokens"])
     return json.dumps({"allowed": list(choice.kernels), "reason": choice.reason, "torch_default_prefers_cudnn": choice.torch_default_prefers_cudnn})
@@ -90,9 +93,9 @@ def summary_lines(generate: dict[str, Any], linear_bench: dict[str, Any]) -> lis
 
 def _load(path: Path, problems: list[str]) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        problems.append(f"{path.name}: not readable JSON ({type(err).__name__}: {err})")
+        return read_json(path, "the report", 64 << 20, "rerun the check that writes it", want=dict)
+    except ConfigError as err:
+        problems.append(str(err))
         return {}
 
 

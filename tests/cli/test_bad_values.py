@@ -3,6 +3,7 @@ written; what the machine cannot hold is refused the same way (run in process th
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -144,3 +145,59 @@ def test_the_split_check_counts_the_real_prompt(tmp_path, monkeypatch):
     media = 2 + 16  # 32x32, 1 frame snapped up to 5: 2 latent frames of 1 patch; 8 audio latents per channel
     run = resolve(GenerateRequest(prompt="abcdef", negative_prompt="", guidance_scale=3.0, **request))
     assert [s.num_tokens for s in run.plan.sequences] == [len(tokens("abcdef")) + media, media]
+
+# --- Typer's own errors: h3's one line, exit 2, never its boxed panel ------------------------------------
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["verify", "parity", "--steps", "0"], "invalid value for '--steps': Input should be greater than or equal to 1; see 'h3 verify -h'"),
+    (["generate", "--steps", "abc"], "invalid value for '--steps': Input should be a valid integer"),
+    (["generate", "--bogus"], "no such option: --bogus"),
+    (["generate", "tensor", "two"], "invalid value for '[COUNT]'"),
+    (["generate", "--mode", "sideways"], "unknown mode 'sideways'; choose one of: ulysses, tensor"),
+    (["nosuch"], "no such command 'nosuch'; see 'h3 -h'"),
+    (["decode"], "missing argument 'LATENTS'; see 'h3 decode -h'"),
+    (["pod", "create", "--count", "0", "--yes"], "invalid value for '--count'"),
+    (["plan", "--width"], "option '--width' requires an argument"),
+    (["generate", "--seed", "1" * 5000], "invalid value for '--seed'"),
+])
+def test_typers_own_errors_are_one_line_and_exit_2(h3, args, needle):
+    code, out, err = h3(*args)
+    line = _one_line(code, err, needle)
+    assert line.startswith("error: ") and "╭" not in err and "Usage:" not in err and out == ""
+
+
+def test_help_and_the_bare_command_still_print_help(h3):
+    code, out, _ = h3("generate", "-h")
+    assert code == 0 and "--prompt" in out
+    code, out, _ = h3()
+    assert code == 2 and "generate" in out  # `h3` alone: its help, as Typer prints it
+
+
+# --- one rule for every spelling of a value --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("given, canonical", [("fp32", "fp32"), ("float32", "fp32"), ("bf16", "bf16"), ("bfloat16", "bf16"),
+                                              ("fp16", "fp16"), ("float16", "fp16"), ("half", "fp16"), (" BF16 ", "bf16")])
+def test_dtype_takes_torchs_names_too(given, canonical):
+    from h3core.generate.request import GenerateRequest
+
+    assert GenerateRequest(dtype=given).dtype == canonical
+
+
+@pytest.mark.parametrize("given", ["float64", "int8", "fp8", "", "[red]x[/red]"])
+def test_an_unknown_dtype_is_one_line_naming_the_flag(h3, tmp_path, given):
+    code, _, err = h3("generate", "--dtype", given, "--output", str(tmp_path / "run"))
+    _one_line(code, err, f"--dtype {given!r}: ")
+    assert "fp32 (float32), bf16 (bfloat16) or fp16 (float16)" in err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args", [["--prompt", ""], ["--prompt", "  \t "], ["--prompt", "\n"]])
+def test_an_empty_prompt_is_refused_like_one_in_a_prompt_file(h3, tmp_path, args):
+    code, out, err = h3("generate", *args, "--output", str(tmp_path / "run"))
+    _one_line(code, err, "is empty or only whitespace; give a prompt with some text in it")
+    assert out == "" and not (tmp_path / "run").exists()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": ' + json.dumps(args[1]) + "}\n")
+    code, _, err = h3("generate", "--prompts", str(prompts), "--output", str(tmp_path / "run"))
+    _one_line(code, err, "prompt: is empty or only whitespace")

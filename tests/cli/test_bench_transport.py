@@ -84,7 +84,7 @@ def test_unavailable_backend_fails_before_spawning(monkeypatch):
     [
         (["bench-transport", "2", "--tokens", "64", "--width", "256"], "either --tokens or --width"),
         (["bench-transport", "9", "--tokens", "64", "--heads", "8"], "8 attention heads over 9 ranks"),
-        (["bench-transport", "2", "--tokens", "64", "--dtype", "fp8"], "unknown dtype"),
+        (["bench-transport", "2", "--tokens", "64", "--dtype", "fp8"], "--dtype 'fp8': is not a dtype h3 computes in"),
     ],
 )
 def test_bad_requests_are_one_line_exit_2(h3, args, needle):

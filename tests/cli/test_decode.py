@@ -110,6 +110,40 @@ def test_a_latents_file_without_the_audio_is_one_line(h3, tmp_path):
     assert code == 2 and "has no 'audio' tensor (it has video)" in one_line(err)
 
 
+@pytest.mark.parametrize("video_dtype, audio_dtype, needle", [
+    (torch.int64, torch.float32, "the video latent is I64, not a float tensor"),
+    (torch.float32, torch.bool, "the audio latent is BOOL, not a float tensor"),
+    (torch.uint8, torch.uint8, "the video latent is U8"),
+    (torch.int32, torch.float32, "the video latent is I32"),
+    (torch.float8_e4m3fn, torch.float32, "the video latent is F8_E4M3"),
+])
+def test_integer_boolean_or_fp8_latents_are_refused_before_they_are_converted(h3, tmp_path, video_dtype, audio_dtype, needle):
+    """Cast to float first, such latents would pass every later check (finite, shaped) and decode as noise."""
+    save_file({"video": torch.ones(24, 7, 8, 16).to(video_dtype), "audio": torch.ones(2, 32, 37).to(audio_dtype)}, str(tmp_path / "l.safetensors"))
+    code, out, err = h3("decode", str(tmp_path / "l.safetensors"), "-o", str(tmp_path / "clip"))
+    assert code == 2 and needle in one_line(err) and out == ""
+    assert _entries(tmp_path) == ["l.safetensors"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_float_latents_of_any_width_are_read(tmp_path, dtype):
+    from h3core.decode.command import read_latents
+
+    save_file({"video": torch.ones(24, 7, 8, 16, dtype=dtype), "audio": torch.ones(2, 32, 37, dtype=dtype)}, str(tmp_path / "l.safetensors"))
+    latents, _, geometry = read_latents(tmp_path / "l.safetensors")
+    assert latents["video"].dtype == torch.float32 and geometry.frames == 22
+
+
+def test_the_in_memory_check_refuses_the_same_dtypes():
+    from h3core.decode.run import check_latents
+    from h3core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="the video latent is int64, not a float tensor"):
+        check_latents({"video": torch.ones(24, 7, 8, 16, dtype=torch.int64), "audio": torch.ones(2, 32, 37)}, "x")
+    with pytest.raises(ConfigError, match="the audio latent is bool, not a float tensor"):
+        check_latents({"video": torch.ones(24, 7, 8, 16), "audio": torch.ones(2, 32, 37, dtype=torch.bool)}, "x")
+
+
 def test_a_full_disk_is_one_line_and_leaves_no_partial_mp4(h3, tmp_path, monkeypatch):
     real = outputs_module.write_atomic
 

@@ -159,3 +159,21 @@ def test_profile_splits_every_step_of_every_rank(tmp_path, cache):
     # the profiled step is the step the report times (same region, slowest rank)
     assert max(r.steps[1]["step"] for r in profile.ranks) <= report.step_seconds[1] * 1.01
     assert report.cpu_allocator in ("retain", "system")
+
+
+def test_the_header_counts_the_weights_of_a_checkpoint_folder_not_its_directory_entry(h3, tmp_path, cache):
+    """A folder of shards (the official layout) is a path whose own `st_size` is some 4,096 bytes: the
+    header says the bytes of the tensors it holds."""
+    from safetensors.torch import load_file
+
+    from h3_reference import write_sharded
+    from h3core.model.config import preset
+    from h3core.model.synthetic import synthetic_checkpoint
+
+    path, _ = synthetic_checkpoint(preset("tiny"), seed=0, directory=tmp_path / "cache")
+    tensors = {k: v.clone() for k, v in load_file(str(path)).items()}
+    folder = write_sharded(tmp_path / "official", tensors)
+    weights = sum(t.numel() * t.element_size() for t in tensors.values())
+    code, out, err = h3("generate", "--model", str(folder), "--preset", "tiny", "--no-decode", "--no-save-latents", "--json", "-o", str(tmp_path / "run"))
+    assert code == 0, err
+    assert json.loads(out)["weights"] == f"{folder} ({weights:,} bytes of weights)"

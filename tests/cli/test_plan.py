@@ -98,3 +98,51 @@ def test_plan_refuses_a_layout_that_does_not_split_in_one_line(capsys, args, nee
     code, _, err = run_main(capsys, "plan", *args)
     assert code == 2
     assert needle in one_line(err)
+
+
+# --- every option checked before any output; no markup printed as text ---------------------------------
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--memory", "--arch", "sm_75"], "--arch sm_75: unknown architecture; choose one of: sm_90, sm_120, cpu"),
+    (["--memory", "--arch", "sm_90", "--arch", "[red]x[/red]"], "--arch [red]x[/red]: unknown architecture"),
+    (["--arch", "sm_90"], "--arch says what --memory predicts for; add --memory"),
+    (["--decoded-weights", "on"], "--decoded-weights says what --memory predicts for; add --memory"),
+    (["--memory", "--arch", "sm_90", "--decoded-weights", "bogus"], "--decoded-weights 'bogus': input should be 'auto', 'on' or 'off'"),
+])
+def test_plan_memory_options_are_checked_before_anything_is_printed(h3, args, needle):
+    code, out, err = h3("plan", "2", "--preset", "tiny", *args)
+    assert code == 2 and out == "" and needle in one_line(err), (out, err)
+
+
+def test_a_dry_run_this_host_cannot_make_is_said_in_plain_text(h3, monkeypatch):
+    import h3core.generate.dryrun as dryrun
+
+    monkeypatch.setattr(dryrun, "dry_run_problem", lambda arch: None if arch == "cpu" else "[bold]the CUDA guard[/bold] is off")
+    code, out, err = h3("plan", "2", "--preset", "tiny", "--memory", "--arch", "sm_90")
+    assert code == 1 and "no dry run here: [bold]the CUDA guard[/bold] is off" in out  # literal: not markup, not swallowed
+    assert "[red]" not in out and "[/red]" not in out
+
+
+def test_no_markup_string_reaches_the_literal_console():
+    """h3's console prints every string literally (h3cli/output.py), so a string written as rich markup
+    would print its tags: h3's own styling is `styled(...)` pieces. Every string constant and f-string
+    of h3cli (docstrings aside) is checked for a markup tag."""
+    import ast
+    import re
+    from pathlib import Path
+
+    import h3cli
+
+    tag = re.compile(r"\[/?(?:bold|dim|italic|underline|red|green|yellow|blue|cyan|magenta|white|b|i|u|s|link[^\]]*)?\]")
+    found = []
+    for path in Path(h3cli.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                if tag.search(node.value):
+                    found.append(f"{path.name}:{node.lineno}: {node.value!r}")
+    assert not found, found

@@ -40,7 +40,7 @@ def test_a_file_whose_first_prompt_starts_with_a_brace_is_jsonl(tmp_path):
 @pytest.mark.parametrize(("text", "message"), [
     ('{"prompt": "a"}\n\n{"prompt": "b", "sed": 1}\n', r"line 3: unknown field 'sed'"),
     ('{"seed": 1}\n', r"line 1: no \"prompt\""),
-    ('["a"]\n', r"line 1: a JSON list, not an object"),
+    ('["a"]\n', r"line 1: a JSON array, not an object"),
     ('{"prompt": "a", "seed": -1}\n', r"line 1: seed: .*greater than or equal to 0"),
     ('{"prompt": "a", "seed": "1"}\n', r"line 1: seed: .*valid integer"),
     ('{"prompt": "a", "width": true}\n', r"line 1: width: "),

@@ -238,3 +238,55 @@ def test_latent_statistics_fall_back_to_the_published_ones(tmp_path, models):
     loaded = load_vae(find_vae_files(path, "audio", "--audio-vae"))
     assert loaded.model.config.latents_std == list(audio_vae.PUBLISHED_LATENTS_STD)
     assert loaded.info.latents_stats_from.startswith("MiniMax's published values")
+
+
+# --- hostile VAE files: deep JSON, an index leaving its folder, numbers in names, shapes ----------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_deep_json_in_a_vae_folder_is_one_line(written, tmp_path):
+    import shutil
+
+    folder = shutil.copytree(written["video", "diffusers"], tmp_path / "vae")
+    config = (folder / "config.json").read_text()
+    (folder / "config.json").write_text('{"block_out_channels": ' + DEEP + "}")
+    with pytest.raises(CheckpointError, match=r"^cannot read the VAE's JSON file .*config.json: JSON nested deeper than 100 levels; download it again$"):
+        find_vae_files(folder, "video", "--video-vae")
+    (folder / "config.json").write_text("\ufeff" + config)  # a byte-order mark is no problem
+    assert find_vae_files(folder, "video", "--video-vae").container == "diffusers folder"
+    (folder / "diffusion_pytorch_model.safetensors.index.json").write_text('{"weight_map": {"a": "../../etc/x.safetensors"}}')
+    with pytest.raises(CheckpointError, match="outside its folder"):
+        find_vae_files(folder, "video", "--video-vae")
+
+
+@pytest.mark.parametrize("role, name, needle", [
+    ("video", "decoder.transformer_blocks.100000000000000000000.ff.w1.weight", "is not an index from 0 to 999,999"),
+    ("video", "encoder.down.300000000.block.0.conv1.weight", "'300000000' is not an index"),
+    ("video", "encoder.down.0.block.\u0661.conv1.weight", "is not an index"),
+    ("video", "decoder.transformer_blocks.7.ff.w1.weight", "decoder.transformer_blocks.2.* is missing"),
+    ("audio", f"encoder.block.{'9' * 5000}.block.4.weight", "(5000 characters)"),
+    ("audio", "encoder.block.99999.block.4.weight", "the encoder's downsampling blocks are [1, 2, 3, 4, 5]"),
+])
+def test_numbers_in_vae_names_are_not_trusted(tmp_path, models, role, name, needle):
+    tensors = comfy_tensors(role, models[role].state_dict(), CONFIGS[role]) | {name: torch.zeros(2, 2, 2)}
+    path = write_safetensors(tmp_path / "v.safetensors", tensors)
+    with pytest.raises(CheckpointError) as err:
+        load_vae(find_vae_files(path, role, f"--{role}-vae"))
+    assert needle in str(err.value) and "\n" not in str(err.value), err.value
+
+
+@pytest.mark.parametrize("role, name, shape", [
+    ("video", "post_quant_conv.weight", ()),
+    ("video", "decoder.x_embedder.weight", (0, 4)),
+    ("video", "decoder.transformer_blocks.0.ff.w1.weight", (7,)),
+    ("audio", "decoder.conv_pre.weight", (4, 4)),
+    ("audio", "mean_proj.weight", (0, 4, 1)),
+])
+def test_a_shape_a_vae_config_comes_from_is_checked_before_use(tmp_path, models, role, name, shape):
+    tensors = comfy_tensors(role, models[role].state_dict(), CONFIGS[role])
+    tensors[name] = torch.zeros(shape)
+    path = write_safetensors(tmp_path / "v.safetensors", tensors)
+    with pytest.raises(CheckpointError, match="has shape") as err:
+        load_vae(find_vae_files(path, role, f"--{role}-vae"))
+    assert "\n" not in str(err.value)

@@ -46,7 +46,7 @@ def test_dtype_policy():
     assert device.compute_dtype("cpu", "bf16") is torch.bfloat16
     assert device.compute_dtype("cuda", "fp32") is torch.float32
     assert device.compute_dtype("cuda", "FP16") is torch.float16
-    with pytest.raises(ConfigError, match="unknown dtype 'fp8'"):
+    with pytest.raises(ConfigError, match="--dtype 'fp8': is not a dtype h3 computes in"):
         device.compute_dtype("cpu", "fp8")
 
 

@@ -78,7 +78,7 @@ def test_markers_parse_to_typed_objects_and_round_trip():
     assert comfy.marker_tensor(quant).numpy().tobytes() == raw
     int8 = comfy.parse_marker(b'{"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": 256}', "e")
     assert int8.convrot and comfy.marker_tensor(comfy.ComfyQuant("int8_tensorwise")).numel() == 29  # the file's U8[29]
-    layers = comfy.markers_of({}, {comfy.LEGACY_METADATA: '{"layers": {"a.b": {"format": "nvfp4"}}}'}, "f")
+    layers = comfy.legacy_markers({comfy.LEGACY_METADATA: '{"layers": {"a.b": {"format": "nvfp4"}}}'}, "f")
     assert layers["a.b"].format == "nvfp4"
 
 

@@ -314,3 +314,29 @@ def test_sigterm_during_a_create_says_the_pod_may_exist_and_exits_143(runpod):
         signal.signal(signal.SIGTERM, previous)
     assert "interrupted (SIGTERM) while RunPod create pod was in flight" in str(err.value) and MAY_EXIST in str(err.value)
     assert err.value.exit_code == 143
+
+
+# --- answers h3 cannot parse: deep JSON, endless numbers (read as h3 reads any JSON) ------------------------
+
+
+def _json_answer(body: bytes, status: bytes = b"200 OK") -> bytes:
+    return b"HTTP/1.1 " + status + b"\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b"[" * 100_000 + b"]" * 100_000, "JSON nested deeper than 100 levels"),
+    (b'{"pods": ' + b"9" * 5000 + b"}", "a number of 5000 characters"),
+    (b"\xff\xfe", "not UTF-8 text"),
+])
+def test_an_answer_h3_cannot_parse_is_one_line(runpod, body, reason):
+    runpod.script("GET", "/v2/pods", raw=_json_answer(body), times=5)
+    with pytest.raises(RemoteAPIError) as err:
+        _client(runpod, retry=ONCE).list_pods()
+    assert reason in _line(err) and "RunPod's API?" in str(err.value)
+
+
+def test_a_deep_error_body_still_gives_the_status_line(runpod):
+    runpod.script("GET", "/v2/pods", raw=_json_answer(b"[" * 100_000 + b"]" * 100_000, b"404 Not Found"), times=5)
+    with pytest.raises(RemoteAPIError) as err:
+        _client(runpod, retry=ONCE).list_pods()
+    assert "HTTP 404" in _line(err)

@@ -99,5 +99,5 @@ def test_a_single_files_header_config_round_trips():
 
     config = Qwen3TextConfig(**EXPECTED_32B)
     assert Qwen3TextConfig(**read_metadata_config(config_metadata(config.model_dump()), "f.safetensors")) == config
-    with pytest.raises(CheckpointError, match="header's config is not JSON"):
+    with pytest.raises(CheckpointError, match="header's config: not valid JSON"):
         read_metadata_config("{", "f.safetensors")

@@ -259,3 +259,137 @@ def test_a_comfy_file_in_a_folder_without_a_tokenizer_takes_the_shipped_one(tmp_
 
     write_file(tmp_path / "text_encoders" / "qwen3vl_comfy.safetensors", comfy_tensors)
     assert check_text_encoder(tmp_path / "text_encoders", hidden_size=HIDDEN).name == SHIPPED_NAME
+
+
+# --- hostile files: deep JSON, numbers in names, the tokenizer config, byte-order marks ---------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def _deep_case(tmp_path, state, tokenizer_file, comfy_tensors, where: str):
+    """A text encoder whose `where` holds JSON nested 100,000 levels deep."""
+    if where == "config.json":
+        return _folder(tmp_path, state, tokenizer_file, config={"text_config": DEEP})  # (a string: rewritten below)
+    if where == "header config":
+        return write_file(tmp_path / "h.safetensors", comfy_tensors, metadata={"config": '{"a": ' + DEEP + "}"})
+    if where == "_quantization_metadata":
+        return write_file(tmp_path / "q.safetensors", comfy_tensors, metadata={comfy.LEGACY_METADATA: '{"layers": ' + DEEP + "}"})
+    if where == "comfy_quant marker":
+        marker = torch.tensor(list(('{"format": ' + "[" * 1000 + "]" * 1000 + "}").encode()), dtype=torch.uint8)
+        return write_file(tmp_path / "m.safetensors", dict(comfy_tensors) | {"model.layers.0.mlp.up_proj.comfy_quant": marker})
+    folder = _folder(tmp_path, state, tokenizer_file)
+    if where == "index":
+        write_shards(folder, plain_names(state), index=True)
+    (folder / where).write_text('{"a": ' + DEEP + "}")
+    return folder
+
+
+@pytest.mark.parametrize("where", ["config.json", "header config", "_quantization_metadata", "comfy_quant marker",
+                                   "model.safetensors.index.json", "tokenizer_config.json", "tokenizer.json"])
+def test_deep_json_in_any_text_encoder_file_is_one_line(tmp_path, state, tokenizer_file, comfy_tensors, where):
+    path = _deep_case(tmp_path, state, tokenizer_file, comfy_tensors, where)
+    if where == "config.json":
+        (path / "config.json").write_text('{"text_config": ' + DEEP + "}")
+    message = _fails(path, "nested deeper than 100 levels|recursion limit", output_layer=1)
+    assert where.split()[0].strip("_") in message or str(path) in message
+
+
+def test_deep_json_in_vocab_json_is_one_line(tmp_path, state):
+    from h3core.text.tokenizer import SHIPPED_FOLDER
+
+    folder = _folder(tmp_path, state, None)
+    (folder / "merges.txt").write_bytes((SHIPPED_FOLDER / "merges.txt").read_bytes())
+    (folder / "vocab.json").write_text(DEEP)
+    assert "vocab.json" in _fails(folder, "nested deeper than 100 levels", output_layer=1)
+
+
+@pytest.mark.parametrize("layer, needle", [
+    ("300000000", "'300000000' is not an index from 0 to 999,999"),
+    ("100000000000000000000", "is not an index from 0 to 999,999"),
+    ("9" * 5000, "(5000 characters)"),
+    ("-1", "'-1' is not an index"),
+    ("\u00b2", "is not an index"),
+    ("\u0661", "is not an index"),  # an Arabic-Indic one, which int() and \d would read as 1
+])
+def test_a_layer_number_is_not_trusted(tmp_path, comfy_tensors, layer, needle):
+    import time
+    import tracemalloc
+
+    tensors = dict(comfy_tensors) | {f"model.layers.{layer}.input_layernorm.weight": torch.ones(HIDDEN)}
+    path = write_file(tmp_path / "comfy.safetensors", tensors)
+    tracemalloc.start()
+    start = time.perf_counter()
+    _fails(path, needle)
+    seconds, (_, peak) = time.perf_counter() - start, tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert seconds < 5 and peak < 64 << 20, (seconds, peak)
+
+
+def test_a_layer_far_past_the_others_is_a_gap_found_without_counting_to_it(tmp_path, comfy_tensors):
+    tensors = dict(comfy_tensors) | {"model.layers.999999.input_layernorm.weight": torch.ones(HIDDEN)}
+    _fails(write_file(tmp_path / "comfy.safetensors", tensors), "lacks decoder layer 2")
+
+
+TOKENIZER_CONFIGS = [
+    ({"added_tokens_decoder": [1, 2]}, r"added_tokens_decoder: input should be a valid dictionary"),
+    ({"added_tokens_decoder": {"abc": {"content": "x"}}}, r"added_tokens_decoder\.abc: is not a token id"),
+    ({"added_tokens_decoder": {"-1": {"content": "x"}}}, r"added_tokens_decoder\.-1: is not a token id"),
+    ({"added_tokens_decoder": {"9" * 5000: {"content": "x"}}}, r"is not a token id"),
+    ({"added_tokens_decoder": {"4294967296": {"content": "x"}}}, r"added_tokens_decoder\.4294967296: is not a token id"),
+    ({"added_tokens_decoder": {"300": {"special": True}}}, r"added_tokens_decoder\.300\.content: field required"),
+    ({"added_tokens_decoder": {"300": {"content": ""}}}, r"added_tokens_decoder\.300\.content: string should have at least 1 character"),
+    ({"added_tokens_decoder": {"300": "<x>"}}, r"added_tokens_decoder\.300: input should be a valid dictionary"),
+    ({"added_tokens_decoder": {"300": {"content": 5}}}, r"added_tokens_decoder\.300\.content: input should be a valid string"),
+    ({"added_tokens_decoder": {"300": {"content": "<x>", "lstrip": "yes"}}}, r"added_tokens_decoder\.300\.lstrip: input should be a valid boolean"),
+    ({"added_tokens_decoder": {"300": {"content": "<x>", "special": 1}}}, r"added_tokens_decoder\.300\.special: input should be a valid boolean"),
+    ({"additional_special_tokens": [5]}, r"additional_special_tokens\.0: input should be a valid string"),
+    ({"additional_special_tokens": "<x>"}, r"additional_special_tokens: input should be a valid list"),
+    ([], r"a JSON array, not an object"),
+]
+
+
+@pytest.mark.parametrize("config, needle", TOKENIZER_CONFIGS)
+def test_a_malformed_tokenizer_config_is_one_line_naming_the_field(tmp_path, state, tokenizer_file, config, needle):
+    folder = _folder(tmp_path, state, tokenizer_file)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    assert str(folder / "tokenizer_config.json") in _fails(folder, needle, output_layer=1)
+
+
+def test_a_valid_tokenizer_config_adds_its_tokens(tmp_path, state, tokenizer_file):
+    folder = _folder(tmp_path, state, tokenizer_file)
+    config = {"added_tokens_decoder": {}, "additional_special_tokens": ["<x>", {"content": "<y>", "special": True}], "model_max_length": 10}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = check_text_encoder(folder, hidden_size=HIDDEN, output_layer=1)
+    assert len(tokenizer.encode("<x><y>")) == 2
+
+
+def test_every_text_encoder_file_may_start_with_a_byte_order_mark(tmp_path, state, tokenizer_file):
+    """What Windows editors write: `EF BB BF` before the JSON (or text) is dropped, in every file."""
+    from h3core.text.tokenizer import SHIPPED_FOLDER
+
+    bom = b"\xef\xbb\xbf"
+    folder = _folder(tmp_path, state, tokenizer_file)
+    write_shards(folder, plain_names(state), index=True)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"additional_special_tokens": ["<x>"]}))
+    for name in ("config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes(bom + (folder / name).read_bytes())
+    plain = check_text_encoder(folder, hidden_size=HIDDEN, output_layer=1)
+    assert len(plain.encode("<x>")) == 1
+    from h3core.text.tokenizer import load_tokenizer, shipped_tokenizer
+
+    vocab_folder = tmp_path / "vocab"
+    vocab_folder.mkdir()
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        (vocab_folder / name).write_bytes(bom + (SHIPPED_FOLDER / name).read_bytes())
+    with_marks = load_tokenizer(vocab_folder, "with marks")
+    for prompt in ("a red fox <d>hello</d>", "一只红狐狸 <|cutoff|>"):
+        assert with_marks.encode(prompt) == shipped_tokenizer().encode(prompt)
+
+
+def test_a_merges_line_that_is_not_a_pair_is_one_line(tmp_path, state):
+    from h3core.text.tokenizer import SHIPPED_FOLDER
+
+    folder = _folder(tmp_path, state, None)
+    (folder / "vocab.json").write_bytes((SHIPPED_FOLDER / "vocab.json").read_bytes())
+    (folder / "merges.txt").write_text("#version: 0.2\nĠ t\na b c\n")
+    _fails(folder, r"merges.txt, line 3: 'a b c' is not two tokens", output_layer=1)

@@ -19,7 +19,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from h3core import settings
-from h3core.errors import DryRunFailed, ResourceLimit
+from h3core.errors import ConfigError, DryRunFailed, ResourceLimit
 from h3core.generate.dryrun.predict import ARCHS, DryRun, arch_of, dry_run, dry_run_problem
 from h3core.generate.memory import MemoryCheck, check_limits
 from h3core.generate.request import ResolvedRun
@@ -92,7 +92,11 @@ def plan_memory(preset_name: str, count: int | None, mode: Mode, *, archs: Seque
                 height: int | None = None, frames: int | None = None, text_tokens: int | None = None, cfg_parallel: bool = False,
                 replicas: int = 1, decoded_weights: str = "auto") -> PlanMemory:
     """The dry run of preset `preset_name`'s synthetic layout (the seed's file, tensor for tensor, for `h3`)
-    at `count` ranks for each of `archs`, without building any checkpoint."""
+    at `count` ranks for each of `archs`, without building any checkpoint. An unknown architecture is
+    a ConfigError before anything is computed; one that cannot dry-run here is `skipped`."""
+    unknown = [a for a in archs if a != "cpu" and a not in ARCHS]
+    if unknown:
+        raise ConfigError(f"--arch {unknown[0]}: unknown architecture; choose one of: {', '.join(ARCHS)}, cpu")
     plan = ParallelPlan.for_preset(preset_name, count, mode, width=width, height=height, frames=frames, text_tokens=text_tokens,
                                    cfg_parallel=cfg_parallel, replicas=replicas)
     problems = [p for p in (dry_run_problem(a) for a in archs) if p]
@@ -136,9 +140,9 @@ def preset_run(plan: ParallelPlan, preset_name: str, arch: str, *, width: int | 
 def compare_with_report(report_path: Path, arch: str | None = None) -> dict:
     """The dry run of the run an `h3 generate --json` report describes (its preset's synthetic layout,
     mode, count and size) next to the peaks its ranks measured (`peak_memory_sampling_bytes`)."""
-    import json
+    from h3core.files.text import read_json
 
-    report = json.loads(Path(report_path).read_text())
+    report = read_json(report_path, "the report", 64 << 20, "give the report of an h3 generate --json run", want=dict)
     plan = ParallelPlan.model_validate(report["partition"])
     shape = report.get("shape", {})
     arch = arch or (arch_of(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else "sm_120")
