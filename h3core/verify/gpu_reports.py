@@ -18,6 +18,7 @@ torch (when called). A problem is one line saying what ran and what should have:
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,6 @@ def sdpa_rule_for_report(report_path: str | Path) -> str:
     dtype, head width and packed length): what `generate_problems` checks each rank's kernels against."""
     import torch
 
-    from h3core.files.text import read_json
     from h3core.model.attention.sdpa_rule import sdpa_choice_here
 
     report = read_json(report_path, "the report", 64 << 20, "give the report of an h3 generate --json run", want=dict)

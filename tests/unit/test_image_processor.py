@@ -68,7 +68,7 @@ def test_no_config_file_gives_the_official_values(tmp_path):
 
 def test_a_bad_config_is_one_line(tmp_path):
     path = tmp_path / "preprocessor_config.json"
-    for text, words in (("{", "cannot read"), ("[1]", "not a JSON object"), ('{"patch_size": -1}', "patch_size"),
+    for text, words in (("{", "cannot read"), ("[1]", "not an object"), ('{"patch_size": -1}', "patch_size"),
                         ('{"image_processor_type": "SiglipImageProcessor"}', "describes a SiglipImageProcessor"),
                         ('{"do_normalize": false}', "do_normalize false")):
         path.write_text(text)
