@@ -31,6 +31,12 @@ class CheckpointError(ConfigError):
     """A checkpoint (or text encoder) file is missing, truncated or does not match the contract."""
 
 
+class KeyframeError(ConfigError):
+    """A keyframe image that cannot be used: missing, unreadable, not a PNG/JPEG/WebP image, too many
+    pixels, an aspect ratio outside 1:4..4:1, a role other than first/last, or a text encoder without
+    the vision tower keyframes need."""
+
+
 class NVFP4FormatError(ConfigError):
     """Tensors that do not follow the NVFP4 layout (shapes, dtypes, block alignment)."""
 

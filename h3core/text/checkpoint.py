@@ -138,6 +138,18 @@ def identify(reader: SafetensorsReader, where: Path) -> tuple[str, str]:
     )
 
 
+VISION_PREFIXES = {"comfy": "visual.", "synthetic": "visual.", "qwen3-vl": "model.visual."}
+"""Where each layout keeps Qwen3-VL's vision tower (plain Qwen3 has none)."""
+
+
+def vision_prefix(reader: SafetensorsReader, kind: str) -> str | None:
+    """The prefix of the vision tower's tensors when the checkpoint holds one (from the names only)."""
+    prefix = VISION_PREFIXES.get(kind)
+    if prefix is None or not any(name.startswith(prefix) for name in reader.keys()):
+        return None
+    return prefix
+
+
 def layer_count(names: Iterable[str], prefix: str, where: Path) -> int:
     """Number of decoder layers; their indices must run 0..n-1 without a gap."""
     pattern = re.compile(re.escape(prefix) + r"layers\.(\d+)\.")

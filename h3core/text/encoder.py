@@ -29,7 +29,9 @@ from typing import Literal, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from h3core.errors import CheckpointError, ConfigError
+from PIL import Image
+
+from h3core.errors import CheckpointError, ConfigError, KeyframeError
 from h3core.files.safetensors import SafetensorsReader
 from h3core.runtime.device import resident_bytes
 from h3core.text.assemble import assemble
@@ -39,6 +41,7 @@ from h3core.text.checkpoint import (
     check_tensors,
     has_final_norm,
     identify,
+    vision_prefix,
     locate,
     resolve_config,
 )
@@ -84,6 +87,8 @@ class _Loaded:
     layers: int
     linear_layouts: list[str]
     resident_bytes: int
+    vision_prefix: str | None
+    """Where the vision tower's tensors are (`visual.` / `model.visual.`); None: the checkpoint has none."""
 
 
 class TextEncoder:
@@ -133,16 +138,43 @@ class TextEncoder:
 
     def encode_ids(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """`[L, hidden_size]` float32 CPU output-layer states of the given token ids."""
+        return self._states(token_ids).to(dtype=torch.float32)
+
+    def encode_prompt(
+        self, prompt: str, images: Sequence[Image.Image] = (), max_tokens: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(states [L', hidden_size], tags [L'] int64)`: the output-layer states (encoder dtype, CPU) of
+        the prompt presented after `images` (prepared RGB keyframes, in packed order) as
+        `presentation.present` lays it out, and each row's tag (1 text, 0 a vision block's tokens).
+        Without images: `encode(prompt)`'s states (in the encoder dtype) and all-ones tags. More than
+        `max_tokens` rows in all (when given) is refused."""
+        if not images:
+            ids = self.token_ids(prompt, max_tokens)
+            return self._states(ids), torch.ones(len(ids), dtype=torch.int64)
+        if not self.has_vision:
+            raise KeyframeError(
+                f"keyframes need a text encoder with Qwen3-VL's vision tower, and {self._loaded.checkpoint.path} has "
+                "none; use ComfyUI's qwen3vl_32b_minimax_h3 file or the official FL2VA folder, or drop the keyframes"
+            )
+        raise KeyframeError("h3's Qwen3-VL vision tower is not implemented yet: keyframes cannot be encoded")
+
+    @property
+    def has_vision(self) -> bool:
+        """Whether the checkpoint holds a vision tower (read only when a request has keyframes)."""
+        return self._loaded.vision_prefix is not None
+
+    def _states(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """`[L, hidden_size]` output-layer states on the CPU in the encoder dtype."""
         if self._model is None:
             raise RuntimeError("text encoder was released; load it again to encode")
         ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)  # [L]
         if ids.numel() == 0:
-            return torch.zeros(0, self.hidden_size)
+            return torch.zeros(0, self.hidden_size, dtype=self.dtype)
         vocab = self._loaded.config.vocab_size
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
             bad = int(ids.max()) if int(ids.max()) >= vocab else int(ids.min())
             raise CheckpointError(f"token id {bad} is outside the embedding's {vocab} rows: the ids do not belong to these weights")
-        return self._model(ids).to(device="cpu", dtype=torch.float32)  # [L, D]
+        return self._model(ids).to(device="cpu")  # [L, D]
 
     def release(self) -> None:
         """Drop the weights, close the files (and empty the CUDA cache); encoding is no longer possible."""
@@ -182,7 +214,10 @@ def load_text_encoder(
     except BaseException:
         found.reader.close()
         raise
-    loaded = _Loaded(found.checkpoint, found.kind, found.config, found.config_source, found.layers, sorted(source.kinds), resident_bytes(model))
+    loaded = _Loaded(
+        found.checkpoint, found.kind, found.config, found.config_source, found.layers, sorted(source.kinds), resident_bytes(model),
+        vision_prefix(found.reader, found.kind),
+    )
     return TextEncoder(model, found.reader, found.tokenizer, loaded, device, dtype)
 
 

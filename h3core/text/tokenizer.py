@@ -55,6 +55,10 @@ class PromptTokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def token_id(self, token: str) -> int | None:
+        """The id of an added token (`<|image_pad|>`), None when the vocabulary lacks it."""
+        ...
+
 
 class QwenTokenizer:
     """A `tokenizers.Tokenizer` with H3's added tokens; `encode` adds nothing around the text."""
