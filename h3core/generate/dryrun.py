@@ -58,6 +58,8 @@ from h3core.runtime.context import RankContext
 if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from h3core.generate.sequences import Conditioning
+
 DEFAULT_STEPS = 3
 """Sigma points of a dry run: two forwards, the first and a steady one."""
 
@@ -238,7 +240,7 @@ def _rank_dry_run(run: ResolvedRun, arch: str, rank: int, fake: bool = True) -> 
         peak_load, resident = tracker.peak(kind), tracker.live(kind)
         tracker.phase = "sampling"
         live_after: list[int] = []
-        texts = _text_states(run, rank, device)
+        texts = _conditioning(run, rank, device)
         with _live_after_each_step(tracker, kind, live_after), _sampling_window(tracker, kind):
             done = pipeline.denoise(run, texts, new_record(ctx))
         peak_sampling, peak_total = tracker.peak(kind), tracker.highest(kind)
@@ -259,12 +261,16 @@ def measured_cpu_run(run: ResolvedRun, rank: int = 0, steps: int = DEFAULT_STEPS
     return _rank_dry_run(short, "cpu", rank, fake=False)
 
 
-def _text_states(run: ResolvedRun, rank: int, device: torch.device) -> list[torch.Tensor]:
-    """The text encoder's output for each sequence, as rank 0's broadcast hands it to every rank (float32
-    `[L, text_dim]`; on the rank's device when it travelled, on the host at one rank)."""
+def _conditioning(run: ResolvedRun, rank: int, device: torch.device) -> "Conditioning":
+    """What rank 0's broadcast hands every rank: each sequence's text states (float32 `[L, text_dim]`)
+    and the keyframes' latents; on the rank's device when they travelled, on the host at one rank."""
+    from h3core.generate.sequences import Conditioning
+
     where = device if run.plan.layout.world_size > 1 else torch.device("cpu")
-    lengths = [sum(len(s) for s in seq.segments if s.kind is SegmentKind.TEXT) for seq in run.plan.sequences]
-    return [torch.randn(n, run.config.text_dim, dtype=torch.float32, device=where) for n in lengths]
+    texts = [[s for s in seq.segments if s.kind is SegmentKind.TEXT] for seq in run.plan.sequences]
+    states = [torch.randn(sum(len(s) for s in text), run.config.text_dim, dtype=torch.float32, device=where) for text in texts]
+    keyframes = torch.randn(run.shape.condition_latent, dtype=torch.float32, device=where) if run.shape.keyframes else None
+    return Conditioning(states, keyframes)
 
 
 @contextmanager

@@ -113,7 +113,7 @@ def resolve_job(job: GenerateJob) -> ResolvedJob:
     GEMM self-test of every GPU at the shapes the dry run called."""
     check_torchrun_parity(job.parity)
     check_one_group(job.request)
-    run = resolve(job.request)
+    run = resolve(job.request, video_vae=job.video_vae)
     decode = plan_run_decode(job, run)
     dry = check_predicted(run)  # CUDA: the dry run of the ranks' own code predicts each rank's peak (h3core.generate.dryrun)
     run = with_fp4_selftest(run, dry.gemm_shapes() if dry is not None else None)  # ... and the fp4 GEMMs it will call

@@ -32,6 +32,38 @@ Latent = dict[SegmentKind, torch.Tensor]
 
 
 @dataclass
+class Conditioning:
+    """What one request's sequences are conditioned on, as rank 0's encoders made it (CPU, float32):
+    per sequence (the prompt's, then the negative prompt's) the text encoder's states `[L, text_dim]`
+    (their rows' tags were checked against the plan on rank 0: `check_text_tags`); with keyframes
+    their clean normalized latents `[24, n, H/16, W/16]` (the VAE's encoder), shared by every sequence."""
+
+    states: list[torch.Tensor]
+    keyframes: torch.Tensor | None = None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Flat, for one broadcast: the states, then the keyframe latents (if any)."""
+        return [*self.states] + ([self.keyframes] if self.keyframes is not None else [])
+
+    @classmethod
+    def of_tensors(cls, tensors: list[torch.Tensor], sequences: int, keyframes: bool) -> "Conditioning":
+        """The inverse of `tensors` for a request of `sequences` sequences, with or without keyframes."""
+        assert len(tensors) == sequences + int(keyframes), "a request's conditioning is one tensor per sequence (+ the keyframes)"
+        return cls(list(tensors[:sequences]), tensors[-1] if keyframes else None)
+
+
+def check_text_tags(plan: SequencePlan, tags: torch.Tensor) -> None:
+    """The text encoder tagged the rows of `plan`'s text as the plan did (vision blocks 0, text 1): a
+    RuntimeError otherwise (rank 0, on the CPU, before anything is broadcast)."""
+    planned = [s.tag for s in plan.segments if s.kind is SegmentKind.TEXT for _ in range(len(s))]
+    if tags.tolist() != planned:
+        raise RuntimeError(
+            f"the {plan.name}'s text encoder gave {tags.numel()} rows tagged otherwise than the plan's {len(planned)} "
+            "(vision blocks 0, text 1): the presentation changed between resolve and encode"
+        )
+
+
+@dataclass
 class Sequence:
     """One packed sequence of a request on one rank: its plan, refined text rows and RoPE table."""
 
@@ -61,16 +93,14 @@ class Sequence:
 
 
 def build_sequence(model: H3Model, plan: SequencePlan, states: torch.Tensor, shape: RunShape, device: torch.device,
-                   tags: torch.Tensor | None = None, condition: torch.Tensor | None = None) -> Sequence:
-    """The sequence of `plan` with its text encoder states (whose length, and per-row `tags` when given,
-    must be the plan's), refined, on `device`; `condition`: the keyframes' noised condition rows
-    `[n * h * w, 96]` (`condition_rows`), as many as the plan has."""
+                   condition: torch.Tensor | None = None) -> Sequence:
+    """The sequence of `plan` with its text encoder states (whose length must be the plan's), refined, on
+    `device`; `condition`: the keyframes' noised condition rows `[n * h * w, 96]` (`condition_rows`),
+    as many as the plan has."""
     text = [s for s in plan.segments if s.kind is SegmentKind.TEXT]
     planned = sum(len(s) for s in text)
     if states.shape[0] != planned:
         raise RuntimeError(f"the {plan.name} encodes to {states.shape[0]} tokens but the plan has {planned}: the tokenizer changed between resolve and encode")
-    if tags is not None and tags.tolist() != [s.tag for s in text for _ in range(len(s))]:
-        raise RuntimeError(f"the {plan.name}'s text encoder tagged its rows otherwise than the plan (vision blocks 0, text 1): the presentation changed between resolve and encode")
     conditions = sum(len(s) for s in plan.segments if s.kind is SegmentKind.CONDITION)
     if conditions != (0 if condition is None else condition.shape[0]):
         raise RuntimeError(f"the {plan.name} has {conditions} keyframe condition rows, given {0 if condition is None else condition.shape[0]}")

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("checkpoints", ("h3core.checkpoints",)),
     ("text", ("h3core.text",)),
     ("decode", ("h3core.decode",)),
+    ("keyframes", ("h3core.keyframes",)),
     ("model", ("h3core.model",)),
     ("parallel", ("h3core.parallel",)),
     ("commands", ("h3core.bench", "h3core.generate")),
