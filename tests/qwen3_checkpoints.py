@@ -78,6 +78,39 @@ def qwen3_vl_model(seed: int = 0, vocab: int = H3_VOCAB):
     return model
 
 
+KEYFRAME_VISION = dict(
+    depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN, deepstack_visual_indexes=[0, 2],
+    num_position_embeddings=64, patch_size=16, temporal_patch_size=2, spatial_merge_size=2,
+)
+"""A tiny vision tower with H3's patch geometry (16 px, 2 frames, 2x2 merge: the official processor
+values fit it), an 8 x 8 position grid and two deepstack mergers (after blocks 0 and 2)."""
+
+
+def qwen3_vl_keyframe_model(seed: int = 0):
+    """`qwen3_vl_model`'s text path with `KEYFRAME_VISION`, every weight random and non-trivial."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    rope = {"rope_type": "default", "rope_theta": THETA, "mrope_section": [4, 2, 2], "mrope_interleaved": True}
+    config = Qwen3VLConfig(text_config={**text_fields(H3_VOCAB), "rope_parameters": rope}, vision_config=KEYFRAME_VISION, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config).eval()
+    _randomize(model.model.language_model)
+    randomize_vision(model.model.visual)
+    return model
+
+
+def randomize_vision(module: torch.nn.Module) -> None:
+    """Norm gains near 1, biases and the position table of order 1, weights variance-preserving."""
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if "norm" in name and name.endswith(".weight"):
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            elif name.endswith(".bias") or name == "pos_embed.weight":
+                param.normal_(0.0, 0.5)
+            else:
+                param.normal_(0.0, 1.0 / param[0].numel() ** 0.5)
+
+
 def _randomize(module: torch.nn.Module) -> None:
     with torch.no_grad():
         for name, param in module.named_parameters():
@@ -122,13 +155,15 @@ def load_text_state(vl, state: dict[str, torch.Tensor]) -> None:
 # --- layouts on disk ---------------------------------------------------------------------------------
 
 
-def official_folder(root: Path, vl, tokenizer_source: Path, shards: int = 3) -> Path:
+def official_folder(root: Path, vl, tokenizer_source: Path, shards: int = 3, *, vision: bool = False) -> Path:
     """The official layout: `root/text_encoder/` (config.json, index, shards with `model.language_model.*`,
-    a NaN vision tower and lm_head) and `root/tokenizer/` (transformers' save of `tokenizer_source`)."""
+    the vision tower -- NaN unless `vision` -- and a NaN lm_head) and `root/tokenizer/` (transformers'
+    save of `tokenizer_source`)."""
     from transformers import AutoTokenizer
 
+    kept = ("model.language_model.", "model.visual.") if vision else ("model.language_model.",)
     tensors = {k: v.detach().clone() for k, v in vl.state_dict().items()}
-    tensors = {k: (v if k.startswith("model.language_model.") else torch.full_like(v, float("nan"))) for k, v in tensors.items()}
+    tensors = {k: (v if k.startswith(kept) else torch.full_like(v, float("nan"))) for k, v in tensors.items()}
     folder = root / "text_encoder"
     write_shards(folder, tensors, shards=shards, index=True)
     (folder / "config.json").write_text(json.dumps(vl.config.to_dict()))
@@ -136,9 +171,9 @@ def official_folder(root: Path, vl, tokenizer_source: Path, shards: int = 3) -> 
     return root
 
 
-def comfy_names(vl, layers: int) -> dict[str, torch.Tensor]:
+def comfy_names(vl, layers: int, *, vision: bool = False) -> dict[str, torch.Tensor]:
     """ComfyUI's single-file names of `vl` cut after `layers` layers: `model.X` for the language model's
-    `X` (no final norm, no lm_head), `visual.X` (NaN) for the vision tower."""
+    `X` (no final norm, no lm_head), `visual.X` for the vision tower (NaN unless `vision`)."""
     tensors: dict[str, torch.Tensor] = {}
     for key, value in vl.state_dict().items():
         if key.startswith("model.language_model."):
@@ -147,7 +182,7 @@ def comfy_names(vl, layers: int) -> dict[str, torch.Tensor]:
                 continue
             tensors[f"model.{name}"] = value.detach().clone()
         elif key.startswith("model.visual."):
-            tensors["visual." + key.removeprefix("model.visual.")] = torch.full_like(value, float("nan"))
+            tensors["visual." + key.removeprefix("model.visual.")] = value.detach().clone() if vision else torch.full_like(value, float("nan"))
     return tensors
 
 

@@ -39,13 +39,17 @@ from h3core.text.config import (
     QWEN3_VL_ROPE_THETA,
     Qwen3TextConfig,
     merge_config,
-    read_config_json,
-    read_metadata_config,
+    raw_config_json,
+    raw_metadata_config,
+    text_fields,
 )
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FOLDER = "text_encoder"
 """The official layout's folder of text-encoder shards (`FL2VA/text_encoder/`)."""
+
+PROCESSOR_FOLDER = "processor"
+"""The official layout's folder of the image processor's config, beside `tokenizer/` (`FL2VA/processor/`)."""
 
 SYNTHETIC_FORMAT = "h3-synthetic-text-encoder"
 """`__metadata__["format"]` of h3's synthetic text-encoder files."""
@@ -77,6 +81,9 @@ class TextCheckpoint:
     tokenizer_folders: list[Path] = field(default_factory=list)
     """Where a folder checkpoint's tokenizer may be, in order (empty: a single file)."""
 
+    processor_folders: list[Path] = field(default_factory=list)
+    """Where a folder checkpoint's `preprocessor_config.json` may be, in order (empty: a single file)."""
+
     @property
     def bytes_on_disk(self) -> int:
         return sum(f.stat().st_size for f in self.files)
@@ -91,8 +98,8 @@ def locate(path: Path) -> TextCheckpoint:
     if path.is_dir():
         nested = path / WEIGHTS_FOLDER
         if nested.is_dir() and not any(path.glob("*.safetensors")):  # the official folder: FL2VA/
-            return TextCheckpoint(path, _shards(nested), nested, [path / "tokenizer", nested])
-        return TextCheckpoint(path, _shards(path), path, [path, path.parent / "tokenizer"])
+            return TextCheckpoint(path, _shards(nested), nested, [path / "tokenizer", nested], [path / PROCESSOR_FOLDER, nested])
+        return TextCheckpoint(path, _shards(path), path, [path, path.parent / "tokenizer"], [path.parent / PROCESSOR_FOLDER, path])
     kind = path_kind(path, follow=True)
     what = "does not exist" if kind == "nothing" else f"is {kind}, not a file or folder"
     raise CheckpointError(
@@ -268,15 +275,21 @@ def resolve_config(
         "rope_theta": QWEN3_ROPE_THETA if kind == "qwen3" else QWEN3_VL_ROPE_THETA,
         "rms_norm_eps": QWEN3_RMS_NORM_EPS,
     }
+    raw, source = stated_config(reader, checkpoint)
+    stated = text_fields(raw, Path(source.removesuffix(" (header)"))) if raw is not None else {}
+    return merge_config(stated, inferred, stated_in=source, defaults=defaults), source
+
+
+def stated_config(reader: SafetensorsReader, checkpoint: TextCheckpoint) -> tuple[dict | None, str]:
+    """The Hugging Face config the files state, parsed, and where: a folder's `config.json`, else a
+    single file's header config; `(None, "inferred from tensor shapes")` when neither exists."""
     config_path = checkpoint.folder / CONFIG_FILE if checkpoint.folder is not None else None
     if config_path is not None and config_path.is_file():
-        stated, source = read_config_json(config_path), str(config_path)
-    elif METADATA_CONFIG in reader.metadata:
+        return raw_config_json(config_path), str(config_path)
+    if METADATA_CONFIG in reader.metadata:
         where = str(checkpoint.files[0])
-        stated, source = read_metadata_config(reader.metadata[METADATA_CONFIG], where), f"{where} (header)"
-    else:
-        stated, source = {}, "inferred from tensor shapes"
-    return merge_config(stated, inferred, stated_in=source, defaults=defaults), source
+        return raw_metadata_config(reader.metadata[METADATA_CONFIG], where), f"{where} (header)"
+    return None, "inferred from tensor shapes"
 
 
 # --- tensors ---------------------------------------------------------------------------------------
@@ -318,7 +331,7 @@ def check_tensors(reader: SafetensorsReader, markers: Markers, prefix: str, conf
     for index in range(layers):
         layer = f"{prefix}layers.{index}."
         for name, shape in expected_vector_shapes(config).items():
-            _check_shape(reader, layer + name, shape, FLOAT_DTYPE_NAMES)
+            check_shape(reader, layer + name, shape, FLOAT_DTYPE_NAMES)
         for name, (out, inp) in expected_linear_shapes(config).items():
             bias = config.attention_bias and name.startswith("self_attn")
             kinds.add(_check_linear(reader, markers, layer + name, out, inp, bias))
@@ -329,7 +342,7 @@ def _check_embedding(reader: SafetensorsReader, markers: Markers, prefix: str, c
     module = f"{prefix}{EMBEDDING}"
     quant = embedding_quant(markers, prefix)
     if quant is None:
-        _check_shape(reader, f"{module}.weight", (config.vocab_size, config.hidden_size), FLOAT_DTYPE_NAMES)
+        check_shape(reader, f"{module}.weight", (config.vocab_size, config.hidden_size), FLOAT_DTYPE_NAMES)
     else:
         comfy.check_int8_headers(reader, module, config.vocab_size, config.hidden_size, quant)
 
@@ -339,18 +352,18 @@ def _check_linear(reader: SafetensorsReader, markers: Markers, linear: str, out:
     if kind == "nvfp4-comfy":
         comfy.check_nvfp4_headers(reader, linear, out, inp)
     elif kind == "nvfp4-modelopt":
-        _check_shape(reader, f"{linear}.weight", (out, layout.packed_columns(inp)), ("U8",))
-        _check_shape(reader, f"{linear}.weight_scale", (out, layout.scale_columns(inp)), ("F8_E4M3",))
+        check_shape(reader, f"{linear}.weight", (out, layout.packed_columns(inp)), ("U8",))
+        check_shape(reader, f"{linear}.weight_scale", (out, layout.scale_columns(inp)), ("F8_E4M3",))
         if f"{linear}.pre_quant_scale" in reader:
-            _check_shape(reader, f"{linear}.pre_quant_scale", (inp,), FLOAT_DTYPE_NAMES)
+            check_shape(reader, f"{linear}.pre_quant_scale", (inp,), FLOAT_DTYPE_NAMES)
     else:
-        _check_shape(reader, f"{linear}.weight", (out, inp), FLOAT_DTYPE_NAMES)
+        check_shape(reader, f"{linear}.weight", (out, inp), FLOAT_DTYPE_NAMES)
     if bias:
-        _check_shape(reader, f"{linear}.bias", (out,), FLOAT_DTYPE_NAMES)
+        check_shape(reader, f"{linear}.bias", (out,), FLOAT_DTYPE_NAMES)
     return kind
 
 
-def _check_shape(reader: SafetensorsReader, name: str, shape: tuple[int, ...], dtypes: tuple[str, ...]) -> None:
+def check_shape(reader: SafetensorsReader, name: str, shape: tuple[int, ...], dtypes: tuple[str, ...]) -> None:
     actual = require(reader, name)
     if actual != shape:
         raise CheckpointError(
@@ -367,13 +380,24 @@ def has_final_norm(reader: SafetensorsReader, prefix: str) -> bool:
     return f"{prefix}norm.weight" in reader
 
 
-def config_metadata(fields: Mapping[str, object]) -> str:
-    """A Hugging Face text config (JSON) of our config fields, for a single file's header."""
-    hf = {
+def config_metadata(fields: Mapping[str, object], vision: Mapping[str, object] | None = None) -> str:
+    """A Hugging Face config (JSON) of our config fields, for a single file's header: the text
+    config, or with `vision` (our vision fields) a Qwen3-VL config holding both, which transformers'
+    `Qwen3VLConfig(**json.loads(...))` also builds."""
+    text: dict[str, object] = {
         "model_type": "qwen3_vl_text", "vocab_size": fields["vocab_size"], "hidden_size": fields["hidden_size"],
         "num_hidden_layers": fields["num_layers"], "num_attention_heads": fields["num_heads"],
         "num_key_value_heads": fields["num_kv_heads"], "head_dim": fields["head_dim"],
         "intermediate_size": fields["intermediate_size"], "rms_norm_eps": fields["rms_norm_eps"],
         "rope_theta": fields["rope_theta"], "attention_bias": fields["attention_bias"], "hidden_act": "silu",
     }
-    return json.dumps(hf, sort_keys=True)
+    if fields.get("mrope_section") is not None:
+        text["rope_parameters"] = {
+            "rope_type": "default", "rope_theta": fields["rope_theta"], "mrope_section": list(fields["mrope_section"]),  # type: ignore[call-overload]
+            "mrope_interleaved": fields.get("mrope_interleaved", True),
+        }
+    if vision is None:
+        return json.dumps(text, sort_keys=True)
+    vision_config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vision.items() if k != "rope_theta"}
+    vision_config |= {"model_type": "qwen3_vl_vision", "rope_parameters": {"rope_type": "axial", "rope_theta": vision["rope_theta"]}}
+    return json.dumps({"model_type": "qwen3_vl", "text_config": text, "vision_config": vision_config, "tie_word_embeddings": False}, sort_keys=True)

@@ -11,11 +11,15 @@ The RoPE base appears as `rope_theta` at the top level (transformers 4.x) or ins
 `rope_parameters` (transformers 5.x; `rope_scaling` in 4.x holds only the type and Qwen3-VL's
 `mrope_section`). Only the default RoPE type is implemented: scaled variants (yarn, linear,
 dynamic) are refused with a clear error rather than silently computed wrong.
+
+Qwen3-VL's `vision_config` (the vision tower, read only for keyframes) is `Qwen3VisionConfig`; its
+fields come from the same file and from the tower's tensor shapes (`vision_checkpoint.py`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -55,6 +59,12 @@ class Qwen3TextConfig(BaseModel):
     rope_theta: float = Field(gt=0, description="RoPE base.")
     rms_norm_eps: float = Field(gt=0, description="Epsilon of every RMSNorm (layer, q/k and final norms).")
     attention_bias: bool = Field(False, description="Whether q/k/v/o projections carry a bias.")
+    mrope_section: tuple[int, int, int] | None = Field(
+        None,
+        description="Qwen3-VL's multimodal RoPE: how many of the head's head_dim/2 frequency slots follow the time, "
+        "height and width positions (`mrope_section`); None when the files do not say (see `mrope_sections`).",
+    )
+    mrope_interleaved: bool = Field(True, description="Slots assigned round-robin t, h, w (Qwen3-VL) rather than in three runs.")
 
     @model_validator(mode="after")
     def _check(self) -> "Qwen3TextConfig":
@@ -62,7 +72,67 @@ class Qwen3TextConfig(BaseModel):
             raise ValueError(f"{self.num_heads} query heads do not divide into {self.num_kv_heads} key/value heads")
         if self.head_dim % 2:
             raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
+        if self.mrope_section is not None and sum(self.mrope_section) != self.head_dim // 2:
+            raise ValueError(f"mrope_section {list(self.mrope_section)} does not add up to head_dim / 2 = {self.head_dim // 2}")
         return self
+
+
+QWEN3_VL_MROPE_SECTION = (24, 20, 20)
+"""Qwen3-VL's multimodal RoPE split of a 128-wide head's 64 frequency slots (time, height, width)."""
+
+
+def mrope_sections(config: Qwen3TextConfig) -> tuple[int, int, int] | None:
+    """The M-RoPE split image tokens need: the stated one, Qwen3-VL's for a 128-wide head, else None."""
+    if config.mrope_section is not None:
+        return config.mrope_section
+    return QWEN3_VL_MROPE_SECTION if config.head_dim == 2 * sum(QWEN3_VL_MROPE_SECTION) else None
+
+
+class Qwen3VisionConfig(BaseModel):
+    """Qwen3-VL's vision tower (transformers' `Qwen3VLVisionConfig` names)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    depth: int = Field(gt=0, description="Vision blocks (H3: 27).")
+    hidden_size: int = Field(gt=0, description="Width of the blocks (H3: 1152).")
+    num_heads: int = Field(gt=0, description="Attention heads of a block (H3: 16 of 72).")
+    intermediate_size: int = Field(gt=0, description="Width of a block's MLP (H3: 4304).")
+    in_channels: int = Field(3, gt=0, description="Colour channels of a patch.")
+    patch_size: int = Field(gt=0, description="Side of a patch in pixels (H3: 16).")
+    temporal_patch_size: int = Field(gt=0, description="Frames in a patch (H3: 2; an image is repeated).")
+    spatial_merge_size: int = Field(gt=0, description="Patches merged per side into one language token (H3: 2).")
+    out_hidden_size: int = Field(gt=0, description="Width of a merged token: the language model's hidden size.")
+    num_position_embeddings: int = Field(gt=0, description="Rows of the learned position table, a square grid (H3: 2304 = 48 x 48).")
+    deepstack_visual_indexes: tuple[int, ...] = Field(description="Blocks whose output a deepstack merger reads (H3: 8, 16, 24).")
+    hidden_act: str = Field("gelu_pytorch_tanh", description="Activation of a block's MLP: gelu_pytorch_tanh or gelu.")
+    rope_theta: float = Field(10_000.0, gt=0, description="Base of the blocks' 2-D rotary embedding.")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def grid_side(self) -> int:
+        """Side of the learned position grid."""
+        return math.isqrt(self.num_position_embeddings)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Qwen3VisionConfig":
+        if self.hidden_size % self.num_heads or self.head_dim % 4:
+            raise ValueError(f"width {self.hidden_size} does not split into {self.num_heads} heads of a multiple of 4 (2-D RoPE)")
+        if self.grid_side**2 != self.num_position_embeddings:
+            raise ValueError(f"num_position_embeddings {self.num_position_embeddings} is not a square grid")
+        if len(set(self.deepstack_visual_indexes)) != len(self.deepstack_visual_indexes) or not all(
+            0 <= i < self.depth for i in self.deepstack_visual_indexes
+        ):
+            raise ValueError(f"deepstack_visual_indexes {list(self.deepstack_visual_indexes)} are not distinct blocks of 0..{self.depth - 1}")
+        if self.hidden_act not in VISION_ACTIVATIONS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {', '.join(VISION_ACTIVATIONS)}")
+        return self
+
+
+VISION_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
+"""The MLP activations h3's vision blocks implement (Qwen3-VL uses the first)."""
 
 
 # Hugging Face field name -> ours. `head_dim` may be absent (then it comes from the q_norm shape).
@@ -83,25 +153,35 @@ _SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_vl", "qwen3_vl_text")
 
 def read_metadata_config(text: str, where: str) -> dict[str, Any]:
     """The text-decoder fields a single file states in its header (`__metadata__["config"]`, a
-    Hugging Face text config as JSON: h3's synthetic encoder writes one)."""
+    Hugging Face Qwen3-VL or text config as JSON: h3's synthetic encoder writes one)."""
+    return text_fields(raw_metadata_config(text, where), Path(where))
+
+
+def raw_metadata_config(text: str, where: str) -> dict[str, Any]:
+    """A single file's header config, parsed."""
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{where}: the header's config is not JSON ({exc}); the file is corrupt") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{where}: the header's config is not a JSON object; the file is corrupt")
-    return text_fields(raw, Path(where))
+    return raw
 
 
 def read_config_json(path: Path) -> dict[str, Any]:
     """The text-decoder fields (our names) that `config.json` at `path` states."""
+    return text_fields(raw_config_json(path), path)
+
+
+def raw_config_json(path: Path) -> dict[str, Any]:
+    """`config.json` at `path`, parsed."""
     try:
         raw = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"cannot read {path}: {exc}; fix or remove it (h3 then infers the config from shapes)") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path} is not a JSON object; fix or remove it")
-    return text_fields(raw, path)
+    return raw
 
 
 def text_fields(raw: Mapping[str, Any], path: Path) -> dict[str, Any]:
@@ -118,6 +198,31 @@ def text_fields(raw: Mapping[str, Any], path: Path) -> dict[str, Any]:
     _check_unsupported(text, path)
     fields = {ours: text[hf] for hf, ours in _HF_FIELDS.items() if text.get(hf) is not None}
     theta = _rope_theta(text)
+    if theta is not None:
+        fields["rope_theta"] = float(theta)
+    rope = _rope_parameters(text)
+    if rope.get("mrope_section") is not None:
+        fields["mrope_section"] = tuple(rope["mrope_section"])
+    if rope.get("mrope_interleaved") is not None:
+        fields["mrope_interleaved"] = bool(rope["mrope_interleaved"])
+    return fields
+
+
+_VISION_FIELDS = tuple(Qwen3VisionConfig.model_fields)
+
+
+def vision_fields(raw: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """Our vision fields from a parsed Qwen3-VL config's `vision_config` (empty when it has none)."""
+    vision = raw.get("vision_config")
+    if vision is None:
+        return {}
+    if not isinstance(vision, Mapping):
+        raise CheckpointError(f"{path}: vision_config is not an object")
+    fields = {name: vision[name] for name in _VISION_FIELDS if vision.get(name) is not None and name != "rope_theta"}
+    if "deepstack_visual_indexes" in fields:
+        fields["deepstack_visual_indexes"] = tuple(fields["deepstack_visual_indexes"])
+    rope = vision.get("rope_parameters") or {}
+    theta = rope.get("rope_theta", vision.get("rope_theta")) if isinstance(rope, Mapping) else vision.get("rope_theta")
     if theta is not None:
         fields["rope_theta"] = float(theta)
     return fields

@@ -12,7 +12,14 @@ Output layer: an index into Hugging Face's `hidden_states`: 0 is the token embed
 output of decoder layer `k` (index `k - 1`), never normed; negative values count from the last
 layer present (-1). Default: the checkpoint's own -- a truncated file (no final norm, as ComfyUI's
 H3 file) its last layer; a whole decoder H3's `hidden_states[50]` (`config.H3_OUTPUT_LAYER`).
-Layers past the output layer are neither read nor built; the vision tower and `lm_head` never.
+Layers past the output layer are neither read nor built, `lm_head` never, and the vision tower only
+when a request has keyframes.
+
+Keyframes: `encode_prompt(prompt, images)` presents the prompt after the images (`presentation.py`),
+runs Qwen3-VL's vision tower (`vision.py`, loaded from the same open files on the first such call,
+`inspect_vision` having checked its headers) on the image processor's patches
+(`image_processor.py`), puts its merged rows at the image tokens with 3-axis M-RoPE positions and
+adds its deepstack features after the first decoder layers (`model.Qwen3TextModel.forward_presented`).
 
 Memory: the weights of the layers run live on `device` while loaded (`info.resident_bytes`); the
 token embedding stays on disk and each prompt reads its rows (`weights.EmbeddingRows`). Release
@@ -31,10 +38,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from PIL import Image
 
-from h3core.errors import CheckpointError, ConfigError, KeyframeError
+from h3core.errors import CheckpointError, ConfigError
 from h3core.files.safetensors import SafetensorsReader
 from h3core.runtime.device import resident_bytes
-from h3core.text.assemble import assemble
+from h3core.text.assemble import assemble, assemble_vision
 from h3core.text.checkpoint import (
     Markers,
     TextCheckpoint,
@@ -46,9 +53,13 @@ from h3core.text.checkpoint import (
     resolve_config,
 )
 from h3core.text.config import H3_OUTPUT_LAYER, Qwen3TextConfig
-from h3core.text.model import Qwen3TextModel
+from h3core.text.image_processor import ImageProcessor, read_processor_config
+from h3core.text.model import Qwen3TextModel, VisualRows, multimodal_positions
+from h3core.text.presentation import present
 from h3core.text.synthetic import synthetic_text_encoder
 from h3core.text.tokenizer import PromptTokenizer, TokenizerFiles, folder_tokenizer, shipped_tokenizer
+from h3core.text.vision import Qwen3VisionTower
+from h3core.text.vision_checkpoint import VisionSpec, inspect_vision
 from h3core.text.weights import TextWeights
 
 Kind = Literal["synthetic", "comfy", "qwen3-vl", "qwen3"]
@@ -74,6 +85,9 @@ class TextEncoderInfo(BaseModel):
     config_source: str = Field(description="config.json path, the file's header, or 'inferred from tensor shapes'.")
     device: str = Field(description="Device the weights live on.")
     dtype: str = Field(description="Compute dtype of the decoder.")
+    vision: bool = Field(False, description="The checkpoint holds Qwen3-VL's vision tower (keyframes can be encoded).")
+    vision_resident_bytes: int = Field(0, description="Bytes of the vision tower held in memory (0: not loaded: no keyframes yet).")
+    images: int = Field(0, description="Keyframe images encoded so far.")
 
 
 @dataclass(frozen=True)
@@ -94,12 +108,15 @@ class _Loaded:
 class TextEncoder:
     """A loaded text encoder: `encode(prompt)` / `encode_ids(ids)` until `release()`."""
 
-    def __init__(self, model: Qwen3TextModel, reader: SafetensorsReader, tokenizer: PromptTokenizer, loaded: _Loaded, device: torch.device, dtype: torch.dtype):
+    def __init__(self, model: Qwen3TextModel, source: TextWeights, tokenizer: PromptTokenizer, loaded: _Loaded, dtype: torch.dtype):
         self._model: Qwen3TextModel | None = model
-        self._reader = reader
+        self._source = source  # the open files: the embedding rows, and the vision tower if keyframes come
+        self._reader = source.reader
         self.tokenizer = tokenizer
         self._loaded = loaded
-        self.device, self.dtype = device, dtype
+        self.device, self.dtype = source.device, dtype
+        self._vision: tuple[VisionSpec, Qwen3VisionTower] | None = None
+        self._images = 0
 
     @property
     def hidden_size(self) -> int:
@@ -120,6 +137,7 @@ class TextEncoder:
             checkpoint_layers=loaded.config.num_layers, hidden_size=loaded.config.hidden_size, output_layer=loaded.layers,
             tokenizer=self.tokenizer.name, linears=linears, linear_layouts=loaded.linear_layouts,
             config_source=loaded.config_source, device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
+            vision=self.has_vision, vision_resident_bytes=resident_bytes(self._vision[1]) if self._vision else 0, images=self._images,
         )
 
     def token_ids(self, prompt: str, max_tokens: int | None = None) -> list[int]:
@@ -151,12 +169,22 @@ class TextEncoder:
         if not images:
             ids = self.token_ids(prompt, max_tokens)
             return self._states(ids), torch.ones(len(ids), dtype=torch.int64)
-        if not self.has_vision:
-            raise KeyframeError(
-                f"keyframes need a text encoder with Qwen3-VL's vision tower, and {self._loaded.checkpoint.path} has "
-                "none; use ComfyUI's qwen3vl_32b_minimax_h3 file or the official FL2VA folder, or drop the keyframes"
+        spec, tower = self.vision_tower()
+        pixel_values, grids = spec.processor.pixel_values(images)
+        merge = spec.config.spatial_merge_size
+        shown = present(self.tokenizer, prompt, [t * h * w // merge**2 for t, h, w in grids])
+        if max_tokens is not None and len(shown.token_ids) > max_tokens:
+            raise ConfigError(
+                f"the prompt with its {len(images)} keyframe(s) is {len(shown.token_ids)} tokens, more than the {max_tokens} this "
+                "model takes; shorten the prompt or use smaller keyframes"
             )
-        raise KeyframeError("h3's Qwen3-VL vision tower is not implemented yet: keyframes cannot be encoded")
+        ids = self._checked_ids(shown.token_ids)
+        embeds, deepstack = tower(pixel_values, grids)  # [K, D], [[K, D]] * len(deepstack layers)
+        rows = torch.tensor([i for span in shown.image_spans for i in span], device=self.device)
+        positions = multimodal_positions(len(ids), shown.image_spans, grids, merge)  # [3, L']
+        states = self._model_or_raise().forward_presented(ids.to(self.device), positions, VisualRows(rows, embeds, deepstack))
+        self._images += len(images)
+        return states.to(device="cpu"), torch.tensor(shown.tags, dtype=torch.int64)
 
     @property
     def has_vision(self) -> bool:
@@ -165,20 +193,40 @@ class TextEncoder:
 
     def _states(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """`[L, hidden_size]` output-layer states on the CPU in the encoder dtype."""
-        if self._model is None:
-            raise RuntimeError("text encoder was released; load it again to encode")
-        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)  # [L]
+        model = self._model_or_raise()
+        ids = self._checked_ids(token_ids)  # [L]
         if ids.numel() == 0:
             return torch.zeros(0, self.hidden_size, dtype=self.dtype)
+        return model(ids).to(device="cpu")  # [L, D]
+
+    def _model_or_raise(self) -> Qwen3TextModel:
+        if self._model is None:
+            raise RuntimeError("text encoder was released; load it again to encode")
+        return self._model
+
+    def _checked_ids(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)  # [L]
         vocab = self._loaded.config.vocab_size
-        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
             bad = int(ids.max()) if int(ids.max()) >= vocab else int(ids.min())
             raise CheckpointError(f"token id {bad} is outside the embedding's {vocab} rows: the ids do not belong to these weights")
-        return self._model(ids).to(device="cpu")  # [L, D]
+        return ids
+
+    def vision_tower(self) -> tuple[VisionSpec, Qwen3VisionTower]:
+        """The vision tower (its spec: config, processor, prefix) checked and built from the open files on
+        the first call (`encode_prompt` makes it on the first request with images); a `KeyframeError`
+        line when the checkpoint has none."""
+        self._model_or_raise()
+        if self._vision is None:
+            loaded = self._loaded
+            spec = inspect_vision(self._reader, self._source.markers, loaded.kind, loaded.checkpoint, loaded.config)
+            self._vision = spec, assemble_vision(self._source, spec.prefix, spec.config, dtype=self.dtype)
+        return self._vision
 
     def release(self) -> None:
-        """Drop the weights, close the files (and empty the CUDA cache); encoding is no longer possible."""
+        """Drop the weights (the vision tower's too), close the files (and empty the CUDA cache); encoding is no longer possible."""
         self._model = None
+        self._vision = None
         self._reader.close()
         gc.collect()
         if self.device.type == "cuda":
@@ -218,24 +266,54 @@ def load_text_encoder(
         found.checkpoint, found.kind, found.config, found.config_source, found.layers, sorted(source.kinds), resident_bytes(model),
         vision_prefix(found.reader, found.kind),
     )
-    return TextEncoder(model, found.reader, found.tokenizer, loaded, device, dtype)
+    return TextEncoder(model, source, found.tokenizer, loaded, dtype)
 
 
-def check_text_encoder(path: str | Path | None, *, hidden_size: int, output_layer: int | None = None) -> PromptTokenizer:
+def check_text_encoder(
+    path: str | Path | None, *, hidden_size: int, output_layer: int | None = None, images: bool = False
+) -> PromptTokenizer:
     """Everything `load_text_encoder` checks before reading weights (files, layout, config, shapes,
-    markers, tokenizer); returns the encoder's tokenizer, whose `encode` gives the ids `encode` uses.
+    markers, tokenizer; with `images`, the vision tower and the image processor too); returns the
+    encoder's tokenizer, whose `encode` gives the ids `encode` uses.
 
     Cheap: headers only. The launcher calls it before spawning ranks, so a bad path is one line
     from the launching process and the prompt's token count is known before the partition is checked.
     """
-    if path is None:
+    if path is None and not images:
         from h3core.text.synthetic import synthetic_config
 
         synthetic_config(hidden_size)  # the width check; the synthetic vocabulary covers the tokenizer
         return shipped_tokenizer()
+    if path is None:  # keyframes: the synthetic file (built once, cached) holds the tower to check
+        path, _ = synthetic_text_encoder(hidden_size, 0)
     found = _inspect(Path(path), hidden_size, output_layer)
-    found.reader.close()
+    try:
+        if images:
+            inspect_vision(found.reader, found.markers, found.kind, found.checkpoint, found.config)
+    finally:
+        found.reader.close()
     return found.tokenizer
+
+
+def vision_tower_bytes(path: str | Path | None, *, hidden_size: int) -> int:
+    """Bytes the vision tower of the text encoder at `path` (None: the synthetic one) takes once loaded
+    (its tensors' stored size: it is kept in the stored dtype); 0 when it has none. Headers only."""
+    if path is None:
+        path, _ = synthetic_text_encoder(hidden_size, 0)
+    checkpoint = locate(Path(path))
+    with SafetensorsReader(checkpoint.files) as reader:
+        kind, _ = identify(reader, Path(path))
+        prefix = vision_prefix(reader, kind)
+        return 0 if prefix is None else sum(reader.nbytes(name) for name in reader.keys() if name.startswith(prefix))
+
+
+def image_processor_for(path: str | Path | None) -> ImageProcessor:
+    """The image processor a text encoder's keyframes go through (its folder's
+    `preprocessor_config.json`, else the official values): what `ImageProcessor.image_tokens` needs
+    to count a presentation's rows before anything is loaded. Reads no weights."""
+    if path is None:
+        return ImageProcessor()
+    return ImageProcessor(read_processor_config(locate(Path(path)).processor_folders))
 
 
 def resolve_output_layer(output_layer: int | None, num_layers: int, *, whole_decoder: bool, where: Path) -> int:

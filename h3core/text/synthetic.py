@@ -7,9 +7,15 @@ a Comfy `int8_tensorwise` embedding with per-row scales and one row for every id
 151,936-row table (so every id of H3's tokenizer has one), NVFP4 linears with `comfy_quant`
 markers `{"format": "nvfp4", "full_precision_matrix_mult": true}`, high-nibble-first codes and
 swizzled scales, AWQ `pre_quant_scale` on `o_proj` and `down_proj` only, bf16 norms, and its config
-in the header. Its width is the denoiser's text width; the rest is small (3 layers, 4 query and
-2 key/value heads of 16, SwiGLU width 64), so it builds in well under a second at width 64 (10 MB)
-and in seconds at 5120 (the embedding: 0.78 GB on disk, of which a prompt reads its own rows).
+in the header (a Qwen3-VL config: M-RoPE sections 4, 2, 2 for its 16-wide heads). Its width is the
+denoiser's text width; the rest is small (3 layers, 4 query and 2 key/value heads of 16, SwiGLU
+width 64), so it builds in well under a second at width 64 (10 MB) and in seconds at 5120 (the
+embedding: 0.78 GB on disk, of which a prompt reads its own rows).
+
+And a vision tower in the Comfy layout (`visual.*`, all bf16, the real key names and H3's patch
+geometry: 16 px patches of 2 frames, 2x2 merge, a 48 x 48 position table) at small widths: 4
+blocks of width 64 (4 heads), MLP 128, deepstack mergers after blocks 1, 2 and 3, merged rows of
+the text width. It is read only when a request has keyframes, so keyframes work with no weights.
 Its hidden states carry no meaning; every report says `synthetic`.
 """
 
@@ -32,15 +38,17 @@ from h3core.nvfp4.linear import NVFP4Linear
 from h3core.reports.units import format_bytes
 from h3core.text.checkpoint import (
     METADATA_CONFIG,
+    VISION_PREFIXES,
     PLAIN_PREFIX,
     SYNTHETIC_FORMAT,
     config_metadata,
     expected_linear_shapes,
     expected_vector_shapes,
 )
-from h3core.text.config import QWEN3_RMS_NORM_EPS, QWEN3_VL_ROPE_THETA, Qwen3TextConfig
+from h3core.text.config import QWEN3_RMS_NORM_EPS, QWEN3_VL_ROPE_THETA, Qwen3TextConfig, Qwen3VisionConfig
+from h3core.text.vision_checkpoint import expected_vision_shapes
 
-SYNTHETIC_VERSION = "1"
+SYNTHETIC_VERSION = "2"
 """Bump when the synthetic weights change, to invalidate cached files."""
 
 SYNTHETIC_VOCAB = 151_936
@@ -66,6 +74,15 @@ def synthetic_config(hidden_size: int) -> Qwen3TextConfig:
     return Qwen3TextConfig(
         vocab_size=SYNTHETIC_VOCAB, hidden_size=hidden_size, num_layers=3, num_heads=4, num_kv_heads=2,
         head_dim=16, intermediate_size=64, rope_theta=QWEN3_VL_ROPE_THETA, rms_norm_eps=QWEN3_RMS_NORM_EPS,
+        mrope_section=(4, 2, 2),
+    )
+
+
+def synthetic_vision_config(hidden_size: int) -> Qwen3VisionConfig:
+    """The synthetic vision tower: H3's patch geometry and position grid at small widths, rows of `hidden_size`."""
+    return Qwen3VisionConfig(
+        depth=4, hidden_size=64, num_heads=4, intermediate_size=128, patch_size=16, temporal_patch_size=2,
+        spatial_merge_size=2, out_hidden_size=hidden_size, num_position_embeddings=2304, deepstack_visual_indexes=(1, 2, 3),
     )
 
 
@@ -106,6 +123,24 @@ def synthetic_tensors(config: Qwen3TextConfig, seed: int) -> dict[str, torch.Ten
             tensors[layer + name] = (1.0 + 0.1 * torch.randn(shape, generator=generator)).to(torch.bfloat16)  # norm gains near 1
         for name, (out, inp) in expected_linear_shapes(config).items():
             tensors |= comfy.nvfp4_tensors(layer + name, _linear(out, inp, name in AWQ_LINEARS, generator), LINEAR_MARKER)
+    return tensors | _vision(synthetic_vision_config(config.hidden_size), generator)
+
+
+def _vision(config: Qwen3VisionConfig, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """The tower's tensors (`visual.*`, bf16): norm gains near 1, small biases, a position table of
+    order 1, variance-preserving weights."""
+    tensors = {}
+    for name, shape in expected_vision_shapes(config).items():
+        if ".norm" in name or name.startswith("norm"):
+            value = (1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn(shape, generator=generator)
+        elif name.endswith("bias"):
+            value = 0.02 * torch.randn(shape, generator=generator)
+        elif name == "pos_embed.weight":
+            value = 0.5 * torch.randn(shape, generator=generator)
+        else:
+            fan_in = math.prod(shape[1:])
+            value = torch.randn(shape, generator=generator) / math.sqrt(fan_in)
+        tensors[f"{VISION_PREFIXES['synthetic']}{name}"] = value.to(torch.bfloat16)
     return tensors
 
 
@@ -130,7 +165,7 @@ def _linear(out: int, inp: int, awq: bool, generator: torch.Generator) -> NVFP4L
 def _metadata(config: Qwen3TextConfig, seed: int) -> dict[str, str]:
     return {
         "format": SYNTHETIC_FORMAT, "weights": "synthetic", "version": SYNTHETIC_VERSION, "seed": str(seed),
-        METADATA_CONFIG: config_metadata(config.model_dump()),
+        METADATA_CONFIG: config_metadata(config.model_dump(), synthetic_vision_config(config.hidden_size).model_dump()),
     }
 
 
@@ -148,4 +183,5 @@ def _file_bytes(config: Qwen3TextConfig) -> int:
     """About the size of the file (the embedding and the linears; norms and headers are small)."""
     embedding = config.vocab_size * (config.hidden_size + 4)
     linears = sum(layout.storage_bytes(out, inp) + 2 * inp for out, inp in expected_linear_shapes(config).values())
-    return embedding + config.num_layers * linears + (1 << 20)
+    vision = sum(2 * math.prod(shape) for shape in expected_vision_shapes(synthetic_vision_config(config.hidden_size)).values())
+    return embedding + config.num_layers * linears + vision + (1 << 20)

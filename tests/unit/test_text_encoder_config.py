@@ -31,15 +31,35 @@ EXPECTED_32B = {
 }
 
 
+MROPE = {"mrope_section": (24, 20, 20)}
+
+
 def test_qwen3_vl_transformers_4_layout():
-    assert text_fields(QWEN3_VL_32B_V4, WHERE) == EXPECTED_32B
+    assert text_fields(QWEN3_VL_32B_V4, WHERE) == EXPECTED_32B | MROPE | {"mrope_interleaved": True}
 
 
 def test_qwen3_vl_transformers_5_layout():
     text = dict(QWEN3_VL_32B_V4["text_config"])
     del text["rope_theta"], text["rope_scaling"]
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20]}
-    assert text_fields({**QWEN3_VL_32B_V4, "text_config": text}, WHERE) == EXPECTED_32B
+    assert text_fields({**QWEN3_VL_32B_V4, "text_config": text}, WHERE) == EXPECTED_32B | MROPE
+
+
+def test_the_official_vision_config():
+    """MiniMax-AI/MiniMax-H3 FL2VA/text_encoder/config.json's vision_config (transformers 4.57)."""
+    from h3core.text.config import Qwen3VisionConfig, mrope_sections, vision_fields
+
+    official = {"vision_config": {
+        "deepstack_visual_indexes": [8, 16, 24], "depth": 27, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152,
+        "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 4304, "model_type": "qwen3_vl", "num_heads": 16,
+        "num_position_embeddings": 2304, "out_hidden_size": 5120, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+    }}
+    config = Qwen3VisionConfig(**vision_fields(official, WHERE))
+    assert (config.head_dim, config.grid_side, config.deepstack_visual_indexes, config.rope_theta) == (72, 48, (8, 16, 24), 10_000.0)
+    text = merge_config(text_fields(QWEN3_VL_32B_V4, WHERE), {}, stated_in="config.json", defaults={})
+    assert mrope_sections(text) == (24, 20, 20) and mrope_sections(text.model_copy(update={"mrope_section": None})) == (24, 20, 20)
+    assert mrope_sections(text.model_copy(update={"mrope_section": None, "head_dim": 64})) is None
+    assert vision_fields({}, WHERE) == {}
 
 
 def test_plain_qwen3_top_level_fields():

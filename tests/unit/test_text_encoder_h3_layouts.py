@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from h3core.text import check_text_encoder
-from h3core.text.encoder import _inspect
+from h3core.text.encoder import _inspect, vision_tower_bytes
 from h3core.text.tokenizer import SHIPPED_FOLDER, SHIPPED_NAME
 
 D, Q, KV, F, V, LAYERS_KEPT = 5120, 8192, 1024, 25600, 151_936, 50
@@ -109,6 +109,9 @@ def test_the_comfy_nvfp4_awq_file_is_accepted_from_its_headers(tmp_path):
         assert found.markers("model.layers.49.mlp.down_proj").full_precision_matrix_mult
     finally:
         found.reader.close()
+    check_text_encoder(path, hidden_size=D, images=True)  # keyframes: the tower from its headers, H3's config (none stated)
+    _check_h3_vision(path)
+    assert vision_tower_bytes(path, hidden_size=D) == sum(_bytes(s) for n, s in specs.items() if n.startswith("visual.")) == 1_190_533_600
     layers = sum(_bytes(spec) for name, spec in specs.items() if name.startswith("model.layers."))
     print(f"Comfy NVFP4-AWQ file: h3 reads {layers + len(INT8_MARKER):,} bytes of layers 0..49 and markers, plus "
           f"{D + 4} per distinct prompt token, of {COMFY_FILE_BYTES:,} (the rest: {_bytes(specs['model.embed_tokens.weight']):,} "
@@ -139,6 +142,39 @@ def test_the_official_folder_is_accepted_from_its_headers_with_output_layer_50(t
     found = _inspect(root, D, None)
     found.reader.close()
     assert (found.kind, found.layers, found.config.num_layers) == ("qwen3-vl", 50, 64)
+    official_config["vision_config"] = {
+        "deepstack_visual_indexes": [8, 16, 24], "depth": 27, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152, "in_channels": 3,
+        "initializer_range": 0.02, "intermediate_size": 4304, "model_type": "qwen3_vl", "num_heads": 16, "num_position_embeddings": 2304,
+        "out_hidden_size": 5120, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+    }
+    (root / "text_encoder" / "config.json").write_text(json.dumps(official_config))
+    (root / "processor").mkdir()
+    (root / "processor" / "preprocessor_config.json").write_text(json.dumps({
+        "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "processor_class": "Qwen3VLProcessor",
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+    }))
+    check_text_encoder(root, hidden_size=D, images=True)
+    spec = _check_h3_vision(root)
+    assert spec.prefix == "model.visual." and spec.config_source == str(root / "text_encoder" / "config.json")
+    assert spec.processor.config.source == str(root / "processor" / "preprocessor_config.json")
+
+
+def _check_h3_vision(path: Path):
+    """The vision tower h3 would build for keyframes from `path`'s headers: Qwen3-VL-32B's."""
+    from h3core.text.vision_checkpoint import inspect_vision
+
+    found = _inspect(path, D, None)
+    try:
+        spec = inspect_vision(found.reader, found.markers, found.kind, found.checkpoint, found.config)
+    finally:
+        found.reader.close()
+    config = spec.config
+    assert (config.depth, config.hidden_size, config.num_heads, config.intermediate_size, config.out_hidden_size) == (27, VISION, 16, VISION_MLP, D)
+    assert (config.patch_size, config.temporal_patch_size, config.spatial_merge_size, config.grid_side) == (16, 2, 2, 48)
+    assert config.deepstack_visual_indexes == (8, 16, 24) and config.hidden_act == "gelu_pytorch_tanh"
+    assert spec.processor.image_tokens((864, 480)) == 405  # MINIMAX_H3.md 2.6
+    return spec
 
 
 def _bytes(spec: tuple[str, tuple[int, ...]]) -> int:

@@ -45,15 +45,23 @@ def test_synthetic_encoder_shape_info_and_layout(cache):
         assert reader.dtype_name("model.embed_tokens.weight") == "I8" and reader.shape("model.embed_tokens.weight_scale") == (SYNTHETIC_VOCAB, 1)
     assert "model.layers.2.mlp.down_proj.pre_quant_scale" in names and "model.layers.2.mlp.up_proj.pre_quant_scale" not in names
     assert "model.norm.weight" not in names and "model.layers.2.self_attn.q_proj.comfy_quant" in names
+    vision = sorted(name for name in names if name.startswith("visual."))
+    assert "visual.patch_embed.proj.weight" in vision and "visual.deepstack_merger_list.2.linear_fc2.bias" in vision
+    assert "visual.blocks.3.attn.qkv.weight" in vision and not any(name.endswith("comfy_quant") for name in vision)
+    with SafetensorsReader([info.path]) as reader:
+        assert {reader.dtype_name(name) for name in vision} == {"BF16"} and reader.shape("visual.pos_embed.weight") == (2304, 64)
+    assert info.vision and info.vision_resident_bytes == 0  # not read until a request has keyframes
     print(f"synthetic encoder (hidden 64) built and loaded in {build_seconds * 1e3:.0f} ms")
 
 
-def test_synthetic_file_runs_the_same_in_transformers(cache):
+def _file_state(path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, str]]:
+    """The synthetic file as transformers' language model and vision tower state dicts (NVFP4 linears
+    dequantized by comfy-kitchen, AWQ pre-scales folded in, bf16 widened), and its header."""
     import comfy_kitchen as ck
 
-    path, _ = synthetic_text_encoder(64, seed=3)
     with SafetensorsReader([path]) as reader:
         tensors = {name: reader.get(name) for name in reader.keys()}
+        metadata = reader.metadata
     state = {"embed_tokens.weight": tensors["model.embed_tokens.weight"].float() * tensors["model.embed_tokens.weight_scale"]}
     for name, tensor in tensors.items():
         key = name.removeprefix("model.")
@@ -64,6 +72,13 @@ def test_synthetic_file_runs_the_same_in_transformers(cache):
             dense = ck.dequantize_nvfp4(tensor, tensors[f"{prefix}.weight_scale_2"], tensors[f"{prefix}.weight_scale"], torch.float32)
             pre_scale = tensors.get(f"{prefix}.pre_quant_scale")
             state[key] = dense if pre_scale is None else dense * pre_scale.float()
+    vision = {name.removeprefix("visual."): tensor.float() for name, tensor in tensors.items() if name.startswith("visual.")}
+    return state, vision, metadata
+
+
+def test_synthetic_file_runs_the_same_in_transformers(cache):
+    path, _ = synthetic_text_encoder(64, seed=3)
+    state, _, _ = _file_state(path)
     reference = _reference_model(state)
     ids = shipped_tokenizer().encode(PROMPT)
     expected = last_layer_unnormed(reference, ids)  # the last layer's own output: hidden_states[3] is final-normed
@@ -86,6 +101,57 @@ def _reference_model(state):
     missing = model.model.language_model.load_state_dict(state, strict=False)
     assert missing.missing_keys == ["norm.weight"] and not missing.unexpected_keys  # the synthetic file ends before the final norm
     return model
+
+
+def test_synthetic_keyframes_run_the_same_in_transformers(cache):
+    """The synthetic tower (Comfy layout, bf16) and the presentation through transformers' Qwen3-VL
+    built from the file's own header config: the same states with 1 and 2 images."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+    from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from h3core.text.tokenizer import SHIPPED_FOLDER
+
+    path, _ = synthetic_text_encoder(64, seed=3)
+    state, vision, metadata = _file_state(path)
+    model = Qwen3VLForConditionalGeneration(Qwen3VLConfig(**json.loads(metadata["config"]))).eval()
+    assert model.model.language_model.load_state_dict(state, strict=False).missing_keys == ["norm.weight"]
+    model.model.visual.load_state_dict(vision)
+    rng = np.random.default_rng(1)
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in ((320, 256), (256, 320))]
+    encoder = load_text_encoder(None, hidden_size=64, seed=3)
+    tokenizer = AutoTokenizer.from_pretrained(str(SHIPPED_FOLDER))
+    for count in (1, 2):
+        states, tags = encoder.encode_prompt(PROMPT, images[:count])
+        expected = _reference_with_images(model, tokenizer, images[:count])
+        error = max_relative_error(states, expected)
+        assert error <= 1e-5 and int((tags == 0).sum()) == sum(w * h // 1024 + 2 for w, h in ((320, 256), (256, 320))[:count])
+        print(f"synthetic keyframes in transformers, {count} image(s): max relative error {error:.2e}")
+
+
+def _reference_with_images(model, tokenizer, images) -> torch.Tensor:
+    """The last layer's own output for diffusers' FL2VA presentation (official processor values)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    processor = Qwen2VLImageProcessorPil(size={"shortest_edge": 65536, "longest_edge": 16777216}, patch_size=16, temporal_patch_size=2,
+                                         merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    vision = processor(images=images, return_tensors="pt")
+    ids = []
+    for index, grid in enumerate(vision["image_grid_thw"]):
+        ids += tokenizer(f"<Picture {index + 1}>: ", add_special_tokens=False)["input_ids"] + [151652] + [151655] * (int(grid.prod()) // 4) + [151653]
+    input_ids = torch.tensor([ids + tokenizer(PROMPT, add_special_tokens=False)["input_ids"]])
+    captured = []
+    hook = model.model.language_model.layers[-1].register_forward_hook(lambda m, a, out: captured.append(out))
+    try:
+        with torch.no_grad():
+            model.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), mm_token_type_ids=(input_ids == 151655).long(),
+                        pixel_values=vision["pixel_values"], image_grid_thw=vision["image_grid_thw"], use_cache=False)
+    finally:
+        hook.remove()
+    out = captured[0][0] if isinstance(captured[0], tuple) else captured[0]
+    return out[0]
 
 
 def test_synthetic_encoder_is_deterministic_and_cached(cache):

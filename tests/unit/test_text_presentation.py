@@ -3,11 +3,8 @@ and `encode_prompt` without images is `encode` with all-ones tags."""
 
 from __future__ import annotations
 
-import pytest
 import torch
-from PIL import Image
 
-from h3core.keyframes import KeyframeError
 from h3core.text import load_text_encoder
 from h3core.text.presentation import IMAGE_PAD, VISION_END, VISION_START, present
 from h3core.text.tokenizer import shipped_tokenizer
