@@ -130,36 +130,15 @@ def keyframe_vae(video_vae: Path | None, model_path: Path | None, synthetic_tran
 
 def presented_tags(text_encoder: Path | None, hidden_size: int, prompt: str, canvas: tuple[int, int], count: int) -> list[int]:
     """Each text row's tag of `prompt` presented after `count` keyframes on `canvas` (1 text, 0 a vision
-    block), from headers only; the text encoder must hold a vision tower (`KeyframeError` otherwise)."""
+    block), from headers only (`check_text_encoder(images=True)`: the text encoder must hold a vision
+    tower that fits its image processor, a `KeyframeError` / `CheckpointError` line otherwise)."""
     from h3core.text import check_text_encoder
+    from h3core.text.encoder import image_processor_for
     from h3core.text.presentation import present
 
-    tokenizer = check_text_encoder(text_encoder, hidden_size=hidden_size)
-    tokens = _image_processor(text_encoder, hidden_size).image_tokens(canvas)
+    tokenizer = check_text_encoder(text_encoder, hidden_size=hidden_size, images=True)
+    tokens = image_processor_for(text_encoder).image_tokens(canvas)
     return present(tokenizer, prompt, [tokens] * count).tags
-
-
-def _image_processor(text_encoder: Path | None, hidden_size: int):  # type: ignore[no-untyped-def]
-    """The text encoder's image processor, from headers: a `KeyframeError` when it has no vision tower.
-
-    (Interim, until h3core.text offers this check itself: the vision tower's presence from the tensor
-    names, the processor's numbers from `preprocessor_config.json` beside a folder, else the official.)"""
-    from h3core.files.safetensors import SafetensorsReader
-    from h3core.text.checkpoint import identify, locate, vision_prefix
-    from h3core.text.image_processor import ImageProcessor, read_processor_config
-    from h3core.text.synthetic import synthetic_text_encoder
-
-    path = Path(text_encoder) if text_encoder is not None else synthetic_text_encoder(hidden_size, 0)[0]
-    checkpoint = locate(path)
-    with SafetensorsReader(checkpoint.files) as reader:
-        kind, _ = identify(reader, path)
-        if vision_prefix(reader, kind) is None:
-            shown = "the embedded synthetic text encoder" if text_encoder is None else f"the text encoder {text_encoder}"
-            raise KeyframeError(
-                f"keyframes need a text encoder with Qwen3-VL's vision tower, and {shown} has none; use ComfyUI's "
-                "qwen3vl_32b_minimax_h3 file or the official FL2VA folder (--text-encoder), or drop the keyframes"
-            )
-    return ImageProcessor(read_processor_config(getattr(checkpoint, "processor_folders", [])))
 
 
 # --- on rank 0 --------------------------------------------------------------------------------------------
