@@ -141,6 +141,89 @@ def presented_tags(text_encoder: Path | None, hidden_size: int, prompt: str, can
     return present(tokenizer, prompt, [tokens] * count).tags
 
 
+def planned_text_tags(text_tokens: int, roles: tuple[str, ...], canvas: tuple[int, int]) -> list[int]:
+    """The text rows' tags of a prompt of `text_tokens` tokens presented after keyframes at `roles` on
+    `canvas`, for a plan without a text encoder (`h3 plan --keyframes`): each keyframe's label (1, H3's
+    tokenizer) and vision block (0, the official image processor's count), then the prompt (1)."""
+    from h3core.text.image_processor import ImageProcessor
+    from h3core.text.presentation import present
+    from h3core.text.tokenizer import shipped_tokenizer
+
+    blocks = present(shipped_tokenizer(), "", [ImageProcessor().image_tokens(canvas)] * len(roles)).tags
+    return blocks + [1] * text_tokens
+
+
+TILE = 256
+"""The video VAE encodes in 256-pixel tiles (diffusers' default, on: `tile_sample_min_height/width`)."""
+
+
+def encode_phase_bytes(plan: KeyframePlan, text_encoder: Path | None, hidden_size: int) -> dict[str, int]:
+    """A lower bound of rank 0's device bytes while it encodes the keyframes, before the denoiser loads
+    (the two phases never overlap: each encoder is released first): the video VAE's encoder and
+    `quant_conv` in float32 (from the file's header) with one tile's first-level activations (three
+    frames of causal padding, input and output of a convolution), or else the text encoder's vision
+    tower (`vision_tower_bytes`, stored dtype), whichever is larger. The text encoder's own layers,
+    loaded beside the tower, are not counted (as for a text-only run)."""
+    from h3core.decode.synthetic import synthetic_vae_file
+    from h3core.decode.vae_files import find_vae_files
+    from h3core.text.encoder import vision_tower_bytes
+
+    path = Path(plan.video_vae) if plan.video_vae is not None else synthetic_vae_file("video")[0]
+    shapes = find_vae_files(path, "video", plan.video_vae_source).shapes
+    encoder = sum(_numel(shape) for name, shape in shapes.items() if name.startswith(("encoder.", "quant_conv."))) * 4
+    first = next((shape[0] for name, shape in shapes.items() if name.endswith("conv_in.weight") and name.startswith("encoder.")), 0)
+    vae = {"video VAE encoder (fp32)": encoder, "VAE encode activations": 2 * 3 * first * TILE * TILE * 4}
+    tower = {"vision tower": vision_tower_bytes(text_encoder, hidden_size=hidden_size)}
+    return vae if sum(vae.values()) >= sum(tower.values()) else tower
+
+
+H3_VISION_TOWER_BYTES = 1_190_533_600
+"""Qwen3-VL-32B's vision tower as ComfyUI's text-encoder file stores it (`visual.*`, bf16; docs/keyframes.md)."""
+H3_VAE_ENCODER_CHANNELS = (128, 256, 256, 512, 512, 1024)
+"""The real video VAE's encoder widths (128 x (1, 2, 2, 4, 4, 8), 2 resnets per level: 180,337,888 parameters)."""
+
+
+def keyframe_encode_estimate(preset_name: str) -> dict[str, dict[str, int]]:
+    """`h3 plan --memory --keyframes`: rank 0's two encode phases before the denoiser loads (a lower bound,
+    as `encode_phase_bytes`): for the `h3` presets H3's real video VAE encoder (its structure built on the
+    meta device) and vision tower, else the embedded synthetic ones the preset runs with."""
+    if not preset_name.startswith("h3"):
+        from h3core.decode.synthetic import synthetic_vae_file
+        from h3core.decode.vae_files import find_vae_files
+        from h3core.model.config import preset
+        from h3core.text.encoder import vision_tower_bytes
+
+        shapes = find_vae_files(synthetic_vae_file("video")[0], "video", "the synthetic video VAE").shapes
+        encoder = sum(_numel(v) for k, v in shapes.items() if k.startswith(("encoder.", "quant_conv."))) * 4
+        width, tower = shapes["encoder.conv_in.weight"][0], vision_tower_bytes(None, hidden_size=preset(preset_name).text_dim)
+    else:
+        encoder, width, tower = _real_vae_encoder_bytes(), H3_VAE_ENCODER_CHANNELS[0], H3_VISION_TOWER_BYTES
+    return {
+        "video VAE encoder": {"encoder weights (fp32)": encoder, "encode activations": 2 * 3 * width * TILE * TILE * 4},
+        "text encoder's vision tower": {"vision tower": tower},
+    }
+
+
+def _real_vae_encoder_bytes() -> int:
+    import torch
+
+    from h3core.decode import video_vae
+    from h3core.decode.load import build_model
+
+    config = {**video_vae.STRUCTURE, "latent_channels": 24, "block_out_channels": H3_VAE_ENCODER_CHANNELS, "layers_per_block": 2,
+              "decoder_num_layers": 1, "decoder_num_attention_heads": 1, "decoder_num_register_tokens": 4, "decoder_ffn_mult": 4}
+    with torch.device("meta"):
+        model = build_model("video", config)
+    return 4 * sum(p.numel() for name, p in model.named_parameters() if name.startswith(("encoder.", "quant_conv.")))
+
+
+def _numel(shape) -> int:  # type: ignore[no-untyped-def]
+    n = 1
+    for size in shape:
+        n *= size
+    return n
+
+
 # --- on rank 0 --------------------------------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from h3core import settings
 from h3core.errors import ConfigError
 from h3core.generate.keyframes import Canvas, KeyframePlan, keyframe_roles, keyframe_vae, open_keyframes, presented_tags, resolve_canvas
-from h3core.generate.memory import check_limits, plan_decoded_weights
+from h3core.generate.memory import check_encode_memory, check_limits, plan_decoded_weights
 from h3core.model.checkpoint import SYNTHETIC, Checkpoint
 from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
 from h3core.model.sampler import NoiseRecipe
@@ -185,6 +185,7 @@ def resolve(request: GenerateRequest, video_vae: Path | None = None) -> Resolved
         vae, source = keyframe_vae(video_vae, request.model_path, synthetic)
         keyframes = KeyframePlan(roles=shape.keyframes, paths=[str(request.keyframes[role]) for role, _ in opened],  # type: ignore[index]
                                  sizes=[image.size for _, image in opened], video_vae=vae, video_vae_source=source)
+        check_encode_memory(keyframes, request, config, plan.layout.world_size)
     return ResolvedRun(request=request, config=config, checkpoint=path, synthetic=synthetic, shape=shape, plan=plan, canvas=canvas, keyframes=keyframes)
 
 

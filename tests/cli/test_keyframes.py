@@ -77,3 +77,41 @@ def test_a_bad_keyframes_field_in_a_prompts_file_is_one_line(h3, tmp_path, image
     else:
         _one_line(code, err, needle)
         assert not (tmp_path / "batch").exists()
+
+
+def _noise_image(path, seed: int, size=(120, 90)):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def test_the_default_command_takes_a_keyframe_with_no_weights(h3, tmp_path):
+    """`h3 generate --keyframe first=PATH` on the embedded synthetic weights: the canvas follows the image
+    (4:3 -> 160x128 at tiny's short edge 128), one condition frame, `condition_video` in the latents; the
+    same keyframe gives the same latents bit for bit, another keyframe other latents. The synthetic
+    transformer and VAEs are random, so nothing makes the first frame look like the keyframe: what is
+    measurable is that the output is a function of the keyframe (docs/keyframes.md)."""
+    from safetensors.torch import load_file
+
+    a, b = _noise_image(tmp_path / "a.png", 1), _noise_image(tmp_path / "b.png", 2)
+    runs = {}
+    for name, image in (("a", a), ("a-again", a), ("b", b)):
+        code, out, err = h3("generate", "--keyframe", f"first={image}", "--steps", "3", "--no-decode", "--json", "--output", str(tmp_path / name))
+        assert code == 0, err
+        report = json.loads(out)
+        runs[name] = load_file(str(tmp_path / name / "latents.safetensors"))
+    assert report["canvas"]["width"] == 160 and report["canvas"]["height"] == 128 and "first keyframe" in report["canvas"]["reason"]
+    assert report["rows"]["condition"] == 20 and report["keyframes"]["roles"] == ["first"] and report["noise_recipe"] == "official"
+    assert runs["a"]["condition_video"].shape == (24, 1, 8, 10)
+    assert all(torch_equal(runs["a"][k], runs["a-again"][k]) for k in ("video", "audio", "condition_video"))
+    first_frame = (runs["a"]["video"][:, 0] - runs["b"]["video"][:, 0]).abs().mean()
+    assert not torch_equal(runs["a"]["condition_video"], runs["b"]["condition_video"]) and float(first_frame) > 1e-3
+
+
+def torch_equal(x, y) -> bool:  # type: ignore[no-untyped-def]
+    import torch
+
+    return torch.equal(x, y)
