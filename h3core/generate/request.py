@@ -170,7 +170,8 @@ def resolve(request: GenerateRequest, video_vae: Path | None = None) -> Resolved
     checkpoint = Checkpoint.open(request.model_path, base) if request.model_path is not None else None
     config = checkpoint.config if checkpoint else base
     opened = open_keyframes(request.keyframes) if request.keyframes else []  # type: ignore[arg-type]
-    canvas = resolve_canvas(config, request.width, request.height, (str(request.keyframes[opened[0][0]]), opened[0][1].size) if opened else None)  # type: ignore[index]
+    first = (str(request.keyframes[opened[0][0]]), opened[0][1].size) if opened else None  # type: ignore[index]  # the first image given sets the canvas
+    canvas = resolve_canvas(config, request.width, request.height, first)
     shape = RunShape.of(config, request, canvas)
     _check_backends(request, config)
     specs = checkpoint.specs() if checkpoint else None
