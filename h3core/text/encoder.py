@@ -115,6 +115,7 @@ class TextEncoder:
         self.tokenizer = tokenizer
         self._loaded = loaded
         self.device, self.dtype = source.device, dtype
+        self._vision_spec: VisionSpec | None = None
         self._vision: tuple[VisionSpec, Qwen3VisionTower] | None = None
         self._images = 0
 
@@ -169,16 +170,17 @@ class TextEncoder:
         if not images:
             ids = self.token_ids(prompt, max_tokens)
             return self._states(ids), torch.ones(len(ids), dtype=torch.int64)
-        spec, tower = self.vision_tower()
-        pixel_values, grids = spec.processor.pixel_values(images)
-        merge = spec.config.spatial_merge_size
-        shown = present(self.tokenizer, prompt, [t * h * w // merge**2 for t, h, w in grids])
+        spec = self.vision_spec()  # headers: nothing of the tower is read before the request is known to fit
+        shown = present(self.tokenizer, prompt, [spec.processor.image_tokens(image.size) for image in images])
         if max_tokens is not None and len(shown.token_ids) > max_tokens:
             raise ConfigError(
                 f"the prompt with its {len(images)} keyframe(s) is {len(shown.token_ids)} tokens, more than the {max_tokens} this "
                 "model takes; shorten the prompt or use smaller keyframes"
             )
         ids = self._checked_ids(shown.token_ids)
+        _, tower = self.vision_tower()
+        pixel_values, grids = spec.processor.pixel_values(images)
+        merge = spec.config.spatial_merge_size
         embeds, deepstack = tower(pixel_values, grids)  # [K, D], [[K, D]] * len(deepstack layers)
         rows = torch.tensor([i for span in shown.image_spans for i in span], device=self.device)
         positions = multimodal_positions(len(ids), shown.image_spans, grids, merge)  # [3, L']
@@ -212,14 +214,20 @@ class TextEncoder:
             raise CheckpointError(f"token id {bad} is outside the embedding's {vocab} rows: the ids do not belong to these weights")
         return ids
 
-    def vision_tower(self) -> tuple[VisionSpec, Qwen3VisionTower]:
-        """The vision tower (its spec: config, processor, prefix) checked and built from the open files on
-        the first call (`encode_prompt` makes it on the first request with images); a `KeyframeError`
-        line when the checkpoint has none."""
+    def vision_spec(self) -> VisionSpec:
+        """The vision tower's config, processor and prefix, checked from the headers (once); a
+        `KeyframeError` line when the checkpoint has none."""
         self._model_or_raise()
-        if self._vision is None:
+        if self._vision_spec is None:
             loaded = self._loaded
-            spec = inspect_vision(self._reader, self._source.markers, loaded.kind, loaded.checkpoint, loaded.config)
+            self._vision_spec = inspect_vision(self._reader, self._source.markers, loaded.kind, loaded.checkpoint, loaded.config)
+        return self._vision_spec
+
+    def vision_tower(self) -> tuple[VisionSpec, Qwen3VisionTower]:
+        """The vision tower, read and built from the open files on the first call (`encode_prompt`
+        makes it on the first request with images), with its spec."""
+        spec = self.vision_spec()
+        if self._vision is None:
             self._vision = spec, assemble_vision(self._source, spec.prefix, spec.config, dtype=self.dtype)
         return self._vision
 

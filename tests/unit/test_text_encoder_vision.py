@@ -243,6 +243,7 @@ def test_too_many_tokens_with_images_is_one_line(comfy_file, images):
     with pytest.raises(ConfigError, match=r"with its 2 keyframe\(s\) is \d+ tokens, more than the 100") as caught:
         encoder.encode_prompt(PROMPT, images, max_tokens=100)
     _one_line(caught.value)
+    assert encoder.info.vision_resident_bytes == 0  # refused from the sizes: the tower was not read
 
 
 def test_the_comparison_catches_1d_positions_and_a_misplaced_deepstack(vl, images, reference_tokenizer, comfy_file, monkeypatch):
