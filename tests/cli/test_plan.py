@@ -98,3 +98,20 @@ def test_plan_refuses_a_layout_that_does_not_split_in_one_line(capsys, args, nee
     code, _, err = run_main(capsys, "plan", *args)
     assert code == 2
     assert needle in one_line(err)
+
+
+def test_plan_with_two_keyframes_counts_the_worked_example(h3):
+    """MINIMAX_H3.md §2.6: two keyframes at 864x480, 141 frames: S = L' + 18,290, L' = the prompt's 128
+    tokens + 2 x (6 label tokens + 407 vision-block tokens); a role other than first/last is one line."""
+    import json
+
+    code, out, _ = h3("plan", "8", "--keyframes", "first,last", "--text-tokens", "128", "--json")
+    plan = json.loads(out)
+    rows: dict[str, int] = {}
+    for seg in plan["segments"]:
+        rows[seg["kind"]] = rows.get(seg["kind"], 0) + seg["stop"] - seg["start"]
+    assert code == 0 and rows == {"text": 954, "condition": 810, "audio": 470, "video": 17_010}
+    assert plan["num_tokens"] == 954 + 18_290 and plan["tokens"] == [2406] * 4 + [2405] * 4
+    assert [s["tag"] for s in plan["segments"] if s["kind"] == "text"] == [1, 0, 1, 0, 1]
+    code, _, err = h3("plan", "--keyframes", "middle")
+    assert code == 2 and "role 'middle' is not one of first, last" in err and len(err.strip().splitlines()) == 1
