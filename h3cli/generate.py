@@ -29,7 +29,14 @@ def render_run(report, console: Console) -> None:
     table.add_column(overflow="fold")
     s = report.shape
     snapped = f" (asked {s.frames_requested}: snapped up to 17n+5)" if s.frames != s.frames_requested else ""
-    table.add_row("request", f"{s.width}x{s.height}, {s.frames} frames{snapped}, {s.steps} sigma points ({s.steps - 1} forwards), seed {report.seed}, guidance {report.guidance_scale}")
+    table.add_row("request", f"{s.width}x{s.height}, {s.frames} frames{snapped}, {s.steps} sigma points ({s.steps - 1} forwards), seed {report.seed} "
+                  f"({report.noise_recipe} noise), guidance {report.guidance_scale}")
+    if report.canvas is not None:
+        table.add_row("canvas", f"{report.canvas.width}x{report.canvas.height}: {report.canvas.reason}")
+    if report.keyframes is not None:
+        k = report.keyframes
+        table.add_row("keyframes", " · ".join(f"{role} {path} ({w}x{h})" for role, path, (w, h) in zip(k.roles, k.paths, k.sizes))
+                      + f" · encoded by {k.video_vae or 'the synthetic video VAE'}")
     table.add_row("sequence", f"{report.num_tokens} rows · " + ", ".join(f"{kind} {rows}" for kind, rows in report.rows.items() if rows))
     table.add_row("layout", layout_line(report.partition.layout))
     table.add_row("partition", f"heads {report.partition.heads} · tokens {report.partition.tokens}" + (" (each group)" if len(report.partition.layout.groups) > 1 else ""))
@@ -135,6 +142,8 @@ def generate(
     frames: options.Frames = None,
     steps: options.Steps = None,
     seed: options.Seed = options.DEFAULT_SEED,
+    keyframe: options.Keyframe = None,
+    noise_recipe: options.NoiseRecipeOption = "official",
     mode: Annotated[Optional[Mode], typer.Option("--mode", help="Distributed mode.", show_default="ulysses")] = None,
     gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", help="Ranks: GPUs on CUDA, Gloo processes on CPU. Default: H3_WORLD_SIZE, else every visible GPU, else 1.")] = None,
     attention: options.Attention = None,
@@ -152,10 +161,11 @@ def generate(
     decode: Annotated[bool, typer.Option("--decode/--no-decode", help="Decode the latents into video.mp4 (H.264 + AAC) once the ranks are done; --no-decode: latents only (then `h3 decode`).")] = True,
     video_vae: options.VideoVae = None,
     audio_vae: options.AudioVae = None,
-    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Many prompts, one load: a text file (one prompt per line) or JSONL (prompt, negative_prompt, seed, width, height, frames, steps, guidance, name); the flags are every prompt's defaults. A folder per prompt and batch.json in --output; the same command again resumes.", show_default=False)] = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Many prompts, one load: a text file (one prompt per line) or JSONL (prompt, negative_prompt, seed, width, height, frames, steps, guidance, keyframes {first, last}, name); the flags are every prompt's defaults. A folder per prompt and batch.json in --output; the same command again resumes.", show_default=False)] = None,
     json: options.Json = False,
 ) -> None:
     """Generate video + audio latents from a prompt, on one rank or across all of them."""
+    from h3core.generate.keyframes import parse_keyframe_flags
     from h3core.generate.request import DEFAULT_PROMPT, GenerateJob, GenerateRequest
     from h3core.generate.run import generate as run_generate
 
@@ -169,6 +179,7 @@ def generate(
         prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
         cfg_parallel=cfg_parallel, replicas=replicas, preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed,
         device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile, decoded_weights=decoded_weights,
+        keyframes=parse_keyframe_flags(keyframe or []), noise_recipe=noise_recipe,
     )
     job = GenerateJob.from_flags(
         flags, count=_pick(count_arg, gpus, "the rank count"), output=output, save_latents=save_latents,

@@ -164,6 +164,7 @@ _PARSE_ERRORS = _parse_errors()
 def _usage_line(err: Exception) -> str:
     """Typer's error as h3's one line (never its boxed panel): its message, and where the command's help is."""
     message = (err.format_message() if hasattr(err, "format_message") else str(err)).strip().rstrip(".")
+    message = message.replace("Value error, ", "")  # (pydantic's prefix where a value's own check refused it)
     message = message[:1].lower() + message[1:]
     context = getattr(err, "ctx", None)
     return f"{message}; see '{context.command_path} -h'" if context is not None else message

@@ -24,7 +24,9 @@ RunPreset = Annotated[Optional[str], typer.Option("--preset", help="h3, h3-2bloc
 CfgParallel = Annotated[bool, typer.Option("--cfg-parallel", help="With guidance (fine-tuned checkpoints; stock H3 needs none): half the ranks run the prompt, half the negative prompt, each half in the chosen mode; one exchange per step (needs an even count).")]
 Replicas = Annotated[int, typer.Option("--replicas", help="Independent groups the ranks split into (replicas x [2 CFG halves] x ranks per sequence); with --prompts each group takes its own prompts (also across machines under torchrun).")]
 Steps = Annotated[Optional[int], typer.Option("--steps", help="Sigma points of the two schedules, terminal 0 included: steps - 1 forwards (default: the preset's; h3: the official 50; the seed's runs: --steps 12).")]
-Seed = Annotated[int, typer.Option("--seed", help="Noise seed.")]
+Seed = Annotated[int, typer.Option("--seed", help="Noise seed (whose noise it means: --noise-recipe).")]
+Keyframe = Annotated[Optional[list[str]], typer.Option("--keyframe", metavar="ROLE=PATH", help="FL2VA: first=PATH (the video starts on this image) and/or last=PATH (it ends on this one); PNG, JPEG or WebP. Without --width/--height the canvas follows the first keyframe's aspect (h3: short edge 768). docs/keyframes.md", show_default=False)]
+NoiseRecipeOption = Annotated[str, typer.Option("--noise-recipe", help="Whose noise the seed means: official (the official server's, SGLang: video, audio and each keyframe from their own generators) or diffusers (diffusers' pipeline: one generator, keyframes, video, then audio).")]
 DEFAULT_SEED = settings.DEFAULT_SEED
 Device = Annotated[str, typer.Option("--device", help="auto, cpu or cuda (cpu: ranks are Gloo processes).")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (or torch's names: float32, bfloat16, float16); default: bf16 on CUDA, fp32 on CPU.")]

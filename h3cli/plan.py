@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -77,6 +78,7 @@ def plan(
     text_tokens: Annotated[Optional[int], typer.Option("--text-tokens", help="Prompt length in tokens (default: the preset's).")] = None,
     cfg_parallel: Annotated[bool, typer.Option("--cfg-parallel", help="Lay the ranks out as two CFG halves (prompt | negative prompt), as h3 generate --cfg-parallel does.")] = False,
     replicas: options.Replicas = 1,
+    keyframes: Annotated[Optional[str], typer.Option("--keyframes", metavar="first,last", help="FL2VA: plan with these keyframes (first, last or first,last): one condition frame each after the text, and the prompt presented after their vision blocks (at the --width/--height canvas, else the preset's).", show_default=False)] = None,
     memory: Annotated[bool, typer.Option("--memory", help="Also dry-run every rank's own code on fake tensors and print its predicted GPU peak (sm_90 and sm_120; seconds at H3's shapes).")] = False,
     arch: Annotated[Optional[list[str]], typer.Option("--arch", help="With --memory: the GPU path to predict for, sm_90 (Hopper, dequant) or sm_120 (Blackwell, fp4); repeat for both (default both).", show_default=False)] = None,
     decoded_weights: options.DecodedWeights = "auto",
@@ -85,19 +87,38 @@ def plan(
     """Print the rank layout's groups and, per rank of a group, the heads, token interval, clipped segments and (tensor mode) NVFP4 slices."""
     if not memory and (arch or decoded_weights != "auto"):
         raise ConfigError(f"{'--arch' if arch else '--decoded-weights'} says what --memory predicts for; add --memory")
+    roles = _roles(keyframes)
     if memory:
         from h3core.generate.dryrun import ARCHS, plan_memory
 
         found = plan_memory(preset, count, Mode(mode), archs=arch or list(ARCHS), width=width, height=height, frames=frames, text_tokens=text_tokens,
-                            cfg_parallel=cfg_parallel, replicas=replicas, decoded_weights=decoded_weights)
+                            cfg_parallel=cfg_parallel, replicas=replicas, decoded_weights=decoded_weights, keyframes=roles)
         out = Output(json)
         out.result(found, lambda console: (_render(found.plan, console), _render_memory(found, console)))
         if found.skipped:
             raise typer.Exit(1)
         return
-    result = ParallelPlan.for_preset(preset, count, Mode(mode), width=width, height=height, frames=frames, text_tokens=text_tokens,
-                                     cfg_parallel=cfg_parallel, replicas=replicas)
+    if roles:
+        from h3core.generate.dryrun import planned_preset
+
+        result = planned_preset(preset, count, Mode(mode), width=width, height=height, frames=frames, text_tokens=text_tokens,
+                                cfg_parallel=cfg_parallel, replicas=replicas, keyframes=roles)
+    else:
+        result = ParallelPlan.for_preset(preset, count, Mode(mode), width=width, height=height, frames=frames, text_tokens=text_tokens,
+                                         cfg_parallel=cfg_parallel, replicas=replicas)
     Output(json).result(result, lambda console: _render(result, console))
+
+
+def _roles(keyframes: str | None) -> tuple[str, ...]:
+    """`--keyframes first,last` -> the anchors in packed order (a role other than first/last is one line)."""
+    from h3core.generate.keyframes import keyframe_roles
+
+    if keyframes is None:
+        return ()
+    given = [r.strip() for r in keyframes.split(",") if r.strip()]
+    if len(set(given)) != len(given):
+        raise ConfigError(f"--keyframes {keyframes}: a role given twice; say first, last or first,last")
+    return keyframe_roles({role: Path(role) for role in given})
 
 
 def _render_memory(found, console: Console) -> None:  # type: ignore[no-untyped-def]
@@ -107,6 +128,9 @@ def _render_memory(found, console: Console) -> None:  # type: ignore[no-untyped-
         held = "held" if decoded.held else "not held"
         console.print(f"decoded weights (Hopper's option, first architecture): {held}: {decoded.count} NVFP4 linears "
                       f"({', '.join(decoded.linears)}), {format_bytes(max(decoded.bytes_per_rank, default=0))} per rank; {decoded.reason}")
+    for phase, parts in found.keyframe_encode.items():
+        console.print(f"rank 0 before the denoiser loads (keyframes), {phase}: {format_bytes(sum(parts.values()))} at least ("
+                      + ", ".join(f"{name} {format_bytes(n)}" for name, n in parts.items()) + ")")
     if found.skipped:
         console.print(line(styled("no dry run here: ", "red"), styled(found.skipped, "red")))
         return

@@ -40,3 +40,27 @@ def ragged_with_broken_reduce_scatter(ctx, spec):  # type: ignore[no-untyped-def
     """Runs on every rank: the ragged check with a reduce-scatter that loses the last rank's partial."""
     with dropping_last_rank(h3core.parallel.collectives):
         return measure_ragged(ctx, spec)
+
+
+@contextmanager
+def shifted_condition_rows(active: bool) -> Iterator[None]:
+    """While inside (when `active`): every rank feeds its keyframe condition rows one row off (each row
+    gets its neighbour's features), as an off-by-one slice of the condition rows would."""
+    from h3core.generate.sequences import Sequence
+    from h3core.model.sequence import SegmentKind
+
+    real = Sequence.local_inputs
+
+    def broken(self, rank, latent):  # type: ignore[no-untyped-def]
+        seq = real(self, rank, latent)
+        rows = seq.features.get(SegmentKind.CONDITION)
+        if rows is not None:
+            seq.features[SegmentKind.CONDITION] = rows.roll(1, 0)
+        return seq
+
+    if active:
+        Sequence.local_inputs = broken  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Sequence.local_inputs = real  # type: ignore[method-assign]

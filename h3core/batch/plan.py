@@ -61,16 +61,17 @@ class PlannedPrompt:
     decode: "DecodePlan | None" = None
 
 
-def plan_prompts(template: GenerateRequest, entries: list[PromptEntry]) -> list[PlannedPrompt]:
-    """Resolve every prompt with the flags as defaults; a prompt that cannot run is marked failed."""
-    return [_plan_one(template, entry, index, name) for index, (entry, name) in enumerate(zip(entries, folder_names(entries)))]
+def plan_prompts(template: GenerateRequest, entries: list[PromptEntry], video_vae: Path | None = None) -> list[PlannedPrompt]:
+    """Resolve every prompt with the flags as defaults; a prompt that cannot run is marked failed.
+    `video_vae`: the --video-vae flag (it also encodes keyframes)."""
+    return [_plan_one(template, entry, index, name, video_vae) for index, (entry, name) in enumerate(zip(entries, folder_names(entries)))]
 
 
-def _plan_one(template: GenerateRequest, entry: PromptEntry, index: int, name: str) -> PlannedPrompt:
+def _plan_one(template: GenerateRequest, entry: PromptEntry, index: int, name: str, video_vae: Path | None = None) -> PlannedPrompt:
     result = PromptResult(index=index, line=entry.line, prompt=entry.prompt, seed=entry.seed, folder=name)
     try:
         request = GenerateRequest(**{**template.model_dump(), **entry.overrides()})
-        run = resolve(request)
+        run = resolve(request, video_vae)
     except H3Error as err:
         return PlannedPrompt(result.model_copy(update={"status": PromptStatus.FAILED, "error": str(err)}), None)
     s = run.shape
@@ -178,10 +179,10 @@ def to_run(planned: list[PlannedPrompt]) -> list[int]:
     return [p.result.index for p in planned if p.result.status is PromptStatus.PENDING]
 
 
-def check_flags(template: GenerateRequest) -> None:
+def check_flags(template: GenerateRequest, video_vae: Path | None = None) -> None:
     """The flags alone (every prompt's defaults) must resolve: a bad flag is the command's error, not
     every prompt's (exit 2 before anything runs)."""
     try:
-        resolve(template)
+        resolve(template, video_vae)
     except ConfigError as err:
         raise ConfigError(f"{err} (the flags, which every prompt of --prompts starts from)") from None

@@ -5,8 +5,9 @@ Two forms:
 - text: one prompt per line; blank lines and lines starting with `#` are skipped;
 - JSONL (a `.jsonl` file, or one whose first prompt line starts with `{`): one JSON object per
   line with `prompt` (required) and optionally `negative_prompt`, `seed`, `width`, `height`,
-  `frames`, `steps`, `guidance` and `name` (the output folder's name); blank and `#` lines are
-  skipped here too.
+  `frames`, `steps`, `guidance`, `keyframes` (`{"first": PATH, "last": PATH}`, either or both;
+  a relative path is relative to the prompt file's folder; `{}`: none, whatever the flags say)
+  and `name` (the output folder's name); blank and `#` lines are skipped here too.
 
 What a line leaves out comes from the flags. A malformed file is one `ConfigError` naming the file
 and the line (exit 2), before any rank starts.
@@ -42,12 +43,13 @@ class PromptEntry(BaseModel):
     frames: int | None = Field(None, ge=1)
     steps: int | None = Field(None, ge=1)
     guidance: float | None = Field(None, ge=0, allow_inf_nan=False)
+    keyframes: dict[str, Path] | None = Field(None, description="FL2VA: {first, last} -> image file (relative paths already made relative to the prompt file's folder).")
     name: str | None = Field(None, pattern=NAME.pattern, description="The output folder's name after its number (default: a slug of the prompt).")
 
     def overrides(self) -> dict[str, object]:
         """The `GenerateRequest` fields this prompt sets."""
         fields = {"prompt": self.prompt, "negative_prompt": self.negative_prompt, "seed": self.seed, "width": self.width,
-                  "height": self.height, "frames": self.frames, "steps": self.steps, "guidance_scale": self.guidance}
+                  "height": self.height, "frames": self.frames, "steps": self.steps, "guidance_scale": self.guidance, "keyframes": self.keyframes}
         return {k: v for k, v in fields.items() if v is not None}
 
 
@@ -79,12 +81,30 @@ def _json_entry(path: Path, line: int, text: str) -> PromptEntry:
         raise ConfigError(f"{where}: unknown field {unknown[0]!r}; a prompt takes {', '.join(FIELDS)}")
     if "prompt" not in data:
         raise ConfigError(f"{where}: no \"prompt\" (it is the one required field)")
+    if "keyframes" in data:
+        data["keyframes"] = _keyframes(where, data["keyframes"], path.parent)
     try:
         return PromptEntry(line=line, **data)
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         raise ConfigError(f"{where}: {field}: {first['msg']} (got {first.get('input')!r})") from None
+
+
+def _keyframes(where: str, value: object, folder: Path) -> dict[str, Path]:
+    """A line's `"keyframes"`: an object of first/last -> a path string (relative: to the prompt file's folder)."""
+    from h3core.keyframes import ROLES, KeyframeError
+
+    if not isinstance(value, dict):
+        raise KeyframeError(f'{where}: "keyframes" must be an object like {{"first": "start.png", "last": "end.png"}}, got {type(value).__name__}')
+    out = {}
+    for role, path in value.items():
+        if role not in ROLES:
+            raise KeyframeError(f'{where}: keyframe role {role!r} is not one of {", ".join(ROLES)}; say "first" and/or "last"')
+        if not isinstance(path, str) or not path:
+            raise KeyframeError(f'{where}: the {role} keyframe must be a path string, got {path!r}')
+        out[role] = folder / path
+    return out
 
 
 def folder_names(entries: list[PromptEntry]) -> list[str]:

@@ -66,8 +66,8 @@ def run_batch(job: BatchJob, on_progress: ProgressCallback | None = None) -> Bat
     """Run every prompt of `job` (module docstring). Returns the summary (None on torchrun ranks
     other than 0); a failed prompt is recorded in it: call `failure()` for the exit code."""
     entries = read_prompts(job.prompts_file)
-    check_flags(job.template)
-    planned = plan_prompts(job.template, entries)
+    check_flags(job.template, job.video_vae)
+    planned = plan_prompts(job.template, entries, job.video_vae)
     plan_decodes(job, planned)
     batch = _Batch(job, planned, on_progress)
     try:

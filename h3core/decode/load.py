@@ -8,7 +8,8 @@ and loaded with every name accounted for (a missing or an unexpected tensor is a
 
 `decoder_only` (the default) leaves out what decoding never runs: the video VAE's encoder and
 `quant_conv` (180 M parameters, 0.7 GB in fp32), the audio VAE's encoder, `pre_block` and posterior
-heads (87 M).
+heads (87 M). `encoder_only` (the video VAE, for keyframes: `h3core.keyframes.latents`) is the
+other half: the encoder and `quant_conv` alone, without the 2.4 B-parameter decoder.
 """
 
 from __future__ import annotations
@@ -40,13 +41,16 @@ class LoadedVae:
         return next(self.model.parameters()).device
 
 
-def load_vae(files: VaeFiles, device: "torch.device | str" = "cpu", *, decoder_only: bool = True) -> LoadedVae:
-    """The VAE `files` describe, as diffusers' `AutoencoderKLMiniMaxH3` / `AutoencoderKLMiniMaxH3Audio`."""
+def load_vae(files: VaeFiles, device: "torch.device | str" = "cpu", *, decoder_only: bool = True, encoder_only: bool = False) -> LoadedVae:
+    """The VAE `files` describe, as diffusers' `AutoencoderKLMiniMaxH3` / `AutoencoderKLMiniMaxH3Audio`
+    (`encoder_only`: the video VAE's encoder and `quant_conv` alone, whatever `decoder_only` says)."""
     where = f"{files.path}"
     config = vae_config(files, where)
     stats_from = _add_latent_stats(config, files, where)
+    if encoder_only and files.role != "video":
+        raise ValueError("only the video VAE loads as an encoder alone (keyframes)")
     if files.role == "video":
-        model = _video_model(files, config, device, decoder_only, where)
+        model = _video_model(files, config, device, decoder_only and not encoder_only, where, encoder_only=encoder_only)
     else:
         model = _audio_model(files, config, device, decoder_only, where)
     model.to(device).eval().requires_grad_(False)
@@ -113,12 +117,15 @@ def build_model(role: str, config: Mapping[str, object]) -> "torch.nn.Module":
         return cls(**arguments)
 
 
-def _video_model(files: VaeFiles, config: dict, device, decoder_only: bool, where: str) -> "torch.nn.Module":
+def _video_model(files: VaeFiles, config: dict, device, decoder_only: bool, where: str, encoder_only: bool = False) -> "torch.nn.Module":
     model = build_model("video", config)
     if decoder_only:
         model.encoder = None
         model.quant_conv = None
-    skips = video_vae.DECODER_ONLY_SKIPS if decoder_only else ()
+    if encoder_only:
+        model.decoder = None
+        model.post_quant_conv = None
+    skips = video_vae.DECODER_ONLY_SKIPS if decoder_only else video_vae.ENCODER_ONLY_SKIPS if encoder_only else ()
     tensors = read_tensors(files, skip=lambda name: name.startswith(skips) or name in video_vae.DROPPED, device=device)
     if files.key_layout == "original":
         tensors = video_vae.original_to_diffusers(tensors, int(config["decoder_num_attention_heads"]))

@@ -108,6 +108,8 @@ _PROJ = re.compile(r"^(decoder\.transformer_blocks\.\d+\.ff)\.net\.0\.proj\.(wei
 DROPPED = ("decoder.mask_token", "latents_mean", "latents_std")
 DECODER_ONLY_SKIPS = ("encoder.", "quant_conv.")
 """What decoding never touches (diffusers' `decode` uses `post_quant_conv` and `decoder` only)."""
+ENCODER_ONLY_SKIPS = ("decoder.", "post_quant_conv.")
+"""What encoding never touches (diffusers' `encode` uses `encoder` and `quant_conv` only)."""
 
 
 def _rename(name: str, table: tuple[tuple[str, str], ...]) -> str:

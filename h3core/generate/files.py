@@ -58,7 +58,9 @@ def _latents(report: RunReport, outcome: RankReport, folder: OutputFolder, name:
 
     tensors = {k: t.contiguous() for k, t in outcome.latents.items() if t is not None}
     # `weights: synthetic` travels with the latents: `h3 decode` labels what it makes of them
-    metadata = {"seed": str(report.seed), "weights": SYNTHETIC if report.weights == SYNTHETIC else "checkpoint"}
+    metadata = {"seed": str(report.seed), "weights": SYNTHETIC if report.weights == SYNTHETIC else "checkpoint", "noise_recipe": report.noise_recipe}
+    if report.keyframes is not None:  # condition_video's frames, in packed order
+        metadata["keyframes"] = ",".join(report.keyframes.roles)
     return folder.write(name, save_tensors(tensors, metadata=metadata))
 
 

@@ -1,8 +1,9 @@
 """The denoising loop on one rank: the velocity of this rank's rows, guidance, the float32 Euler steps.
 
 One forward per step serves both modalities at their own noise levels (`Clocks`: text and video rows
-at the video schedule's t, audio rows at the audio schedule's); video and audio then step on their
-own schedules (`FlowMatchH3`, shift 12 and 3) at the same index.
+at the video schedule's t, audio rows at the audio schedule's, keyframe condition rows at
+`max(t, 0.999)`); video and audio then step on their own schedules (`FlowMatchH3`, shift 12 and 3)
+at the same index. Condition rows are inputs only: noised once before the loop, never stepped.
 
 The latent state is this rank's rows of the prompt's sequence (`Latent`, float32) for the whole
 loop. With guidance the negative prompt's sequence splits the same latent rows differently (its
@@ -29,7 +30,7 @@ from h3core.generate.profile import Profiler, step_context
 from h3core.generate.sequences import Latent, Sequence, latent_kinds
 from h3core.model.dit import Clocks, H3Model
 from h3core.model.sampler import FlowMatchH3, check_finite, guided_velocity
-from h3core.model.sequence import AUDIO_CLOCK, VIDEO_CLOCK, SegmentKind
+from h3core.model.sequence import AUDIO_CLOCK, CONDITION_CLOCK, CONDITION_LEVEL, VIDEO_CLOCK, SegmentKind
 from h3core.parallel.collectives import exchange_halves, repartition_rows
 from h3core.parallel.layout import CfgHalf
 from h3core.parallel.runtime import ParallelRuntime
@@ -60,12 +61,16 @@ class Denoiser:
 
     def clocks(self, index: int, device: torch.device) -> Clocks:
         """Step `index`'s timesteps on `device`: the video schedule's for text and video rows, the audio
-        one's for audio rows (their distinct values are host arithmetic: `host`)."""
+        one's for audio rows, and with keyframes `max(video's, 0.999)` for their condition rows (as
+        diffusers' plan: a float max); their distinct values are host arithmetic: `host`."""
         return self.host(self.host_clocks, index).to(device)
 
     def host_clocks(self, index: int) -> Clocks:
         """Step `index`'s clocks on the host, from the schedules' timesteps."""
-        times = {VIDEO_CLOCK: self.schedules[SegmentKind.VIDEO].timesteps[index], AUDIO_CLOCK: self.schedules[SegmentKind.AUDIO].timesteps[index]}
+        video = self.schedules[SegmentKind.VIDEO].timesteps[index]
+        times = {VIDEO_CLOCK: video, AUDIO_CLOCK: self.schedules[SegmentKind.AUDIO].timesteps[index]}
+        if any(seg.kind is SegmentKind.CONDITION for seg in self.sequences[0].segments):
+            times[CONDITION_CLOCK] = max(float(video), CONDITION_LEVEL)
         return Clocks.of(times)
 
     @property

@@ -77,6 +77,16 @@ def check_limits(config: ModelConfig, plan: ParallelPlan, latent_elements: int, 
     return need
 
 
+def check_encode_memory(keyframes, request, config: ModelConfig, world_size: int) -> None:  # type: ignore[no-untyped-def]
+    """Refuse (one line) keyframes rank 0 cannot encode before the denoiser loads: the video VAE's encoder
+    or the vision tower (`h3core.generate.keyframes.encode_phase_bytes`) on its device."""
+    from h3core.generate.keyframes import encode_phase_bytes
+
+    on_device = encode_phase_bytes(keyframes, request.text_encoder_path, config.text_dim)
+    need = MemoryNeed(ranks=1, device=request.device, on_device=on_device, on_host={}, spawned=False)
+    check_memory(need, capacity(request.device, settings.ranks_on_this_machine(world_size)), "smaller keyframes (--width/--height)")
+
+
 def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int, steps: int,
                   device: str, dtype: "torch.dtype", attention: str, spawned: bool, ranks: int | None = None) -> MemoryNeed:
     """A generate run's need per rank (module docstring); `latent_elements`: video + audio latent

@@ -5,12 +5,15 @@ same code):
 
 0. the process groups of the run's layout (`RankGroups`): the rank's sequence group (the plan's
    ranks) and, with CFG parallel, the group of both halves of its replica;
-1. rank 0 encodes the prompt (and the negative prompt) and releases the encoder; the hidden
-   states reach every rank of the run by broadcast (`encode_prompts`);
+1. rank 0 encodes the keyframes (if any) with the video VAE's encoder alone and releases it, then
+   the prompt (and the negative prompt; with keyframes each presented after their vision blocks,
+   the rows' tags checked against the plan) and releases the text encoder; the hidden states and
+   the keyframe latents reach every rank of the run by broadcast (`encode_prompts`, a `Conditioning`);
 2. `RankPipeline.load`: the model is loaded (tensor mode: without the linears it reads as shards)
    and `parallelize`d for the run's plan: the heavy part, done once;
-3. `RankPipeline.denoise`: seeded noise (the same on every rank, whatever the world size) is
-   patchified and the rank keeps its own rows: the residual stream and the latent state stay
+3. `RankPipeline.denoise`: seeded noise of the request's recipe (the same on every rank, whatever
+   the world size) is patchified and the rank keeps its own rows (keyframe condition rows: noised
+   once from it, every rank the same): the residual stream and the latent state stay
    token-sharded for the whole loop (`h3core.generate.loop`); at the end the latent rows are
    gathered once within each group of branch 0 and unpatchified on the rank that leads each
    replica (rank 0 for replica 0).
@@ -37,7 +40,7 @@ from h3core.generate.loop import Denoiser, denoise
 from h3core.generate.profile import profiling
 from h3core.generate.report import HeldWeights, RankReport, StepDone
 from h3core.generate.request import ResolvedRun
-from h3core.generate.sequences import Latent, build_sequence, noise_rows
+from h3core.generate.sequences import Conditioning, Latent, build_sequence, check_text_tags, condition_rows, noise_rows
 from h3core.model.checkpoint import Checkpoint
 from h3core.model.dit import H3Model, unpack_audio, unpatchify_video
 from h3core.model.sampler import FlowMatchH3
@@ -98,18 +101,21 @@ class RankPipeline:
         checkpoint.file.reader.close()
         return cls(model, runtime, device, dtype, weights, instruments, {"load": watch.seconds})
 
-    def denoise(self, run: ResolvedRun, texts: list[torch.Tensor], record: RankReport, report: Any = None) -> Latent:
-        """Denoise one request of `run` (its sequences' text hidden states `texts`) on this rank,
+    def denoise(self, run: ResolvedRun, given: Conditioning, record: RankReport, report: Any = None) -> Latent:
+        """Denoise one request of `run` (what its sequences are conditioned on: `given`) on this rank,
         recording what ran into `record`; the whole latent rows (gathered on branch 0, else {}).
         `report` gets a `StepDone` after every step."""
         host, meter = self.instruments.host, self.instruments.meter
+        noise = noise_rows(run.shape, run.request.seed, run.request.noise_recipe)
+        condition = condition_rows(given.keyframes, noise[SegmentKind.CONDITION], run.shape) if given.keyframes is not None else None
         with torch.inference_mode():
-            sequences = [build_sequence(self.model, plan, text, run.shape, self.device, host) for plan, text in zip(run.plan.sequences, texts)]
+            sequences = [build_sequence(self.model, plan, states, run.shape, self.device, condition, host)
+                         for plan, states in zip(run.plan.sequences, given.states)]
         schedules = {SegmentKind.VIDEO: FlowMatchH3(run.shape.video_shift), SegmentKind.AUDIO: FlowMatchH3(run.shape.audio_shift)}
         for schedule in schedules.values():
             host(schedule.set_timesteps, run.shape.steps)
         denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, schedules, self.runtime.cfg, host)
-        latent = denoiser.own_rows(noise_rows(run.shape, run.request.seed), self.device)  # float32
+        latent = denoiser.own_rows(noise, self.device)  # float32
         meter.reset_peak()  # the sampling phase's peak-memory window starts here
         self.runtime.record.clear()
         on_step = (lambda step, steps, seconds: report(StepDone(step=step, steps=steps, seconds=seconds))) if report else (lambda *a: None)
@@ -142,25 +148,27 @@ def _held_weights(model: H3Model, checkpoint: Checkpoint, shards_read: int | Non
 # --- the whole run on one rank ----------------------------------------------------------------------------
 
 
-def encode_prompts(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, record: RankReport) -> list[torch.Tensor]:
-    """Rank 0 encodes the request's prompts (and releases the encoder); every rank of the run gets
-    the hidden states by broadcast. The time, peak memory and (rank 0) the encoder's info go to `record`."""
+def encode_prompts(ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, record: RankReport) -> Conditioning:
+    """Rank 0 encodes the request's prompts (and keyframes) and releases the encoders; every rank of the
+    run gets the `Conditioning` by broadcast. The time, peak memory and (rank 0) the encoder's info go to `record`."""
     dev.reset_peak_memory(ctx.device)
     with dev.Stopwatch(ctx.device) as watch:
-        texts, info = _encode_on_rank_zero(run, ctx.device) if ctx.rank == 0 else (None, None)
-        texts = broadcast_tensors(texts, src=0, group=ctx.group, device=ctx.device, stats=runtime.stats)
+        given, info = _encode_on_rank_zero(run, ctx.device) if ctx.rank == 0 else (None, None)
+        tensors = broadcast_tensors(given.tensors() if given is not None else None, src=0, group=ctx.group, device=ctx.device, stats=runtime.stats)
     record.timings["text_encode"], record.peak_memory_text_bytes, record.text_encoder = watch.seconds, dev.peak_memory_bytes(ctx.device), info
-    return texts
+    return Conditioning.of_tensors(tensors, len(run.request.prompts), run.keyframes is not None)
 
 
-def _encode_on_rank_zero(run: ResolvedRun, device: torch.device) -> tuple[list[torch.Tensor], dict]:
+def _encode_on_rank_zero(run: ResolvedRun, device: torch.device) -> tuple[Conditioning, dict]:
     from h3core.text import release_text_encoder
 
+    (keyframes,) = keyframe_latents([run], device)  # the VAE's encoder first, released before the text encoder loads
     encoder = open_text_encoder(run, device)
-    texts = encode_request(encoder, run)
+    given = encode_request(encoder, run, prepared_images(run))
     info = encoder.info.model_dump(mode="json")
     release_text_encoder(encoder)
-    return texts, info
+    given.keyframes = keyframes
+    return given, info
 
 
 def open_text_encoder(run: ResolvedRun, device: torch.device) -> "TextEncoder":
@@ -171,9 +179,37 @@ def open_text_encoder(run: ResolvedRun, device: torch.device) -> "TextEncoder":
     return load_text_encoder(run.request.text_encoder_path, hidden_size=run.config.text_dim, seed=0, device=device, dtype=dtype)
 
 
-def encode_request(encoder: "TextEncoder", run: ResolvedRun) -> list[torch.Tensor]:
-    """The float32 CPU hidden states of the request's prompts (the prompt's, then the negative prompt's)."""
-    return [encoder.encode(p, run.config.max_text_tokens).float().cpu() for p in run.request.prompts]
+def prepared_images(run: ResolvedRun) -> list:
+    """The request's keyframes on its canvas, in packed order ([] for t2va)."""
+    from h3core.generate.keyframes import prepared_keyframes
+
+    return prepared_keyframes(run.keyframes, (run.shape.width, run.shape.height)) if run.keyframes is not None else []
+
+
+def encode_request(encoder: "TextEncoder", run: ResolvedRun, images: list | None = None) -> Conditioning:
+    """The float32 CPU hidden states of the request's prompts (the prompt's, then the negative prompt's),
+    each presented after the keyframe `images` (when given), their row tags checked against the plan."""
+    states = []
+    for prompt, plan in zip(run.request.prompts, run.plan.sequences):
+        rows, tags = encoder.encode_prompt(prompt, images or (), run.config.max_text_tokens)
+        check_text_tags(plan, tags.cpu())
+        states.append(rows.float().cpu())
+    return Conditioning(states)
+
+
+def keyframe_latents(runs: list[ResolvedRun], device: torch.device) -> list[torch.Tensor | None]:
+    """Each run's keyframes' normalized latents `[24, n, H/16, W/16]` (None for t2va), by the video VAE's
+    encoder: loaded alone on `device` once per VAE the runs name, released before returning."""
+    from h3core.generate.keyframes import encode_keyframe_latents
+
+    out: list[torch.Tensor | None] = [None] * len(runs)
+    for vae in dict.fromkeys(run.keyframes.video_vae for run in runs if run.keyframes is not None):
+        mine = [i for i, run in enumerate(runs) if run.keyframes is not None and run.keyframes.video_vae == vae]
+        plans = [runs[i].keyframes for i in mine]
+        images = [prepared_images(runs[i]) for i in mine]
+        for i, latents in zip(mine, encode_keyframe_latents(plans, images, device)):  # type: ignore[arg-type]
+            out[i] = latents
+    return out
 
 
 def rank_generate(ctx: RankContext, run: ResolvedRun, load=RankPipeline.load) -> RankReport:  # type: ignore[no-untyped-def]
@@ -181,11 +217,11 @@ def rank_generate(ctx: RankContext, run: ResolvedRun, load=RankPipeline.load) ->
     `load` builds the pipeline (the baseline passes `RankPipeline.unparallelized`)."""
     record = new_record(ctx)
     runtime = rank_runtime(ctx, run)
-    texts = encode_prompts(ctx, run, runtime, record)
+    given = encode_prompts(ctx, run, runtime, record)
     pipeline = load(ctx, run, runtime)
     record.timings.update(pipeline.timings)
-    whole = pipeline.denoise(run, texts, record, ctx.report)
-    return finish_record(record, run, pipeline, whole)
+    whole = pipeline.denoise(run, given, record, ctx.report)
+    return finish_record(record, run, pipeline, whole, given.keyframes)
 
 
 def rank_runtime(ctx: RankContext, run: ResolvedRun) -> ParallelRuntime:
@@ -208,12 +244,12 @@ def new_record(ctx: RankContext) -> RankReport:
     return RankReport(rank=ctx.rank, cpu_allocator=cpu_memory.policy() if ctx.device.type == "cpu" else "n/a")
 
 
-def finish_record(record: RankReport, run: ResolvedRun, pipeline: RankPipeline, whole: Latent) -> RankReport:
+def finish_record(record: RankReport, run: ResolvedRun, pipeline: RankPipeline, whole: Latent, keyframes: torch.Tensor | None = None) -> RankReport:
     """The rank's report once its request is done: what it holds, moved and used; the lead of each
-    replica (local rank 0 of branch 0) carries the latents."""
+    replica (local rank 0 of branch 0) carries the latents (and the keyframes' condition latents)."""
     record.weights, record.comm, record.used = pipeline.weights, pipeline.runtime.stats, pipeline.runtime.used
     if pipeline.runtime.rank == 0 and whole:
-        record.carry(*_unpatchified(run, whole))
+        record.carry(*_unpatchified(run, whole), condition=keyframes.cpu() if keyframes is not None else None)
     return record
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, computed_field
@@ -13,6 +14,7 @@ from h3core.decode.report import DecodeReport
 from h3core.errors import CheckFailed
 from h3core.files.fingerprint import file_identity
 from h3core.generate.fp4gate import untested_shapes
+from h3core.generate.keyframes import Canvas, KeyframePlan
 from h3core.generate.memory import MemoryCheck
 from h3core.generate.parity import LatentParity
 from h3core.generate.profile import RankProfile, RunProfile
@@ -74,6 +76,7 @@ class RankReport(BaseModel):
     text_encoder: dict | None = Field(None, description="Rank 0: what the text encoder loaded and read.")
     _video: torch.Tensor | None = PrivateAttr(default=None)  # [24, T, H/16, W/16] float32, a replica's lead
     _audio: torch.Tensor | None = PrivateAttr(default=None)  # [2, 32, T_a] float32
+    _condition: torch.Tensor | None = PrivateAttr(default=None)  # [24, n_keyframes, H/16, W/16] float32: the keyframes' normalized latents
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -89,12 +92,20 @@ class RankReport(BaseModel):
         return self._audio
 
     @property
-    def latents(self) -> dict[str, torch.Tensor | None]:
-        return {"video": self._video, "audio": self._audio}
+    def condition_video(self) -> torch.Tensor | None:
+        return self._condition
 
-    def carry(self, video: torch.Tensor | None, audio: torch.Tensor | None) -> None:
-        """Attach the final latents (the lead of a replica)."""
-        self._video, self._audio = video, audio
+    @property
+    def latents(self) -> dict[str, torch.Tensor | None]:
+        """What latents.safetensors holds: `video`, `audio` and, with keyframes, `condition_video`."""
+        out = {"video": self._video, "audio": self._audio}
+        if self._condition is not None:
+            out["condition_video"] = self._condition
+        return out
+
+    def carry(self, video: torch.Tensor | None, audio: torch.Tensor | None, condition: torch.Tensor | None = None) -> None:
+        """Attach the final latents (the lead of a replica), and the keyframes' condition latents it denoised with."""
+        self._video, self._audio, self._condition = video, audio, condition
 
 
 class Schedules(BaseModel):
@@ -153,10 +164,13 @@ class RunReport(BaseModel):
     negative_prompt: str
     guidance_scale: float
     seed: int
+    noise_recipe: str = Field("official", description="Whose noise the seed means: official (the official server's) or diffusers (h3core.model.sampler).")
+    canvas: Canvas | None = Field(None, description="The size generated and why: --width/--height, the first keyframe's aspect, or the preset's.")
+    keyframes: KeyframePlan | None = Field(None, description="FL2VA: the keyframes (role, file, size) and the video VAE that encoded them; their latents are latents.safetensors' condition_video.")
     shape: RunShape
     schedules: Schedules
     num_tokens: int
-    rows: dict[str, int] = Field(description="Rows of the prompt's packed sequence per modality: text, audio, video.")
+    rows: dict[str, int] = Field(description="Rows of the prompt's packed sequence per kind: text (vision blocks included), condition (keyframes), audio, video.")
     partition: ParallelPlan
     timings: dict[str, float]  # per phase, the slowest rank
     step_seconds: list[float]  # per step, the slowest rank
@@ -191,14 +205,20 @@ def request_fingerprint(run: ResolvedRun, portable: bool = False) -> str:
     hold, not where (`file_identity` of the checkpoint and the text encoder: their content, and
     their modification time unless `portable`), and every setting that changes numbers
     (`settings.result_settings`). A changed prompt, seed, size, weight file or H3_EMULATE_FP4
-    changes it; `portable` is the same on machines holding their own copies (torchrun's ranks)."""
+    changes it, and so do another keyframe image or the video VAE that encodes it; `portable` is the
+    same on machines holding their own copies (torchrun's ranks)."""
     request = run.request
     # (the fp4 self-test and the memory check are this machine's verdicts on its GPUs, each torchrun process its own: not the request)
-    fields = run.model_dump(mode="json", exclude={"checkpoint": True, "fp4_selftest": True, "memory_check": True, "request": {"model_path", "text_encoder_path", "profile"}})
+    fields = run.model_dump(mode="json", exclude={"checkpoint": True, "fp4_selftest": True, "memory_check": True,
+                                                  "request": {"model_path", "text_encoder_path", "profile", "keyframes"},
+                                                  "keyframes": {"paths", "video_vae"}})
     fields["weights"] = {
         "checkpoint": file_identity(run.checkpoint, portable),
         "text_encoder": file_identity(request.text_encoder_path, portable) if request.text_encoder_path else "synthetic",
     }
+    if run.keyframes is not None:  # the images and the VAE that encodes them, by content
+        fields["keyframes"] = {role: file_identity(Path(path), portable) for role, path in zip(run.keyframes.roles, run.keyframes.paths)}
+        fields["weights"]["keyframe_vae"] = file_identity(run.keyframes.video_vae, portable) if run.keyframes.video_vae else "synthetic"
     fields["settings"] = settings.result_settings()
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
@@ -240,7 +260,7 @@ def build_report(run: ResolvedRun, outcomes: list[RankReport]) -> RunReport:
         weights=weights_label(run),
         checkpoint=str(run.checkpoint), config=run.config, text_encoder=first.text_encoder or {},
         prompt=req.prompt, negative_prompt=req.negative_prompt, guidance_scale=req.guidance_scale, seed=req.seed,
-        shape=run.shape, schedules=Schedules.of(run.shape), num_tokens=run.plan.num_tokens,
+        noise_recipe=req.noise_recipe.value, canvas=run.canvas, keyframes=run.keyframes, shape=run.shape, schedules=Schedules.of(run.shape), num_tokens=run.plan.num_tokens,
         rows={kind.value: kind_length(run.plan.segments, kind) for kind in KINDS}, partition=run.plan,
         timings=_slowest_phases(outcomes), step_seconds=_slowest_steps(outcomes),
         ranks=outcomes, comm_total=CommStats.total(o.comm for o in outcomes),

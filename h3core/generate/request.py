@@ -1,10 +1,13 @@
 """What `h3 generate` was asked, and `resolve`: everything decided and checked before a rank starts.
 
-`resolve(request)` picks the config (a checkpoint's own config wins over the preset), the sizes,
-the device's attention backend, builds the run's `ParallelPlan` from the prompts' real token counts
-(the tokenizer is cheap; rank 0 gets the same counts when it encodes them), checks what every rank
-needs against this machine, and builds the synthetic checkpoint if needed, last: a bad request
-fails in well under a second and allocates nothing. The `ResolvedRun` goes to every rank.
+`resolve(request)` picks the config (a checkpoint's own config wins over the preset), the
+keyframes and the canvas (`h3core.generate.keyframes`: each image checked, the canvas from the
+flags, else the first keyframe's aspect, else the preset), the sizes, the device's attention
+backend, builds the run's `ParallelPlan` from the prompts' real token counts (the tokenizer is
+cheap; with keyframes the prompt as the text encoder presents it, vision blocks and tags included;
+rank 0 gets the same counts when it encodes them), checks what every rank needs against this
+machine, and builds the synthetic checkpoint if needed, last: a bad request fails in well under a
+second and allocates nothing. The `ResolvedRun` goes to every rank.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from pydantic_core import PydanticCustomError
 
 from h3core import settings
 from h3core.errors import ConfigError
-from h3core.generate.memory import MemoryCheck, check_limits, plan_decoded_weights
+from h3core.generate.keyframes import Canvas, KeyframePlan, keyframe_roles, keyframe_vae, open_keyframes, presented_tags, resolve_canvas
+from h3core.generate.memory import MemoryCheck, check_encode_memory, check_limits, plan_decoded_weights
 from h3core.generate.prompt import PromptText
 from h3core.model.checkpoint import SYNTHETIC, Checkpoint
 from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
+from h3core.model.sampler import NoiseRecipe
 from h3core.nvfp4.selftest import FP4SelfTest
 from h3core.parallel.layout import RankLayout
 from h3core.parallel.modes import Mode
@@ -41,7 +46,7 @@ class GenerateRequest(UserRequest):
     model_config = ConfigDict(frozen=True, extra="forbid")
     FLAGS: ClassVar[dict[str, str]] = {
         "guidance_scale": "--guidance", "world_size": "--gpus", "model_path": "--model", "text_encoder_path": "--text-encoder",
-        "cfg_parallel": "--cfg-parallel", "decoded_weights": "--decoded-weights",
+        "cfg_parallel": "--cfg-parallel", "decoded_weights": "--decoded-weights", "keyframes": "--keyframe",
     }
 
     prompt: PromptText = Field(DEFAULT_PROMPT, description="What to generate (not empty or blank: `h3core.generate.prompt`).")
@@ -66,6 +71,8 @@ class GenerateRequest(UserRequest):
     text_encoder_path: Path | None = None
     profile: bool = Field(False, description="Split every step's time per rank: attention, NVFP4 linears, each collective, the rest (h3core.generate.profile).")
     decoded_weights: Literal["auto", "on", "off"] = Field("auto", description="Hold the NVFP4 linears decoded once in bf16 (Hopper): auto where they fit (h3core.parallel.decoded).")
+    keyframes: dict[Literal["first", "last"], Path] = Field(default_factory=dict, description="FL2VA: the image the video starts on (first) and/or ends on (last).")
+    noise_recipe: NoiseRecipe = Field(NoiseRecipe.OFFICIAL, description="Whose noise the seed means: the official server's (default) or diffusers' (h3core.model.sampler).")
 
     @field_validator("dtype")
     @classmethod
@@ -79,6 +86,11 @@ class GenerateRequest(UserRequest):
     def prompts(self) -> list[str]:
         """The prompts the run encodes: the prompt and, with guidance, the negative prompt."""
         return [self.prompt] + ([self.negative_prompt] if self.guidance_scale != 1.0 else [])
+
+    @property
+    def keyframe_roles(self) -> tuple[str, ...]:
+        """The keyframes' anchors in packed order (first, then last); () for t2va."""
+        return keyframe_roles(self.keyframes)  # type: ignore[arg-type]
 
 
 class GenerateJob(BaseModel):
@@ -127,10 +139,11 @@ class RunShape(VideoShape):
     audio_shift: float
 
     @classmethod
-    def of(cls, config: ModelConfig, request: GenerateRequest) -> "RunShape":  # type: ignore[override]
-        """The request's sizes, the config's where the request gives none; raises on sizes the VAE cannot take."""
-        width, height = _given(request.width, config.width), _given(request.height, config.height)
-        video = config.video_shape(width, height, _given(request.frames, config.frames))
+    def of(cls, config: ModelConfig, request: GenerateRequest, canvas: Canvas | None = None) -> "RunShape":  # type: ignore[override]
+        """The request's sizes (the `canvas` when given: the keyframes' one), the config's where the request
+        gives none; raises on sizes the VAE cannot take."""
+        width, height = (canvas.width, canvas.height) if canvas else (_given(request.width, config.width), _given(request.height, config.height))
+        video = config.video_shape(width, height, _given(request.frames, config.frames), keyframes=request.keyframe_roles)
         return cls(
             **video.model_dump(), steps=_given(request.steps, config.steps),
             video_shift=_given(request.video_shift, config.video_shift), audio_shift=_given(request.audio_shift, config.audio_shift),
@@ -151,6 +164,8 @@ class ResolvedRun(BaseModel):
     synthetic: bool
     shape: RunShape
     plan: ParallelPlan = Field(description="The partition every rank runs: heads, each sequence's tokens, tensor-mode shards, weights per rank.")
+    canvas: Canvas | None = Field(None, description="The size generated and why: the flags, the first keyframe's aspect, or the preset.")
+    keyframes: KeyframePlan | None = Field(None, description="FL2VA: the keyframes, checked, and the video VAE that encodes them (None: t2va).")
     fp4_selftest: dict[str, FP4SelfTest] | None = Field(None, description="The launcher's fp4 GEMM self-test per GPU of this machine's ranks (h3core.generate.fp4gate); None where no fp4 GEMM can run.")
     memory_check: MemoryCheck | None = Field(None, description="How the ranks' device memory was checked before they started (the dry run, or the formula and why); None: only the formula in `resolve`.")
 
@@ -159,15 +174,19 @@ def _given(value, default):  # type: ignore[no-untyped-def]
     return default if value is None else value
 
 
-def resolve(request: GenerateRequest, *, check_gpus: Callable[[ResolvedRun], ResolvedRun] | None = None) -> ResolvedRun:
-    """Pick the config, sizes, plan and checkpoint; validate everything before spawning (module docstring).
-    `check_gpus`: the caller's check of the GPUs' memory (`h3 generate`: the dry run of the ranks'
-    code, `h3core.generate.dryrun.check_device_memory`), given the run before its weights are
-    checked whole or built; None: the formula checks them here, with the host."""
+def resolve(request: GenerateRequest, video_vae: Path | None = None, *, check_gpus: Callable[[ResolvedRun], ResolvedRun] | None = None) -> ResolvedRun:
+    """Pick the config, canvas, sizes, plan and checkpoint; validate everything before spawning (module
+    docstring). `video_vae`: the --video-vae flag (it also encodes the keyframes). `check_gpus`: the
+    caller's check of the GPUs' memory (`h3 generate`: the dry run of the ranks' code,
+    `h3core.generate.dryrun.check_device_memory`), given the run before its weights are checked whole
+    or built; None: the formula checks them here, with the host."""
     base = get_preset(request.preset or ("h3" if request.model_path else "tiny"))
     checkpoint = Checkpoint.open(request.model_path, base) if request.model_path is not None else None
     config = checkpoint.config if checkpoint else base
-    shape = RunShape.of(config, request)
+    opened = open_keyframes(request.keyframes) if request.keyframes else []  # type: ignore[arg-type]
+    first = (str(request.keyframes[opened[0][0]]), opened[0][1].size) if opened else None  # type: ignore[index]  # the first image given sets the canvas
+    canvas = resolve_canvas(config, request.width, request.height, first)
+    shape = RunShape.of(config, request, canvas)
     _check_backends(request, config)
     specs = checkpoint.specs() if checkpoint else None
     plan = build_plan(request, config, shape, specs=specs)
@@ -175,12 +194,25 @@ def resolve(request: GenerateRequest, *, check_gpus: Callable[[ResolvedRun], Res
     dtype = compute_dtype(request.device, request.dtype)
     plan = _with_decoded_weights(request, config, plan, specs, elements, shape.steps, dtype)
     check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention, device_part=check_gpus is None)
-    run = ResolvedRun(request=request, config=config, checkpoint=_planned_checkpoint(request, checkpoint, base), synthetic=checkpoint is None or checkpoint.weights == SYNTHETIC,
-                      shape=shape, plan=plan)
+    synthetic = checkpoint is None or checkpoint.weights == SYNTHETIC
+    keyframes = _keyframe_plan(request, opened, shape, video_vae, synthetic)
+    if keyframes is not None:
+        check_encode_memory(keyframes, request, config, plan.layout.world_size)
+    run = ResolvedRun(request=request, config=config, checkpoint=_planned_checkpoint(request, checkpoint, base), synthetic=synthetic,
+                      shape=shape, plan=plan, canvas=canvas, keyframes=keyframes)
     if check_gpus is not None:
         run = check_gpus(run)  # before the weights: a run that cannot fit builds nothing
     path, synthetic = _weights(request, checkpoint, base)
     return run.model_copy(update={"checkpoint": path, "synthetic": synthetic})
+
+
+def _keyframe_plan(request: GenerateRequest, opened: list, shape: "RunShape", video_vae: Path | None, synthetic: bool) -> KeyframePlan | None:
+    """The request's keyframes, checked, and the video VAE that encodes them (None: t2va)."""
+    if not opened:
+        return None
+    vae, source = keyframe_vae(video_vae, request.model_path, synthetic)
+    return KeyframePlan(roles=shape.keyframes, paths=[str(request.keyframes[role]) for role, _ in opened],  # type: ignore[index]
+                        sizes=[image.size for _, image in opened], video_vae=vae, video_vae_source=source)
 
 
 def _planned_checkpoint(request: GenerateRequest, checkpoint: Checkpoint | None, base: ModelConfig) -> Path:
@@ -218,15 +250,20 @@ def _check_backends(request: GenerateRequest, config: ModelConfig) -> None:
 
 
 def build_plan(request: GenerateRequest, config: ModelConfig, shape: RunShape, specs=None) -> ParallelPlan:  # type: ignore[no-untyped-def]
-    """The plan of every sequence the ranks will run, from the prompts' real token counts, for the
-    request's layout of ranks (checked first: a count that does not split is one line); `specs`:
-    the checkpoint's tensors (None: the synthetic layout) for the bytes each rank holds."""
+    """The plan of every sequence the ranks will run, from the prompts' real token counts (with keyframes:
+    as the text encoder presents them, each row tagged), for the request's layout of ranks (checked
+    first: a count that does not split is one line); `specs`: the checkpoint's tensors (None: the
+    synthetic layout) for the bytes each rank holds."""
     from h3core.text import check_text_encoder
 
     layout = rank_layout(request)
-    tokenizer = check_text_encoder(request.text_encoder_path, hidden_size=config.text_dim)
-    lengths = [len(tokenizer.encode(p)) for p in request.prompts]
-    sequences = [config.segments(shape.width, shape.height, shape.frames, n) for n in lengths]
+    keyframes = len(shape.keyframes)
+    if keyframes:
+        tags = [presented_tags(request.text_encoder_path, config.text_dim, p, (shape.width, shape.height), keyframes) for p in request.prompts]
+    else:
+        tokenizer = check_text_encoder(request.text_encoder_path, hidden_size=config.text_dim)
+        tags = [[1] * len(tokenizer.encode(p)) for p in request.prompts]
+    sequences = [config.segments(shape.width, shape.height, shape.frames, len(t), keyframes=keyframes, text_tags=t) for t in tags]
     return ParallelPlan.for_layout(config, layout, request.mode, *sequences, specs=specs)
 
 

@@ -9,8 +9,10 @@ on its size and text length, and `RankPipeline.denoise` takes them from the requ
 
 The tasks, in the order a batch calls them:
 
-- `encode_prompts_once`: rank 0 loads the text encoder once, encodes every request's prompts
-  (and negative prompts), releases it; the hidden states go back to the caller;
+- `encode_prompts_once`: rank 0 encodes every request's keyframes with the video VAE's encoder
+  (loaded once per VAE, released), then loads the text encoder once, encodes every request's
+  prompts (and negative prompts; with keyframes presented after them), releases it; each request's
+  `Conditioning` goes back to the caller as its flat tensors;
 - `denoise_round`: one request per replica group (`--replicas R`; one group is the plain case) on
   every rank: the held pipeline (loaded on the first call, or when the key changed), every group's
   texts broadcast from rank 0, `RankPipeline.denoise` of the rank's own group's request; the
@@ -25,9 +27,19 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from h3core.generate.pipeline import RankPipeline, encode_request, finish_record, new_record, open_text_encoder, rank_runtime
+from h3core.generate.pipeline import (
+    RankPipeline,
+    encode_request,
+    finish_record,
+    keyframe_latents,
+    new_record,
+    open_text_encoder,
+    prepared_images,
+    rank_runtime,
+)
 from h3core.generate.report import RankReport
 from h3core.generate.request import ResolvedRun
+from h3core.generate.sequences import Conditioning
 from h3core.parallel.collectives import broadcast_tensors
 from h3core.parallel.layout import RankGroups
 from h3core.runtime import device as dev
@@ -63,7 +75,7 @@ class EncodedPrompts(BaseModel):
     """What rank 0's one text-encoder load gave: every request's hidden states and the time each took."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
-    texts: list[list[torch.Tensor]]  # per request: the prompt's [L, D] float32 CPU states, then the negative prompt's
+    texts: list[list[torch.Tensor]]  # per request: its `Conditioning.tensors()` (states, keyframe latents), CPU
     seconds: list[float]  # per request: its encode
     load_seconds: float  # loading and releasing the encoder, once
     peak_memory: int
@@ -106,11 +118,14 @@ def encode_prompts_once(ctx: RankContext, runs: list[ResolvedRun]) -> EncodedPro
         return None
     dev.reset_peak_memory(ctx.device)
     with dev.Stopwatch(ctx.device) as whole:
+        keyframes = keyframe_latents(runs, ctx.device)  # (the VAE's encoder, released before the text encoder loads)
         encoder = open_text_encoder(runs[0], ctx.device)
         texts, seconds = [], []
-        for run in runs:
+        for run, latents in zip(runs, keyframes):
             with dev.Stopwatch(ctx.device) as watch:
-                texts.append(encode_request(encoder, run))
+                given = encode_request(encoder, run, prepared_images(run))
+                given.keyframes = latents
+                texts.append(given.tensors())
             seconds.append(watch.seconds)
         info = encoder.info.model_dump(mode="json")
         release_text_encoder(encoder)
@@ -142,13 +157,21 @@ def denoise_round(ctx: RankContext, runs: list[ResolvedRun | None], texts: list[
     record = new_record(ctx)
     record.timings.update(text_encode=seconds[replica], load=load_seconds)
     record.peak_memory_text_bytes, record.text_encoder = encoded.get("peak_memory", 0), encoded.get("info") if ctx.rank == 0 else None
-    whole = pipeline.denoise(run, _texts_of(runs, received, replica), record, ctx.report)
-    return finish_record(record, run, pipeline, whole)
+    given = _given_of(runs, received, replica)
+    whole = pipeline.denoise(run, given, record, ctx.report)
+    return finish_record(record, run, pipeline, whole, given.keyframes)
 
 
-def _texts_of(runs: list[ResolvedRun | None], received: list[torch.Tensor], replica: int) -> list[torch.Tensor]:
-    """Replica `replica`'s hidden states out of every group's, sent in replica order (each request
-    has its prompt's, and with guidance its negative prompt's)."""
-    counts = [len(run.request.prompts) if run is not None else 0 for run in runs]
+def _given_of(runs: list[ResolvedRun | None], received: list[torch.Tensor], replica: int) -> Conditioning:
+    """Replica `replica`'s conditioning out of every group's, sent in replica order (each request has
+    its prompt's states, with guidance its negative prompt's, and its keyframe latents if any)."""
+    counts = [_tensors(run) for run in runs]
     start = sum(counts[:replica])
-    return received[start : start + counts[replica]]
+    run = runs[replica]
+    assert run is not None
+    return Conditioning.of_tensors(received[start : start + counts[replica]], len(run.request.prompts), run.keyframes is not None)
+
+
+def _tensors(run: ResolvedRun | None) -> int:
+    """How many tensors a request's conditioning travels as (`Conditioning.tensors`)."""
+    return 0 if run is None else len(run.request.prompts) + int(run.keyframes is not None)

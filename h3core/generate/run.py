@@ -121,7 +121,7 @@ def resolve_job(job: GenerateJob) -> ResolvedJob:
         predicted.extend([dry] if dry is not None else [])
         return run.model_copy(update={"memory_check": memory})
 
-    run = resolve(job.request, check_gpus=check_gpus)
+    run = resolve(job.request, video_vae=job.video_vae, check_gpus=check_gpus)
     decode = plan_run_decode(job, run)
     run = with_fp4_selftest(run, predicted[0].gemm_shapes() if predicted else None)  # ... and the fp4 GEMMs it will call
     return ResolvedJob(job, run, decode)

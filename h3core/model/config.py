@@ -12,7 +12,11 @@ config and `modular_pipelines/minimax_h3/modular_pipeline.py`):
   A request for another frame count is snapped *up* to the next `17n + 5` (as the reference does).
 - Audio: 40 latents per second per channel (32 features each, no patching), two channels packed
   channel-major: `2 * round(F / 24 * 40)` rows.
-- Text: one row per prompt token (the reference never truncates).
+- Text: one row per prompt token (the reference never truncates); with keyframes, the prompt as
+  the text encoder presents it (`<Picture i>: ` and a vision block per keyframe, then the prompt),
+  the vision block's rows tagged 0 (`text_tags`).
+- Keyframes (FL2VA): one latent frame of `H/32 x W/32` condition rows per keyframe, after the text
+  (first, then last).
 
 At 864x480, 141 frames: T = 42, 15 x 27 patches per frame -> 17,010 video rows; round(141 / 24 *
 40) = 235 latents per channel -> 470 audio rows; the packed sequence is L + 17,480 rows.
@@ -32,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from h3core.errors import ConfigError
 from h3core.media import AUDIO_STEREO, FPS, SPATIAL_STRIDE, audio_latents, latent_frames, snap_frames
-from h3core.model.sequence import Segment, SegmentKind, pack_segments
+from h3core.model.sequence import Segment, SegmentKind, pack_segments, tag_runs
 from h3core.nvfp4 import layout
 
 class ModelConfig(BaseModel):
@@ -68,6 +72,8 @@ class ModelConfig(BaseModel):
     audio_shift: float = Field(3.0, gt=0, description="Flow shift of the audio schedule.")
     text_tokens: int = Field(gt=0, description="Prompt length assumed when planning without a prompt.")
     max_text_tokens: int = Field(8192, gt=0, description="Longest prompt h3 accepts (refused beyond, never truncated).")
+    canvas_short_edge: int | None = Field(None, gt=0, description="With keyframes and no --width/--height: the canvas's short edge (None: the preset's own, min(width, height)).")
+    canvas_max_area: int | None = Field(None, gt=0, description="With keyframes and no --width/--height: the canvas's largest area in pixels (None: the preset's own, width x height).")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
@@ -103,7 +109,14 @@ class ModelConfig(BaseModel):
 
     # --- frame and latent arithmetic -----------------------------------------------------------
 
-    def video_shape(self, width: int, height: int, frames: int) -> "VideoShape":
+    @property
+    def canvas_rule(self) -> tuple[int, int]:
+        """(short edge, largest area) of a canvas that follows a keyframe's aspect: H3's 768 and
+        768 x 1344 for the `h3` presets (diffusers' `canvas_short_edge` / `canvas_max_pixels`), the
+        preset's own size scale for the small ones (its short edge and its area)."""
+        return (self.canvas_short_edge or min(self.width, self.height), self.canvas_max_area or self.width * self.height)
+
+    def video_shape(self, width: int, height: int, frames: int, keyframes: tuple[str, ...] = ()) -> "VideoShape":
         """The latent geometry of a request; raises on sizes the VAE cannot take (frames snapped up)."""
         step = self.pixel_multiple
         if width <= 0 or height <= 0 or width % step or height % step:
@@ -114,23 +127,39 @@ class ModelConfig(BaseModel):
         ratio = width / height
         if not 0.25 <= ratio <= 4.0:
             raise ConfigError(f"{width}x{height} has an aspect ratio of {ratio:.3g}; H3 takes 1:4 to 4:1")
-        return VideoShape.of(width, height, frames, self)
+        return VideoShape.of(width, height, frames, self, keyframes)
 
-    def segments(self, width: int, height: int, frames: int, text_tokens: int) -> list[Segment]:
-        """The packed `text | audio | video` rows of one t2va request (frames snapped up first)."""
+    def segments(self, width: int, height: int, frames: int, text_tokens: int, *, keyframes: int = 0,
+                 text_tags: list[int] | None = None) -> list[Segment]:
+        """The packed `text | condition | audio | video` rows of one request (frames snapped up first):
+        `keyframes` latent frames of condition rows (0 for t2va); `text_tags`: each text row's tag
+        (None: all text, 1), one text segment per run of equal tags (a keyframe's vision block is 0)."""
         if not 0 <= text_tokens <= self.max_text_tokens:
             raise ConfigError(
                 f"the prompt has {text_tokens} tokens; h3 takes at most {self.max_text_tokens} "
                 "(the reference never truncates, so neither does h3): shorten the prompt"
             )
+        if text_tags is not None and len(text_tags) != text_tokens:
+            raise ValueError(f"{len(text_tags)} text tags for {text_tokens} text rows")
         shape = self.video_shape(width, height, frames)
-        return pack_segments(
-            [(SegmentKind.TEXT, text_tokens), (SegmentKind.AUDIO, shape.audio_rows), (SegmentKind.VIDEO, shape.video_rows)]
-        )
+        segments = pack_segments([(SegmentKind.TEXT, text_tokens), (SegmentKind.CONDITION, keyframes * shape.rows_per_frame),
+                                  (SegmentKind.AUDIO, shape.audio_rows), (SegmentKind.VIDEO, shape.video_rows)])
+        return _tagged_text(segments, text_tags) if text_tags else segments
 
-    def num_tokens(self, width: int, height: int, frames: int, text_tokens: int) -> int:
+    def num_tokens(self, width: int, height: int, frames: int, text_tokens: int, keyframes: int = 0) -> int:
         """Rows of the packed sequence of one request."""
-        return self.segments(width, height, frames, text_tokens)[-1].stop
+        return self.segments(width, height, frames, text_tokens, keyframes=keyframes)[-1].stop
+
+
+def _tagged_text(segments: list[Segment], tags: list[int]) -> list[Segment]:
+    """`segments` with their text segment split into one per run of equal `tags`, each with its tag."""
+    text, rest = segments[0], segments[1:]
+    assert text.kind is SegmentKind.TEXT and len(text) == len(tags)
+    split, start = [], 0
+    for length, tag in tag_runs(tags):
+        split.append(Segment(SegmentKind.TEXT, start, start + length, tag=tag))
+        start += length
+    return split + rest
 
 
 class VideoShape(BaseModel):
@@ -148,14 +177,15 @@ class VideoShape(BaseModel):
     video_channels: int
     audio_channels: int
     patch: tuple[int, int, int]
+    keyframes: tuple[str, ...] = Field((), description="FL2VA: the end of the video each keyframe's condition frame is anchored to ('first', 'last'), in packed order.")
 
     @classmethod
-    def of(cls, width: int, height: int, frames: int, config: ModelConfig) -> "VideoShape":
+    def of(cls, width: int, height: int, frames: int, config: ModelConfig, keyframes: tuple[str, ...] = ()) -> "VideoShape":
         snapped = snap_frames(frames)
         return cls(
             width=width, height=height, frames_requested=frames, frames=snapped, latent_frames=latent_frames(snapped),
             latent_height=height // SPATIAL_STRIDE, latent_width=width // SPATIAL_STRIDE, audio_latents=audio_latents(snapped),
-            video_channels=config.video_channels, audio_channels=config.audio_channels, patch=config.patch,
+            video_channels=config.video_channels, audio_channels=config.audio_channels, patch=config.patch, keyframes=tuple(keyframes),
         )
 
     @property
@@ -174,6 +204,16 @@ class VideoShape(BaseModel):
         return t * h * w
 
     @property
+    def condition_rows(self) -> int:
+        """Keyframe condition rows: one latent frame per keyframe."""
+        return len(self.keyframes) * self.rows_per_frame
+
+    @property
+    def condition_latent(self) -> tuple[int, int, int, int]:
+        """`[C, n_keyframes, H/16, W/16]` of the keyframes' latents (`latents.safetensors`' `condition_video`)."""
+        return (self.video_channels, len(self.keyframes), self.latent_height, self.latent_width)
+
+    @property
     def audio_rows(self) -> int:
         return AUDIO_STEREO * self.audio_latents
 
@@ -189,8 +229,8 @@ class VideoShape(BaseModel):
 
     @property
     def latent_elements(self) -> int:
-        """Elements of the video and the audio latent together."""
-        return math.prod(self.video_latent) + math.prod(self.audio_latent)
+        """Elements of the video and the audio latent together, and of the keyframes' condition latent (FL2VA)."""
+        return math.prod(self.video_latent) + math.prod(self.audio_latent) + math.prod(self.condition_latent)
 
     @property
     def seconds(self) -> float:
@@ -202,7 +242,7 @@ class VideoShape(BaseModel):
 _H3 = ModelConfig(
     name="h3", hidden=5376, num_heads=56, head_dim=128, num_blocks=50, ffn_dim=14336, text_dim=5120,
     time_hidden=5376, time_embed_dim=8, pruned=True,
-    width=864, height=480, frames=141, steps=50, text_tokens=128,
+    width=864, height=480, frames=141, steps=50, text_tokens=128, canvas_short_edge=768, canvas_max_area=768 * 1344,
 )
 """The seed's checkpoint: MiniMax-H3 FL2VA, AdaLN-pruned (rank 8), at the seed's 864x480x141 and
 the official 50 sigma points (`--steps 12` for the seed's runs)."""

@@ -318,8 +318,8 @@ class H3Model(nn.Module):
         return self.time_embedder(t)
 
     def embed(self, seq: PackedSequence) -> torch.Tensor:
-        """The rows held, in row order: [S, D] in the stream dtype."""
-        projections = {SegmentKind.VIDEO: self.video_patch_proj, SegmentKind.AUDIO: self.audio_patch_proj}
+        """The rows held, in row order: [S, D] in the stream dtype (keyframe condition rows are video latent rows)."""
+        projections = {SegmentKind.VIDEO: self.video_patch_proj, SegmentKind.CONDITION: self.video_patch_proj, SegmentKind.AUDIO: self.audio_patch_proj}
         taken = {kind: 0 for kind in seq.features}
         parts = []
         for seg in seq.segments:

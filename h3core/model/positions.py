@@ -1,6 +1,9 @@
-"""The `(t, h, w)` RoPE positions of a packed t2va sequence (../shared/MINIMAX_H3.md §2.2), float64.
+"""The `(t, h, w)` RoPE positions of a packed t2va / fl2va sequence (../shared/MINIMAX_H3.md §2.2), float64.
 
 - text row `i`: `(i, 0, 0)`; the text length `L` shifts the whole media clock;
+- a keyframe's condition frame: the video's spatial grid at time `L` ("first") or at the time of the
+  last video frame, `L + 5/3 (F - 1)` ("last"), that sum taken as the reference takes it (numpy's
+  pairwise sum of the latent frames' spans, less one frame's 5/3);
 - audio latent `a` of channel 0: `(L + a, 0, w_first)`, of channel 1: `(L + a, 0, w_last)` (the two
   ends of the video's width grid);
 - video latent frame `k`, patch `(i, j)`: `(L + tau_k, h_i, w_j)` with `tau` advancing `5/3 x (1, 4,
@@ -44,7 +47,8 @@ def temporal_grid(latent_frames: int, origin: float) -> torch.Tensor:
 
 
 def position_ids(segments: list[Segment], shape: VideoShape) -> torch.Tensor:
-    """`[S, 3]` float64 `(t, h, w)` of every row of a `text | audio | video` sequence."""
+    """`[S, 3]` float64 `(t, h, w)` of every row of a `text | condition | audio | video` sequence
+    (the condition rows: one frame per anchor of `shape.keyframes`, in that order)."""
     total = segments[-1].stop if segments else 0
     positions = torch.zeros(total, 3, dtype=torch.float64)
     text = sum(len(s) for s in segments if s.kind is SegmentKind.TEXT)
@@ -58,9 +62,41 @@ def position_ids(segments: list[Segment], shape: VideoShape) -> torch.Tensor:
             rows[:, 0] = torch.arange(seg.start, seg.stop, dtype=torch.float64)
         elif seg.kind is SegmentKind.AUDIO:
             rows.copy_(audio_positions(shape.audio_latents, float(text), widths))
+        elif seg.kind is SegmentKind.CONDITION:
+            assert len(seg) == shape.condition_rows, f"{len(seg)} condition rows for the keyframes {shape.keyframes}"
+            rows.copy_(condition_positions(shape, heights, widths, float(text)))  # (one segment: every keyframe's rows)
         else:
             rows.copy_(video_positions(shape.grid[0], heights, widths, float(text)))
     return positions
+
+
+KEYFRAME_ANCHORS = ("first", "last")
+"""Where a keyframe's condition frame sits on the video's clock: its first frame or its last."""
+
+
+def anchor_time(anchor: str, latent_frames: int, origin: float) -> float:
+    """The RoPE time of a keyframe anchored at the video's `anchor` end: `origin` (first) or the time of
+    its last frame, `origin + 5/3 (F - 1)`, summed as the reference sums it (numpy's pairwise sum of the
+    latent frames' spans, then one frame's span taken off)."""
+    if anchor == "first":
+        return origin
+    if anchor != "last":
+        raise ValueError(f"a keyframe anchor is one of {', '.join(KEYFRAME_ANCHORS)}, got {anchor!r}")
+    spans = np.ones(latent_frames, dtype=np.float64) * FRAME_UNITS
+    for offset, frames in enumerate(FRAMES_PER_LATENT):
+        spans[offset :: len(FRAMES_PER_LATENT)] *= frames
+    return origin + float(spans.sum()) - FRAME_UNITS
+
+
+def condition_positions(shape: VideoShape, heights: torch.Tensor, widths: torch.Tensor, origin: float) -> torch.Tensor:
+    """`[n * h * w, 3]`: one frame of the video's spatial grid per keyframe of `shape.keyframes`, at its anchor's time."""
+    h, w = torch.meshgrid(heights, widths, indexing="ij")
+    frame = torch.stack([h.reshape(-1), w.reshape(-1)], dim=-1)  # [h * w, 2]
+    out = torch.empty(len(shape.keyframes), frame.shape[0], 3, dtype=torch.float64)
+    for index, anchor in enumerate(shape.keyframes):
+        out[index, :, 0] = anchor_time(anchor, shape.grid[0], origin)
+    out[:, :, 1:] = frame[None]
+    return out.reshape(-1, 3)
 
 
 def audio_positions(latents: int, origin: float, widths: torch.Tensor) -> torch.Tensor:

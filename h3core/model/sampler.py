@@ -11,21 +11,35 @@ steps with it), and it holds no model:
   from the grid, in float32. Video and audio step on their own schedules at the same index, from one
   forward per step.
 
-Noise reproduces the official server's recipe (SGLang `latent_preparation.py`, the server the
-official scripts call): the video latent `[1, 24, T, H, W]` from a CPU generator seeded with the
-seed, then patchified; the audio rows `[2 * T_a, 32]` from a *separate* CPU generator seeded with
-the same seed. It depends only on the seed and the shapes, so every world size starts from the same
-latents.
+Noise: whose noise a seed means is a recipe (`NoiseRecipe`, ../shared/MINIMAX_H3.md §3.5); both
+depend only on the seed and the shapes (every world size starts from the same latents), all draws
+on CPU generators in float32:
+
+- `official` (the default; SGLang's `latent_preparation.py` / `condition_noise.py`, the server the
+  official scripts call): the video latent `[1, 24, T, H, W]` from a CPU generator seeded with the
+  seed, then patchified; the audio rows `[2 * T_a, 32]` from a *separate* generator seeded with the
+  same seed; each keyframe's condition noise from yet another fresh generator seeded with the seed,
+  drawn as `[1, 24, T + n_keyframes, H, W]` of which its first latent frame is kept (so two
+  keyframes get the same noise).
+- `diffusers` (diffusers 0.42.1's modular pipeline, `MiniMaxH3PrepareConditionLatentsStep` then
+  `MiniMaxH3PrepareLatentsStep`): ONE generator seeded with the seed, drawn in this order: one
+  `[1, 24, 1, H, W]` per keyframe (packed order), the video latent `[1, 24, T, H, W]`, the audio rows.
+
+For t2va the two differ only in the audio noise (drawn after the video from the same generator, or
+from a fresh one). Condition rows are noised once, `c = t z + (1 - t) e` at t = 0.999 in float32
+(`noised_condition`), as both references mix them.
 """
 
 from __future__ import annotations
+
+from enum import Enum
 
 import torch
 
 from h3core.errors import NonFiniteResult
 from h3core.model.config import VideoShape
 from h3core.model.dit import patchify_video
-from h3core.model.sequence import SegmentKind
+from h3core.model.sequence import CONDITION_LEVEL, SegmentKind
 
 
 def shifted_sigmas(points: int, shift: float) -> torch.Tensor:
@@ -71,11 +85,47 @@ def guided_velocity(cond: torch.Tensor, uncond: torch.Tensor | None, scale: floa
     return uncond.float() + scale * (cond.float() - uncond.float())
 
 
-def initial_noise(seed: int, shape: VideoShape) -> dict[SegmentKind, torch.Tensor]:
-    """The official server's starting noise as packed rows: {video: [T*h*w, 96], audio: [2*T_a, 32]}, float32."""
-    video = torch.randn((1, *shape.video_latent), generator=torch.Generator(device="cpu").manual_seed(seed), dtype=torch.float32)
-    audio = torch.randn((shape.audio_rows, shape.audio_channels), generator=torch.Generator(device="cpu").manual_seed(seed), dtype=torch.float32)
-    return {SegmentKind.VIDEO: patchify_video(video[0], shape.patch), SegmentKind.AUDIO: audio}
+class NoiseRecipe(str, Enum):
+    """Whose noise a seed means (module docstring)."""
+
+    OFFICIAL = "official"
+    DIFFUSERS = "diffusers"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def initial_noise(seed: int, shape: VideoShape, recipe: NoiseRecipe | str = NoiseRecipe.OFFICIAL) -> dict[SegmentKind, torch.Tensor]:
+    """The starting noise of `recipe` as packed rows, float32: {video: [T*h*w, 96], audio: [2*T_a, 32]}
+    and, with keyframes (`shape.keyframes`), {condition: [n*h*w, 96]}, the noise their rows are mixed with."""
+    recipe = NoiseRecipe(recipe)
+    video_shape, frame = (1, *shape.video_latent), (1, shape.video_channels, 1, shape.latent_height, shape.latent_width)
+    keyframes = len(shape.keyframes)
+    if recipe is NoiseRecipe.DIFFUSERS:
+        generator = _generator(seed)
+        condition = [torch.randn(frame, generator=generator, dtype=torch.float32) for _ in range(keyframes)]
+        video = torch.randn(video_shape, generator=generator, dtype=torch.float32)
+        audio = torch.randn((shape.audio_rows, shape.audio_channels), generator=generator, dtype=torch.float32)
+    else:
+        video = torch.randn(video_shape, generator=_generator(seed), dtype=torch.float32)
+        audio = torch.randn((shape.audio_rows, shape.audio_channels), generator=_generator(seed), dtype=torch.float32)
+        longer = (1, shape.video_channels, shape.latent_frames + keyframes, shape.latent_height, shape.latent_width)
+        condition = [torch.randn(longer, generator=_generator(seed), dtype=torch.float32)[:, :, :1] for _ in range(keyframes)]
+    noise = {SegmentKind.VIDEO: patchify_video(video[0], shape.patch), SegmentKind.AUDIO: audio}
+    if keyframes:
+        noise[SegmentKind.CONDITION] = torch.cat([patchify_video(c[0], shape.patch) for c in condition])
+    return noise
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def noised_condition(clean: torch.Tensor, noise: torch.Tensor, level: float = CONDITION_LEVEL) -> torch.Tensor:
+    """Keyframe condition rows noised once to timestep `level`: `level * clean + (1 - level) * noise`,
+    float32, the level a float32 scalar (diffusers' `scale_noise`, SGLang's condition mix)."""
+    t = torch.tensor(level, dtype=torch.float32, device=clean.device)
+    return t * clean.float() + (1.0 - t) * noise.to(clean.device, torch.float32)
 
 
 def check_finite(latent: dict[str, torch.Tensor], *, step: int, steps: int) -> None:

@@ -12,7 +12,7 @@ error, raised before any process exists. Nothing is ever padded to make shapes d
 from __future__ import annotations
 
 from h3core.errors import PartitionError
-from h3core.model.sequence import Segment, SegmentKind
+from h3core.model.sequence import Segment, SegmentKind, kind_span
 from h3core.nvfp4 import layout
 from h3core.nvfp4.layout import ColumnSlice, column_slice
 from h3core.span import Span
@@ -70,29 +70,32 @@ def clip_segments(segments: list[Segment], interval: Span) -> list[Segment]:
 def kind_rows(segments: list[Segment], interval: Span) -> dict[SegmentKind, Span]:
     """For each segment kind present in `interval`, which of that kind's own rows it covers.
 
-    Rows of a kind are numbered from 0 at the start of its segment (each kind appears once in a
-    packed sequence): with `text[0:10] video[10:30]`, interval `[5, 15)` covers text rows `[5, 10)`
-    and video rows `[0, 5)`.
+    Rows of a kind are numbered from 0 at its first row (a kind's segments are contiguous: text may
+    be several, one per run of equal tags): with `text[0:10] video[10:30]`, interval `[5, 15)`
+    covers text rows `[5, 10)` and video rows `[0, 5)`.
     """
-    whole = {seg.kind: seg for seg in segments}
-    return {
-        local.kind: Span(local.start + interval.start - whole[local.kind].start, local.stop + interval.start - whole[local.kind].start)
-        for local in clip_segments(segments, interval)
-    }
+    out = {}
+    for kind in dict.fromkeys(seg.kind for seg in segments):
+        whole = kind_span(segments, kind)
+        assert whole is not None
+        start, stop = max(whole.start, interval.start), min(whole.stop, interval.stop)
+        if start < stop:
+            out[kind] = Span(start - whole.start, stop - whole.start)
+    return out
 
 
 def kind_spans(segments: list[Segment], token_spans: list[Span], kind: SegmentKind) -> list[Span]:
-    """Per rank, the rows of `kind`'s segment it holds, in that segment's own coordinates.
+    """Per rank, the rows of `kind` it holds, in that kind's own coordinates (0 = its first row).
 
-    The spans tile `[0, len(segment))` in rank order; a rank holding none of the kind gets an
+    The spans tile `[0, rows of kind)` in rank order; a rank holding none of the kind gets an
     empty span at the right place, so the list can drive a ragged gather of that kind's rows.
     """
-    seg = next((s for s in segments if s.kind is kind), None)
-    if seg is None:
+    whole = kind_span(segments, kind)
+    if whole is None:
         return [Span(0, 0) for _ in token_spans]
 
     def inside(row: int) -> int:
-        return min(max(row, seg.start), seg.stop) - seg.start
+        return min(max(row, whole.start), whole.stop) - whole.start
 
     return [Span(inside(t.start), inside(t.stop)) for t in token_spans]
 

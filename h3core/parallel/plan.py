@@ -137,16 +137,19 @@ class ParallelPlan(BaseModel):
 
     @classmethod
     def for_preset(cls, name: str, count: int | None, mode: Mode, *, width: int | None = None, height: int | None = None,
-                   frames: int | None = None, text_tokens: int | None = None, cfg_parallel: bool = False, replicas: int = 1) -> "ParallelPlan":
+                   frames: int | None = None, text_tokens: int | None = None, cfg_parallel: bool = False, replicas: int = 1,
+                   keyframes: int = 0, text_tags: list[int] | None = None) -> "ParallelPlan":
         """`h3 plan`: the plan of preset `name` at `count` ranks (None: H3_WORLD_SIZE, else every
         visible GPU, else 1) for a prompt of `text_tokens` tokens (None: the preset's), laid out as
-        `replicas` groups (of two CFG halves with `cfg_parallel`: the layout then assumes guidance)."""
+        `replicas` groups (of two CFG halves with `cfg_parallel`: the layout then assumes guidance);
+        with `keyframes` condition frames and the text as presented with them (`text_tags`, each row's
+        tag: then its length is the text's)."""
         from h3core.runtime.device import visible_gpu_count
 
         cfg = preset(name)
         size = settings.SizeFlags(width=width, height=height, frames=frames)  # a bad value is h3 generate's one line
-        tokens = cfg.text_tokens if text_tokens is None else text_tokens
-        segments = cfg.segments(*size.or_defaults(cfg.width, cfg.height, cfg.frames), tokens)
+        tokens = len(text_tags) if text_tags is not None else cfg.text_tokens if text_tokens is None else text_tokens
+        segments = cfg.segments(*size.or_defaults(cfg.width, cfg.height, cfg.frames), tokens, keyframes=keyframes, text_tags=text_tags)
         world = settings.world_size(count, visible_gpu_count)
         layout = RankLayout.of(world, cfg_parallel=cfg_parallel, replicas=replicas, guided=cfg_parallel)
         return cls.for_layout(cfg, layout, mode, segments)

@@ -2,7 +2,9 @@
 
 - `parity`: final latents of both modes at every count vs the single-rank run with the same seed
   and prompt, plus the identity row: tensor mode at one rank must equal Ulysses at one rank bit
-  for bit (both are the identity path). Tolerances: `h3core.generate.parity.run_tolerance(mode, dtype, paths)`.
+  for bit (both are the identity path); then the same for an FL2VA request (`... fl2va` rows: a
+  first and a last keyframe, two seeded images written for the check, their condition rows and
+  vision blocks in the packed sequence). Tolerances: `h3core.generate.parity.run_tolerance(mode, dtype, paths)`.
 - `backends`: each other attention backend (`math`, `sage2`, `flash`) vs `sdpa`, on the same q|k|v
   and on the end-to-end latents of one rank. A backend that is not installed or cannot run on
   this device is skipped with the reason `check_backend` gives.
@@ -15,8 +17,10 @@ back to this process and are compared here with `h3core.generate.parity.latent_p
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -33,7 +37,9 @@ from h3core.verify.rows import CheckRow, Measure, row_of, skipped, verdict_of
 from h3core.verify.session import Check, Session
 from h3core.verify.spec import VerifySpec
 
-PARITY_VARIANTS = tuple(mode.value for mode in Mode)
+FL2VA = " fl2va"
+"""The suffix of the parity rows of the keyframe (first + last) request."""
+PARITY_VARIANTS = tuple(mode.value for mode in Mode) + tuple(mode.value + FL2VA for mode in Mode)
 IDENTITY_VARIANT = "tensor = ulysses"
 REFERENCE = (Mode.ULYSSES, "sdpa")
 """The single-rank run every latent is compared with (Ulysses at one rank is the identity path)."""
@@ -107,24 +113,41 @@ def measure_backend_attention(ctx: RankContext, spec: VerifySpec, backend: str) 
 # --- this process -------------------------------------------------------------------------------------
 
 
-def resolved_run(spec: VerifySpec, mode: Mode, count: int, attention: str) -> ResolvedRun:
-    """The `h3 generate` run of the spec (synthetic weights, the verify prompt) for a mode, count and backend."""
+def resolved_run(spec: VerifySpec, mode: Mode, count: int, attention: str, keyframes: dict[str, Path] | None = None) -> ResolvedRun:
+    """The `h3 generate` run of the spec (synthetic weights, the verify prompt) for a mode, count and backend
+    (with `keyframes`: the FL2VA request, the canvas following the first)."""
     request = GenerateRequest(
         prompt=spec.prompt, preset=spec.config.name, steps=spec.steps, seed=spec.seed, mode=mode,
-        world_size=count, device=spec.device, dtype=spec.dtype, attention=attention,
+        world_size=count, device=spec.device, dtype=spec.dtype, attention=attention, keyframes=keyframes or {},
     )
     return resolve(request)
 
 
-def single_rank_runs(session: Session, keys: list[tuple[Mode, str]]) -> dict[tuple[Mode, str], LatentRun]:
-    """One-rank runs by (mode, backend), computed once per session, the missing ones side by side."""
-    missing = [key for key in dict.fromkeys(keys) if ("latents", key) not in session.cache]
+def verify_keyframes(folder: Path, seed: int) -> dict[str, Path]:
+    """A first (4:3) and a last (1:1) keyframe of seeded noise over a gradient, written as PNGs in `folder`."""
+    import numpy as np
+    from PIL import Image
+
+    generator = np.random.default_rng(seed)
+    paths = {}
+    for role, (width, height) in (("first", (320, 240)), ("last", (256, 256))):
+        ramp = np.linspace(0, 255, width, dtype=np.float64)[None, :, None]
+        pixels = np.clip(ramp + generator.normal(0, 40, (height, width, 3)), 0, 255).astype(np.uint8)
+        paths[role] = folder / f"{role}.png"
+        Image.fromarray(pixels, "RGB").save(paths[role])
+    return paths
+
+
+def single_rank_runs(session: Session, keys: list[tuple[Mode, str]], keyframes: dict[str, Path] | None = None) -> dict[tuple[Mode, str], LatentRun]:
+    """One-rank runs by (mode, backend) (of the FL2VA request with `keyframes`), computed once per session, the missing ones side by side."""
+    task = "fl2va" if keyframes else "t2va"
+    missing = [key for key in dict.fromkeys(keys) if ("latents", task, key) not in session.cache]
     if missing:
-        session.on_event("single-rank runs: " + ", ".join(f"{mode.value}/{backend}" for mode, backend in missing))
-        jobs = [(generate_as_one_rank, (resolved_run(session.spec, mode, 1, backend), backend != "sdpa")) for mode, backend in missing]
+        session.on_event(f"single-rank {task} runs: " + ", ".join(f"{mode.value}/{backend}" for mode, backend in missing))
+        jobs = [(generate_as_one_rank, (resolved_run(session.spec, mode, 1, backend, keyframes), backend != "sdpa")) for mode, backend in missing]
         for key, result in zip(missing, session.side_by_side(jobs)):
-            session.cache[("latents", key)] = result
-    return {key: session.cache[("latents", key)] for key in keys}
+            session.cache[("latents", task, key)] = result
+    return {key: session.cache[("latents", task, key)] for key in keys}
 
 
 def latent_row(session: Session, check: str, variant: str, count: int, run: LatentRun, reference: LatentRun, tol: float) -> CheckRow:
@@ -138,23 +161,32 @@ def latent_row(session: Session, check: str, variant: str, count: int, run: Late
 
 
 def run_parity(session: Session, check: Check) -> list[CheckRow]:
-    runs = single_rank_runs(session, [REFERENCE, (Mode.TENSOR, "sdpa")])
+    rows = _parity_rows(session, check, None)
+    with tempfile.TemporaryDirectory(prefix="h3-verify-keyframes-") as folder:
+        rows += _parity_rows(session, check, verify_keyframes(Path(folder), session.spec.seed))
+    return rows
+
+
+def _parity_rows(session: Session, check: Check, keyframes: dict[str, Path] | None) -> list[CheckRow]:
+    """The identity row and both modes at every count, of the t2va request (or with `keyframes`, the FL2VA one)."""
+    suffix = FL2VA if keyframes else ""
+    runs = single_rank_runs(session, [REFERENCE, (Mode.TENSOR, "sdpa")], keyframes)
     reference = runs[REFERENCE]
-    rows = [latent_row(session, check.name, IDENTITY_VARIANT, 1, runs[(Mode.TENSOR, "sdpa")], reference, 0.0)]
+    rows = [latent_row(session, check.name, IDENTITY_VARIANT + suffix, 1, runs[(Mode.TENSOR, "sdpa")], reference, 0.0)]
     for count in session.counts:
         if count == 1:
             continue  # the identity row is the one-rank comparison
         if count in session.unusable:
-            rows.extend(session.skip_rows(check.name, check.variants, count))
+            rows.extend(session.skip_rows(check.name, [v for v in check.variants if v.endswith(FL2VA) == bool(keyframes)], count))
             continue
         for mode in Mode:
-            session.on_event(f"parity {mode.value} at {count} ranks")
-            run = resolved_run(session.spec, mode, count, "sdpa")
+            session.on_event(f"parity {mode.value}{suffix} at {count} ranks")
+            run = resolved_run(session.spec, mode, count, "sdpa", keyframes)
             started = time.perf_counter()
             result = session.world.run(generate_on_first_ranks, count, run)[0]
             result.seconds = time.perf_counter() - started
             tol = run_tolerance(mode, spec_dtype(session.spec), result.nvfp4_paths or {})
-            rows.append(latent_row(session, check.name, mode.value, count, result, reference, tol))
+            rows.append(latent_row(session, check.name, mode.value + suffix, count, result, reference, tol))
     return rows
 
 

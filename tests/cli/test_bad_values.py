@@ -154,7 +154,7 @@ def test_the_split_check_counts_the_real_prompt(tmp_path, monkeypatch):
     (["generate", "--steps", "abc"], "invalid value for '--steps': Input should be a valid integer"),
     (["generate", "--bogus"], "no such option: --bogus"),
     (["generate", "tensor", "two"], "invalid value for '[COUNT]'"),
-    (["generate", "--mode", "sideways"], "unknown mode 'sideways'; choose one of: ulysses, tensor"),
+    (["generate", "--mode", "sideways"], "invalid value for '--mode': 'sideways' is not one of 'ulysses', 'tensor'"),
     (["nosuch"], "no such command 'nosuch'; see 'h3 -h'"),
     (["decode"], "missing argument 'LATENTS'; see 'h3 decode -h'"),
     (["pod", "create", "--count", "0", "--yes"], "invalid value for '--count'"),

@@ -116,9 +116,9 @@ def test_plan_memory_options_are_checked_before_anything_is_printed(h3, args, ne
 
 
 def test_a_dry_run_this_host_cannot_make_is_said_in_plain_text(h3, monkeypatch):
-    import h3core.generate.dryrun as dryrun
+    import h3core.generate.dryrun.command as command
 
-    monkeypatch.setattr(dryrun, "dry_run_problem", lambda arch: None if arch == "cpu" else "[bold]the CUDA guard[/bold] is off")
+    monkeypatch.setattr(command, "dry_run_problem", lambda arch: None if arch == "cpu" else "[bold]the CUDA guard[/bold] is off")
     code, out, err = h3("plan", "2", "--preset", "tiny", "--memory", "--arch", "sm_90")
     assert code == 1 and "no dry run here: [bold]the CUDA guard[/bold] is off" in out  # literal: not markup, not swallowed
     assert "[red]" not in out and "[/red]" not in out
@@ -146,3 +146,20 @@ def test_no_markup_string_reaches_the_literal_console():
                 if tag.search(node.value):
                     found.append(f"{path.name}:{node.lineno}: {node.value!r}")
     assert not found, found
+
+
+def test_plan_with_two_keyframes_counts_the_worked_example(h3):
+    """MINIMAX_H3.md §2.6: two keyframes at 864x480, 141 frames: S = L' + 18,290, L' = the prompt's 128
+    tokens + 2 x (6 label tokens + 407 vision-block tokens); a role other than first/last is one line."""
+    import json
+
+    code, out, _ = h3("plan", "8", "--keyframes", "first,last", "--text-tokens", "128", "--json")
+    plan = json.loads(out)
+    rows: dict[str, int] = {}
+    for seg in plan["segments"]:
+        rows[seg["kind"]] = rows.get(seg["kind"], 0) + seg["stop"] - seg["start"]
+    assert code == 0 and rows == {"text": 954, "condition": 810, "audio": 470, "video": 17_010}
+    assert plan["num_tokens"] == 954 + 18_290 and plan["tokens"] == [2406] * 4 + [2405] * 4
+    assert [s["tag"] for s in plan["segments"] if s["kind"] == "text"] == [1, 0, 1, 0, 1]
+    code, _, err = h3("plan", "--keyframes", "middle")
+    assert code == 2 and "role 'middle' is not one of first, last" in err and len(err.strip().splitlines()) == 1

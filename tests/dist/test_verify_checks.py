@@ -64,14 +64,17 @@ def test_check_passes_at_2_and_6_ranks(session, spec, name):
 
 
 def test_parity_both_modes_and_the_one_rank_identity(session):
+    """t2va's rows, then the same for a first + last keyframe request (FL2VA)."""
     rows = run_check(session, "parity")
-    identity, distributed = rows[0], rows[1:]
-    assert (identity.mode, identity.count, identity.backend) == ("tensor = ulysses", 1, "none")
-    assert identity.verdict == "pass" and identity.max_abs == 0 and identity.tolerance == 0
-    assert [(r.mode, r.count) for r in distributed] == [("ulysses", 2), ("tensor", 2), ("ulysses", 6), ("tensor", 6)]
+    assert len(rows) == 10
+    for task, (identity, *distributed) in (("", rows[:5]), (" fl2va", rows[5:])):
+        assert (identity.mode, identity.count, identity.backend) == ("tensor = ulysses" + task, 1, "none")
+        assert identity.verdict == "pass" and identity.max_abs == 0 and identity.tolerance == 0
+        assert [(r.mode, r.count) for r in distributed] == [(m + task, c) for c in (2, 6) for m in ("ulysses", "tensor")]
+    distributed = [r for r in rows if r.count > 1]
     for row in distributed:
         assert row.verdict == "pass" and row.relative <= row.tolerance, row
-    assert {r.tolerance for r in distributed if r.mode == "tensor"} == {tolerance(Mode.TENSOR, torch.float32)}
+    assert {r.tolerance for r in distributed if r.mode.startswith("tensor")} == {tolerance(Mode.TENSOR, torch.float32)}
 
 
 def test_backends_math_runs_and_cuda_backends_are_skipped_with_the_reason(session):
@@ -195,6 +198,10 @@ def test_counts_that_cannot_run_are_skipped_and_the_identity_row_still_runs(spec
         parity = run_check(session, "parity")
     assert [(r.verdict, r.count, r.reason) for r in transport] == [("skip", 2, unusable[2]), ("skip", 4, unusable[4])]
     assert parity[0].mode == "tensor = ulysses" and parity[0].verdict == "pass" and parity[0].max_abs == 0
-    assert [(r.mode, r.count, r.verdict) for r in parity[1:]] == [
+    assert [(r.mode, r.count, r.verdict) for r in parity[1:5]] == [
         ("ulysses", 2, "skip"), ("tensor", 2, "skip"), ("ulysses", 4, "skip"), ("tensor", 4, "skip"),
+    ]
+    assert parity[5].mode == "tensor = ulysses fl2va" and parity[5].verdict == "pass" and parity[5].max_abs == 0
+    assert [(r.mode, r.count, r.verdict) for r in parity[6:]] == [
+        ("ulysses fl2va", 2, "skip"), ("tensor fl2va", 2, "skip"), ("ulysses fl2va", 4, "skip"), ("tensor fl2va", 4, "skip"),
     ]

@@ -65,6 +65,30 @@ def test_positions_equal_diffusers_layout():
         assert [s.kind for s in segments] == ([K.TEXT] if text else []) + [K.AUDIO, K.VIDEO]
 
 
+@pytest.mark.parametrize("anchors", [("first",), ("last",), ("first", "last")], ids=["first", "last", "first+last"])
+def test_keyframe_positions_and_tags_equal_diffusers_layout(anchors):
+    """FL2VA: text tags with vision blocks at 0, one condition frame per keyframe at its anchor's time,
+    bit for bit as diffusers lays them out (the last anchor's pairwise sum included: 72 latent frames)."""
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3PrepareLayoutStep
+
+    cfg = preset("h3")
+    for width, height, frames in ((864, 480, 141), (1344, 768, 243), (256, 128, 22)):
+        text_tags = [1] * 4 + [0] * 7 + [1] * 3 + [0] * 5 + [1] * 6
+        shape = cfg.video_shape(width, height, frames, keyframes=anchors)
+        segments = cfg.segments(width, height, frames, len(text_tags), keyframes=len(anchors), text_tags=text_tags)
+        expected = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
+            torch.tensor(text_tags), shape.latent_frames, shape.latent_height, shape.latent_width,
+            shape.audio_latents, (1, 2, 2), 2, AUDIO_TAG, VIDEO_TAG, keyframe_anchors=anchors,
+        )
+        positions, token_tags, video_indices, _, _, conditions, _ = expected
+        assert torch.equal(position_ids(segments, shape), positions)
+        assert torch.equal(torch.cat([torch.full((len(s),), s.tag) for s in segments]), token_tags)
+        condition = [s for s in segments if s.kind is K.CONDITION]
+        assert len(condition) == 1 and len(condition[0]) == conditions == shape.condition_rows
+        assert torch.equal(torch.arange(condition[0].start, condition[0].stop), video_indices[:conditions])
+        assert [s.kind for s in segments] == [K.TEXT] * 5 + [K.CONDITION, K.AUDIO, K.VIDEO]
+
+
 def test_rope_equals_diffusers_and_leaves_the_last_channels_alone():
     from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed, _apply_rotary_emb
 

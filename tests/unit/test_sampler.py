@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from h3core.model.config import preset
-from h3core.model.sampler import FlowMatchH3, guided_velocity, initial_noise, shifted_sigmas
+from h3core.model.sampler import FlowMatchH3, NoiseRecipe, guided_velocity, initial_noise, noised_condition, shifted_sigmas
 from h3core.model.sequence import SegmentKind
 
 
@@ -67,6 +67,53 @@ def test_noise_is_the_official_servers_recipe():
     assert torch.equal(noise[SegmentKind.VIDEO], patchify_video_latents(video, (1, 2, 2)))
     assert torch.equal(noise[SegmentKind.AUDIO], audio)
     assert not torch.equal(initial_noise(43, shape)[SegmentKind.VIDEO], noise[SegmentKind.VIDEO])
+
+
+def test_keyframe_noise_of_the_official_recipe():
+    """SGLang's `condition_noise.py`: each keyframe's noise from a fresh CPU generator seeded with the seed,
+    drawn as [1, 24, T + n_keyframes, h, w] and cut to its first latent frame (so both keyframes share
+    it); video and audio as without keyframes."""
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import patchify_video_latents
+
+    shape = preset("tiny").video_shape(256, 128, 22, keyframes=("first", "last"))
+    noise = initial_noise(42, shape)
+    drawn = torch.randn(1, 24, 7 + 2, 8, 16, generator=torch.Generator().manual_seed(42))[:, :, :1]
+    frame = patchify_video_latents(drawn, (1, 2, 2))
+    assert torch.equal(noise[SegmentKind.CONDITION], torch.cat([frame, frame]))
+    assert torch.equal(noise[SegmentKind.VIDEO], initial_noise(42, preset("tiny").video_shape(256, 128, 22))[SegmentKind.VIDEO])
+    one = initial_noise(42, preset("tiny").video_shape(256, 128, 22, keyframes=("last",)))[SegmentKind.CONDITION]
+    assert one.shape == (32, 96) and not torch.equal(one, frame)  # T + 1 frames drawn: another cut of the stream
+
+
+@pytest.mark.parametrize("anchors", [(), ("first",), ("first", "last")])
+def test_the_diffusers_recipe_draws_keyframes_video_then_audio_from_one_generator(anchors):
+    """diffusers 0.42.1's order: `MiniMaxH3PrepareConditionLatentsStep` (one draw of a condition's shape
+    per keyframe), then `MiniMaxH3PrepareLatentsStep` (video latent, then audio rows), one generator."""
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import patchify_video_latents
+    from diffusers.utils.torch_utils import randn_tensor
+
+    shape = preset("tiny").video_shape(256, 128, 22, keyframes=anchors)
+    noise = initial_noise(7, shape, NoiseRecipe.DIFFUSERS)
+    generator = torch.Generator().manual_seed(7)
+    conditions = [randn_tensor((1, 24, 1, 8, 16), generator=generator, dtype=torch.float32) for _ in anchors]
+    video = randn_tensor((1, 24, 7, 8, 16), generator=generator, dtype=torch.float32)
+    audio = randn_tensor((2 * 37, 32), generator=generator, dtype=torch.float32)
+    assert torch.equal(noise[SegmentKind.VIDEO], patchify_video_latents(video, (1, 2, 2)))
+    assert torch.equal(noise[SegmentKind.AUDIO], audio)
+    if anchors:
+        assert torch.equal(noise[SegmentKind.CONDITION], torch.cat([patchify_video_latents(c, (1, 2, 2)) for c in conditions]))
+    else:
+        assert SegmentKind.CONDITION not in noise
+    official = initial_noise(7, shape)
+    assert not torch.equal(official[SegmentKind.AUDIO], noise[SegmentKind.AUDIO])  # whose noise a seed means differs
+
+
+def test_condition_rows_are_mixed_as_diffusers_scale_noise():
+    from diffusers import MiniMaxH3Scheduler
+
+    clean, noise = torch.randn(2, 24, 1, 4, 6), torch.randn(2, 24, 1, 4, 6)
+    expected = MiniMaxH3Scheduler().scale_noise(clean, 0.999, noise)
+    assert torch.equal(noised_condition(clean, noise), expected)
 
 
 def test_shifted_sigmas_by_hand():

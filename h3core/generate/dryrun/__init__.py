@@ -14,7 +14,7 @@ Split by concern:
              (`python -m h3core.generate.dryrun REPORT [ARCH]`, scripts/gpu_check.sh).
 """
 
-from h3core.generate.dryrun.command import PlanMemory, check_device_memory, compare_with_report, plan_memory, preset_run
+from h3core.generate.dryrun.command import PlanMemory, check_device_memory, compare_with_report, plan_memory, planned_preset, preset_run
 from h3core.generate.dryrun.fakes import HeaderReader, header_only_file
 from h3core.generate.dryrun.predict import (
     ARCHS,
@@ -33,5 +33,5 @@ from h3core.generate.dryrun.predict import (
 __all__ = [
     "ARCHS", "DEFAULT_STEPS", "Arch", "DryRun", "HeaderReader", "HostSyncCount", "PlanMemory", "RankPrediction", "arch_of",
     "check_device_memory", "compare_with_report", "dry_run", "dry_run_problem", "header_only_file", "measured_cpu_run",
-    "plan_memory", "predicted_peaks", "preset_run",
+    "plan_memory", "planned_preset", "predicted_peaks", "preset_run",
 ]

@@ -86,30 +86,52 @@ class PlanMemory(BaseModel):
     plan: ParallelPlan
     dry_runs: list[DryRun]
     skipped: str | None = Field(None, description="Why no dry run ran here (then `dry_runs` is empty).")
+    keyframe_encode: dict[str, dict[str, int]] = Field(default_factory=dict, description="With keyframes: rank 0's device bytes before the denoiser loads, per phase (the video VAE's encoder, the vision tower), a lower bound by formula (h3core.generate.keyframes).")
 
 
 def plan_memory(preset_name: str, count: int | None, mode: Mode, *, archs: Sequence[str] = tuple(ARCHS), width: int | None = None,
                 height: int | None = None, frames: int | None = None, text_tokens: int | None = None, cfg_parallel: bool = False,
-                replicas: int = 1, decoded_weights: str = "auto") -> PlanMemory:
+                replicas: int = 1, decoded_weights: str = "auto", keyframes: tuple[str, ...] = ()) -> PlanMemory:
     """The dry run of preset `preset_name`'s synthetic layout (the seed's file, tensor for tensor, for `h3`)
-    at `count` ranks for each of `archs`, without building any checkpoint. An unknown architecture is
+    at `count` ranks for each of `archs`, without building any checkpoint (with `keyframes`: their
+    condition rows and the prompt's vision blocks in the sequence). An unknown architecture is
     a ConfigError before anything is computed; one that cannot dry-run here is `skipped`."""
     unknown = [a for a in archs if a != "cpu" and a not in ARCHS]
     if unknown:
         raise ConfigError(f"--arch {unknown[0]}: unknown architecture; choose one of: {', '.join(ARCHS)}, cpu")
-    plan = ParallelPlan.for_preset(preset_name, count, mode, width=width, height=height, frames=frames, text_tokens=text_tokens,
-                                   cfg_parallel=cfg_parallel, replicas=replicas)
+    plan = planned_preset(preset_name, count, mode, width=width, height=height, frames=frames, text_tokens=text_tokens,
+                          cfg_parallel=cfg_parallel, replicas=replicas, keyframes=keyframes)
     problems = [p for p in (dry_run_problem(a) for a in archs) if p]
     runs, first = [], None
     for arch in archs if not problems else ():
-        run = preset_run(plan, preset_name, arch, width=width, height=height, frames=frames, decoded_weights=decoded_weights)
+        run = preset_run(plan, preset_name, arch, width=width, height=height, frames=frames, decoded_weights=decoded_weights, keyframes=keyframes)
         first = first or run.plan
         runs.append(dry_run(run, arch))
-    return PlanMemory(plan=first or plan, dry_runs=runs, skipped=problems[0] if problems else None)
+    from h3core.generate.keyframes import keyframe_encode_estimate
+
+    encode = keyframe_encode_estimate(preset_name) if keyframes else {}
+    return PlanMemory(plan=first or plan, dry_runs=runs, skipped=problems[0] if problems else None, keyframe_encode=encode)
+
+
+def planned_preset(preset_name: str, count: int | None, mode: Mode, *, width: int | None = None, height: int | None = None,
+                   frames: int | None = None, text_tokens: int | None = None, cfg_parallel: bool = False, replicas: int = 1,
+                   keyframes: tuple[str, ...] = ()) -> ParallelPlan:
+    """`h3 plan`'s plan of a preset; with `keyframes` (anchors) the prompt of `text_tokens` tokens presented
+    after them at the canvas (--width/--height, else the preset's: no image to follow) and their condition rows."""
+    from h3core.generate.keyframes import planned_text_tags
+    from h3core.model.config import preset
+
+    tags = None
+    if keyframes:
+        config = preset(preset_name)
+        canvas = (width or config.width, height or config.height)
+        tags = planned_text_tags(config.text_tokens if text_tokens is None else text_tokens, keyframes, canvas)
+    return ParallelPlan.for_preset(preset_name, count, mode, width=width, height=height, frames=frames, text_tokens=text_tokens,
+                                   cfg_parallel=cfg_parallel, replicas=replicas, keyframes=len(keyframes), text_tags=tags)
 
 
 def preset_run(plan: ParallelPlan, preset_name: str, arch: str, *, width: int | None = None, height: int | None = None,
-               frames: int | None = None, decoded_weights: str = "auto", steps: int | None = None) -> ResolvedRun:
+               frames: int | None = None, decoded_weights: str = "auto", steps: int | None = None, keyframes: tuple[str, ...] = ()) -> ResolvedRun:
     """A resolved run of a preset's synthetic checkpoint for `plan` on a GPU of `arch` (its example's memory),
     with the decoded-weights choice made for that GPU; the checkpoint is not built (the dry run needs its specs only)."""
     from h3core.generate.memory import plan_decoded_weights
@@ -123,7 +145,7 @@ def preset_run(plan: ParallelPlan, preset_name: str, arch: str, *, width: int | 
     request = GenerateRequest(preset=preset_name, mode=plan.mode, world_size=plan.layout.world_size, replicas=plan.layout.replicas,
                               cfg_parallel=plan.layout.cfg_parallel, guidance_scale=2.0 if plan.layout.guided else 1.0,
                               width=width, height=height, frames=frames, steps=steps, device="cuda" if on_gpu else "cpu", decoded_weights=decoded_weights)  # type: ignore[arg-type]
-    shape = RunShape.of(config, request)
+    shape = RunShape.of(config, request).model_copy(update={"keyframes": tuple(keyframes)})
     dtype = torch.bfloat16 if on_gpu else torch.float32
     prefixes = sorted({s.prefix for s in synthetic_specs(config) if s.name.endswith(".weight_scale")})
     spec = ARCHS.get(arch)

@@ -236,7 +236,7 @@ def _rank_under_tracker(run: ResolvedRun, arch: str, rank: int, fake: bool, fake
         peak_load, resident = tracker.peak(kind), tracker.live(kind)
         tracker.phase = "sampling"
         live_after: list[int] = []
-        texts = _text_states(run, rank, device)
+        texts = _conditioning(run, rank, device)
         done = pipeline.denoise(run, texts, new_record(ctx), report=lambda step: live_after.append(tracker.live(kind)))
         peak_sampling, peak_total = tracker.peak(kind), tracker.highest(kind)
         paths, kernels, shapes = runtime.record.paths(), runtime.record.kernels(), runtime.record.gemm_shapes()
@@ -249,12 +249,16 @@ def _rank_under_tracker(run: ResolvedRun, arch: str, rank: int, fake: bool, fake
     )
 
 
-def _text_states(run: ResolvedRun, rank: int, device: torch.device) -> list[torch.Tensor]:
-    """The text encoder's output for each sequence, as rank 0's broadcast hands it to every rank (float32
-    `[L, text_dim]`; on the rank's device when it travelled, on the host at one rank)."""
+def _conditioning(run: ResolvedRun, rank: int, device: torch.device) -> "Conditioning":
+    """What rank 0's broadcast hands every rank: each sequence's text states (float32 `[L, text_dim]`)
+    and the keyframes' latents; on the rank's device when they travelled, on the host at one rank."""
+    from h3core.generate.sequences import Conditioning
+
     where = device if run.plan.layout.world_size > 1 else torch.device("cpu")
-    lengths = [sum(len(s) for s in seq.segments if s.kind is SegmentKind.TEXT) for seq in run.plan.sequences]
-    return [torch.randn(n, run.config.text_dim, dtype=torch.float32, device=where) for n in lengths]
+    texts = [[s for s in seq.segments if s.kind is SegmentKind.TEXT] for seq in run.plan.sequences]
+    states = [torch.randn(sum(len(s) for s in text), run.config.text_dim, dtype=torch.float32, device=where) for text in texts]
+    keyframes = torch.randn(run.shape.condition_latent, dtype=torch.float32, device=where) if run.shape.keyframes else None
+    return Conditioning(states, keyframes)
 
 
 def _counted(syncs: Sequence[fake_cuda.HostSync]) -> list[HostSyncCount]:
