@@ -30,6 +30,7 @@ import torch.nn as nn
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from h3core.lora.tensor import follow_tensor_split
 from h3core.model.dit import TENSOR_PARALLEL, H3Model, Split
 from h3core.nvfp4.io import WeightSource
 from h3core.nvfp4.layout import ColumnSlice
@@ -109,19 +110,22 @@ class _GatherRows:
         rt = self.runtime
         first = module.get_submodule(self.linear)
         if QUANTIZE_BEFORE_GATHER and isinstance(first, NVFP4Linear) and first.path in FP4_PATHS:
-            h = _gather_codes(first.quantize_input(args[0]), args[0].dtype, rt)
+            low = first.lora.project(args[0].reshape(-1, first.in_features)) if first.lora is not None else None  # [m, R]: its LoRA's A x
+            h = _gather_codes(first.quantize_input(args[0]), args[0].dtype, rt, low)
         else:
             h = gather_rows(args[0], rt.tokens, rt.group, rt.stats)  # [S_loc, D] -> [S, D]
         return (h, args[1].whole()) if self.whole_rope else (h,)
 
 
-def _gather_codes(part: NVFP4Weight, dtype: torch.dtype, rt: "ParallelRuntime") -> GatheredCodes:  # noqa: F821
-    """Every rank's quantized rows, in rank order: one all-gather of [packed | scale bytes] per row."""
-    packed_width = part.packed.shape[1]
-    local = torch.cat([part.packed, part.scale.view(torch.uint8)], dim=1)  # [m, K/2 + K/16] uint8
-    whole = gather_rows(local, rt.tokens, rt.group, rt.stats)  # [S, K/2 + K/16]
-    codes = NVFP4Weight(whole[:, :packed_width], whole[:, packed_width:].view(torch.float8_e4m3fn), part.global_scale)
-    return GatheredCodes(codes, dtype)
+def _gather_codes(part: NVFP4Weight, dtype: torch.dtype, rt: "ParallelRuntime", low: torch.Tensor | None = None) -> GatheredCodes:  # noqa: F821
+    """Every rank's quantized rows, in rank order: one all-gather of [packed | scale bytes] per row
+    (and the bytes of `low`, the rows' LoRA projection [m, R], where the linear has a branch)."""
+    packed_width, scale_end = part.packed.shape[1], part.packed.shape[1] + part.scale.shape[1]
+    extra = [] if low is None else [low.contiguous().view(torch.uint8)]
+    local = torch.cat([part.packed, part.scale.view(torch.uint8), *extra], dim=1)  # [m, K/2 + K/16 (+ R * itemsize)] uint8
+    whole = gather_rows(local, rt.tokens, rt.group, rt.stats)  # [S, K/2 + K/16 (+ ...)]
+    codes = NVFP4Weight(whole[:, :packed_width], whole[:, packed_width:scale_end].view(torch.float8_e4m3fn), part.global_scale)
+    return GatheredCodes(codes, dtype, None if low is None else whole[:, scale_end:].contiguous().view(low.dtype))
 
 
 class _ReduceScatterBias:
@@ -169,6 +173,7 @@ def apply_tensor(model: H3Model, runtime: "ParallelRuntime", weights: WeightSour
             shard, biases[name] = read_shard(weights, f"blocks.{i}.{name}", split, part, dtype)
             _check_shard(f"blocks.{i}.{name}", shard, split, part)
             setattr(block.get_submodule(parent), leaf, shard)
+            follow_tensor_split(shard, split, part)  # a LoRA branch attached to it is cut alike (h3core.lora.tensor)
         _hook_block(block, runtime, biases["attn.out_proj"], biases["mlp.fc2"])
     q_rows = shards.qkv_rows[0]  # the q third: this rank's heads x head_dim
     runtime.used.shards = shards
