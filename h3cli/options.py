@@ -25,6 +25,9 @@ CfgParallel = Annotated[bool, typer.Option("--cfg-parallel", help="With guidance
 Replicas = Annotated[int, typer.Option("--replicas", help="Independent groups the ranks split into (replicas x [2 CFG halves] x ranks per sequence); with --prompts each group takes its own prompts (also across machines under torchrun).")]
 Steps = Annotated[Optional[int], typer.Option("--steps", help="Sigma points of the two schedules, terminal 0 included: steps - 1 forwards (default: the preset's; h3: the official 50; the seed's runs: --steps 12).")]
 Seed = Annotated[int, typer.Option("--seed", help="Noise seed.")]
+VideoShift = Annotated[Optional[float], typer.Option("--video-shift", help="Flow shift of the video schedule (default: the preset's, 12; an adapter's own where its metadata sets one). Few-step adapters name theirs (docs/lora.md).", show_default=False)]
+AudioShift = Annotated[Optional[float], typer.Option("--audio-shift", help="Flow shift of the audio schedule (default: the preset's, 3; an adapter's own where its metadata sets one).", show_default=False)]
+Lora = Annotated[Optional[list[str]], typer.Option("--lora", help="A LoRA adapter, PATH[:SCALE] (repeatable; scale default 1): diffusers/PEFT or kohya/ComfyUI .safetensors, applied as a low-rank branch beside each linear it adapts, the (NVFP4) weights untouched (docs/lora.md).", show_default=False)]
 DEFAULT_SEED = settings.DEFAULT_SEED
 Device = Annotated[str, typer.Option("--device", help="auto, cpu or cuda (cpu: ranks are Gloo processes).")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU).")]

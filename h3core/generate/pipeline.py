@@ -60,6 +60,9 @@ class RankPipeline:
     dtype: torch.dtype
     weights: HeldWeights
     timings: dict[str, float] = field(default_factory=dict)
+    adapters: tuple = ()
+    """What the LoRA branches on `model` are: (path, sha256, scale) per adapter (`use_adapters`)."""
+    adapter_bytes: int = 0
 
     @classmethod
     def load(cls, ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime) -> "RankPipeline":
@@ -92,14 +95,37 @@ class RankPipeline:
         checkpoint.file.reader.close()
         return cls(model, runtime, device, dtype, weights, {"load": watch.seconds})
 
+    def use_adapters(self, run: ResolvedRun) -> float:
+        """The request's LoRA adapters on the model (h3core.lora.attach), replacing those of an earlier
+        request, cut as this rank's linears are; nothing to do when they are the same. The base
+        weights are never touched, so a resident pipeline serves any adapters without reloading.
+        Returns the seconds it took."""
+        from h3core.lora.adapter import open_adapter
+        from h3core.lora.attach import attach_adapters, detach_adapters
+
+        wanted = tuple((a.path, a.sha256, a.scale) for a in run.adapters)
+        if wanted == self.adapters:
+            return 0.0
+        with dev.Stopwatch(self.device) as watch, torch.inference_mode():
+            if wanted:
+                opened = [(open_adapter(a.path, run.config, check_values=False), a.scale) for a in run.adapters]
+                self.adapter_bytes = attach_adapters(self.model, opened, self.dtype)
+            else:
+                detach_adapters(self.model)
+                self.adapter_bytes = 0
+        self.adapters = wanted
+        return watch.seconds
+
     def denoise(self, run: ResolvedRun, texts: list[torch.Tensor], record: RankReport, report: Any = None) -> Latent:
         """Denoise one request of `run` (its sequences' text hidden states `texts`) on this rank,
         recording what ran into `record`; the whole latent rows (gathered on branch 0, else {})."""
+        record.timings["adapters"] = self.use_adapters(run)
+        record.adapter_bytes = self.adapter_bytes
         with torch.inference_mode():
             sequences = [build_sequence(self.model, plan, text, run.shape, self.device) for plan, text in zip(run.plan.sequences, texts)]
         schedules = {SegmentKind.VIDEO: FlowMatchH3(run.shape.video_shift), SegmentKind.AUDIO: FlowMatchH3(run.shape.audio_shift)}
-        for schedule in schedules.values():
-            schedule.set_timesteps(run.shape.steps)
+        for kind, schedule in schedules.items():
+            schedule.set_timesteps(run.shape.steps, run.shape.video_sigmas if kind is SegmentKind.VIDEO else run.shape.audio_sigmas)
         denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, schedules, self.runtime.cfg)
         latent = denoiser.own_rows(noise_rows(run.shape, run.request.seed), self.device)  # float32
         _start_sampling_window(self.device)

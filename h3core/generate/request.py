@@ -15,8 +15,11 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from h3core import settings
-from h3core.errors import ConfigError
+from h3core.errors import AdapterError, ConfigError
 from h3core.generate.memory import check_limits, plan_decoded_weights
+from h3core.lora.plan import AdapterRecord, adapter_bytes_per_rank, adapter_records, adapters_schedule, open_adapters
+from h3core.lora.schedule import AdapterSchedule
+from h3core.lora.spec import LoraSpec
 from h3core.model.checkpoint import SYNTHETIC, Checkpoint
 from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
 from h3core.nvfp4.selftest import FP4SelfTest
@@ -39,7 +42,7 @@ class GenerateRequest(UserRequest):
     model_config = ConfigDict(frozen=True, extra="forbid")
     FLAGS: ClassVar[dict[str, str]] = {
         "guidance_scale": "--guidance", "world_size": "--gpus", "model_path": "--model", "text_encoder_path": "--text-encoder",
-        "cfg_parallel": "--cfg-parallel", "decoded_weights": "--decoded-weights",
+        "cfg_parallel": "--cfg-parallel", "decoded_weights": "--decoded-weights", "loras": "--lora",
     }
 
     prompt: str = Field(DEFAULT_PROMPT, description="What to generate.")
@@ -64,6 +67,7 @@ class GenerateRequest(UserRequest):
     text_encoder_path: Path | None = None
     profile: bool = Field(False, description="Split every step's time per rank: attention, NVFP4 linears, each collective, the rest (h3core.generate.profile).")
     decoded_weights: Literal["auto", "on", "off"] = Field("auto", description="Hold the NVFP4 linears decoded once in bf16 (Hopper): auto where they fit (h3core.parallel.decoded).")
+    loras: tuple[LoraSpec, ...] = Field((), description="LoRA adapters, each beside the linears it adapts at its scale (h3core.lora; docs/lora.md).")
 
     @property
     def prompts(self) -> list[str]:
@@ -115,15 +119,25 @@ class RunShape(VideoShape):
     steps: int = Field(description="Sigma points of each schedule, terminal 0 included (steps - 1 forwards).")
     video_shift: float
     audio_shift: float
+    video_sigmas: list[float] | None = Field(None, description="An explicit video schedule (an adapter's own), instead of the shifted one.")
+    audio_sigmas: list[float] | None = Field(None, description="An explicit audio schedule (an adapter's own), instead of the shifted one.")
+    schedule_source: str = Field("", description="Whose schedule this is: '' (the request's and the preset's) or the adapter(s) whose metadata set it.")
 
     @classmethod
-    def of(cls, config: ModelConfig, request: GenerateRequest) -> "RunShape":  # type: ignore[override]
-        """The request's sizes, the config's where the request gives none; raises on sizes the VAE cannot take."""
+    def of(cls, config: ModelConfig, request: GenerateRequest, schedule: AdapterSchedule | None = None) -> "RunShape":  # type: ignore[override]
+        """The request's sizes, the config's where the request gives none; raises on sizes the VAE cannot
+        take. `schedule`: what the run's adapters ask for (h3core.lora.schedule), taken where the request
+        gives nothing; a request value that contradicts it is refused."""
         width, height = _given(request.width, config.width), _given(request.height, config.height)
         video = config.video_shape(width, height, _given(request.frames, config.frames))
+        asked = schedule if schedule is not None and not schedule.empty else None
+        adapter = lambda field: getattr(asked, field) if asked is not None else None  # noqa: E731
+        steps = _agreed(request.steps, asked.points if asked else None, "--steps", asked)
         return cls(
-            **video.model_dump(), steps=_given(request.steps, config.steps),
-            video_shift=_given(request.video_shift, config.video_shift), audio_shift=_given(request.audio_shift, config.audio_shift),
+            **video.model_dump(), steps=_given(steps, config.steps),
+            video_shift=_given(_agreed(request.video_shift, adapter("video_shift"), "--video-shift", asked), config.video_shift),
+            audio_shift=_given(_agreed(request.audio_shift, adapter("audio_shift"), "--audio-shift", asked), config.audio_shift),
+            video_sigmas=adapter("video_sigmas"), audio_sigmas=adapter("audio_sigmas"), schedule_source=asked.source if asked else "",
         )
 
     @property
@@ -141,6 +155,7 @@ class ResolvedRun(BaseModel):
     synthetic: bool
     shape: RunShape
     plan: ParallelPlan = Field(description="The partition every rank runs: heads, each sequence's tokens, tensor-mode shards, weights per rank.")
+    adapters: list[AdapterRecord] = Field(default_factory=list, description="The request's LoRA adapters, checked, hashed and costed per rank (h3core.lora.plan).")
     fp4_selftest: dict[str, FP4SelfTest] | None = Field(None, description="The launcher's fp4 GEMM self-test per GPU of this machine's ranks (h3core.generate.fp4gate); None where no fp4 GEMM can run.")
 
 
@@ -148,21 +163,32 @@ def _given(value, default):  # type: ignore[no-untyped-def]
     return default if value is None else value
 
 
+def _agreed(mine, adapter, flag: str, schedule: AdapterSchedule | None):  # type: ignore[no-untyped-def]
+    """The request's value, else the adapters'; both given and different is one line (the adapter was trained for its own)."""
+    if mine is not None and adapter is not None and mine != adapter:
+        raise AdapterError(f"{flag} {mine} contradicts the schedule {schedule.source if schedule else ''} ships in its metadata "  # type: ignore[union-attr]
+                           f"({flag.removeprefix('--')} {adapter}): leave {flag} out to sample as it was trained, or remove that adapter")
+    return mine if mine is not None else adapter
+
+
 def resolve(request: GenerateRequest) -> ResolvedRun:
     """Pick the config, sizes, plan and checkpoint; validate everything before spawning (module docstring)."""
     base = get_preset(request.preset or ("h3" if request.model_path else "tiny"))
     checkpoint = Checkpoint.open(request.model_path, base) if request.model_path is not None else None
     config = checkpoint.config if checkpoint else base
-    shape = RunShape.of(config, request)
+    adapters = open_adapters(request.loras, config)  # checked before anything is planned: a bad adapter is one line
+    shape = RunShape.of(config, request, adapters_schedule(adapters))
     _check_backends(request, config)
     specs = checkpoint.specs() if checkpoint else None
     plan = build_plan(request, config, shape, specs=specs)
     elements = shape.latent_elements
     dtype = compute_dtype(request.device, request.dtype)
     plan = _with_decoded_weights(request, config, plan, specs, elements, shape.steps, dtype)
-    check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention)
+    records = adapter_records(adapters, config, plan, dtype)
+    check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention,
+                 adapter_bytes=max(adapter_bytes_per_rank(records, len(plan.ranks)), default=0))
     path, synthetic = _weights(request, checkpoint, base)
-    return ResolvedRun(request=request, config=config, checkpoint=path, synthetic=synthetic, shape=shape, plan=plan)
+    return ResolvedRun(request=request, config=config, checkpoint=path, synthetic=synthetic, shape=shape, plan=plan, adapters=records)
 
 
 def _with_decoded_weights(request: GenerateRequest, config: ModelConfig, plan: ParallelPlan, specs, elements: int, steps: int, dtype) -> ParallelPlan:  # type: ignore[no-untyped-def]

@@ -57,24 +57,33 @@ def file_sha256(path: Path) -> str:
     return _memo[key]
 
 
-def plan_adapters(specs: Sequence[LoraSpec], config: ModelConfig, plan, dtype: torch.dtype) -> list[AdapterRecord]:  # type: ignore[no-untyped-def]
-    """Every adapter of a request checked against `config` and costed on `plan`'s ranks (module docstring)."""
-    records = []
-    for spec in specs:
-        adapter = open_adapter(spec.path, config)
-        records.append(AdapterRecord(
+def open_adapters(specs: Sequence[LoraSpec], config: ModelConfig) -> list[tuple[LoraSpec, AdapterFile]]:
+    """Every adapter of a request opened and checked against `config`, values included (one line for anything wrong)."""
+    return [(spec, open_adapter(spec.path, config)) for spec in specs]
+
+
+def adapters_schedule(opened: Sequence[tuple[LoraSpec, AdapterFile]]) -> AdapterSchedule | None:
+    """The schedule a run's adapters ask for together (None: none asks; two that disagree: one line)."""
+    asked = [adapter.schedule for _, adapter in opened if not adapter.schedule.empty]
+    return merge_schedules(asked) if asked else None
+
+
+def adapter_records(opened: Sequence[tuple[LoraSpec, AdapterFile]], config: ModelConfig, plan, dtype: torch.dtype) -> list[AdapterRecord]:  # type: ignore[no-untyped-def]
+    """The report's record of each opened adapter, hashed and costed on `plan`'s ranks."""
+    return [
+        AdapterRecord(
             name=adapter.name, path=str(adapter.path), sha256=file_sha256(adapter.path), format=adapter.format.value, scale=spec.scale,
             layers=len(adapter.targets), pairs=len(adapter.pairs), ranks=adapter.ranks,
             alpha_scales=sorted({p.scale for p in adapter.pairs}), bytes_per_rank=branch_bytes(adapter, config, plan, dtype),
             schedule=None if adapter.schedule.empty else adapter.schedule,
-        ))
-    return records
+        )
+        for spec, adapter in opened
+    ]
 
 
-def run_schedule(records: Sequence[AdapterRecord]) -> AdapterSchedule | None:
-    """The schedule a run's adapters ask for together (None: none asks)."""
-    asked = [r.schedule for r in records if r.schedule is not None]
-    return merge_schedules(asked) if asked else None
+def plan_adapters(specs: Sequence[LoraSpec], config: ModelConfig, plan, dtype: torch.dtype) -> list[AdapterRecord]:  # type: ignore[no-untyped-def]
+    """Every adapter of a request checked against `config` and costed on `plan`'s ranks (module docstring)."""
+    return adapter_records(open_adapters(specs, config), config, plan, dtype)
 
 
 def adapter_bytes_per_rank(records: Sequence[AdapterRecord], ranks: int) -> list[int]:
