@@ -83,22 +83,19 @@ class KeyMap:
 
 
 UNSUPPORTED: tuple[tuple[str, str], ...] = (
-    (".hada_", "LoHa (LyCORIS Hadamard product)"),
-    (".lokr_", "LoKr (LyCORIS Kronecker product)"),
-    (".dora_scale", "DoRA (weight-decomposed LoRA)"),
-    (".lora_magnitude_vector", "DoRA (peft's lora_magnitude_vector)"),
-    (".oft_", "OFT (orthogonal fine-tuning)"),
-    (".boft_", "BOFT (butterfly orthogonal fine-tuning)"),
-    (".a1.weight", "GLoRA"),
-    (".lora_mid.", "LoCon with a mid (Tucker) tensor"),
-    (".diff_b", "a full bias difference"),
-    (".diff", "a full weight difference"),
-    (".set_weight", "a replaced weight"),
-    (".w_norm", "a norm difference"),
-    (".lora_B.bias", "a LoRA with a bias on B (peft lora_bias)"),
-    (".lora_up.bias", "a LoRA with a bias on its up matrix"),
+    (r"\.hada_(w[12]_[ab]|t[12])$", "LoHa (LyCORIS Hadamard product)"),
+    (r"\.lokr_(w[12](_[ab])?|t2)$", "LoKr (LyCORIS Kronecker product)"),
+    (r"\.dora_scale$", "DoRA (weight-decomposed LoRA)"),
+    (r"\.lora_magnitude_vector(\.default)?(\.weight)?$", "DoRA (peft's lora_magnitude_vector)"),
+    (r"\.(oft_blocks|oft_diag|boft_\w+)$", "OFT (orthogonal fine-tuning)"),
+    (r"\.a[12]\.weight$", "GLoRA"),
+    (r"\.lora_mid\.weight$", "LoCon with a mid (Tucker) tensor"),
+    (r"\.(diff|diff_b)$", "a full weight difference"),
+    (r"\.set_weight$", "a replaced weight"),
+    (r"\.(w_norm|b_norm)$", "a norm difference"),
+    (r"\.(lora_B|lora_up)\.bias$", "a bias on B (peft lora_bias)"),
 )
-"""Substrings that mark an adapter kind h3 does not apply, and its name. A LoRA is a low-rank branch
+"""Key endings that mark an adapter kind h3 does not apply, and its name. A LoRA is a low-rank branch
 `s * B(A x)` beside the linear; these change the weight in ways no such branch computes."""
 
 _ROLES: tuple[tuple[str, str, str], ...] = (
@@ -191,8 +188,8 @@ def _target(module: str, known: set[str]) -> tuple[str, str, int | None] | None:
 def _refuse_unsupported(keys: list[str], what: str) -> None:
     for key in keys:
         for mark, kind in UNSUPPORTED:
-            if mark in key:
-                raise AdapterError(f"{what}: {kind} adapters are not supported (key {key!r}); h3 applies LoRA pairs "
+            if re.search(mark, key):
+                raise AdapterError(f"{what}: it holds {kind} (key {key!r}), which h3 does not apply; h3 applies LoRA pairs "
                                    "(lora_A/lora_B or lora_down/lora_up) as a low-rank branch beside each linear")
 
 
