@@ -10,6 +10,7 @@ from rich.table import Table
 
 from h3cli import options
 from h3cli.output import Output
+from h3core.errors import ConfigError
 from h3core.parallel.modes import Mode, mode_of
 from h3core.parallel.plan import ParallelPlan
 from h3core.reports.units import format_bytes
@@ -79,14 +80,20 @@ def plan(
     memory: Annotated[bool, typer.Option("--memory", help="Also dry-run every rank's own code on fake tensors and print its predicted GPU peak (sm_90 and sm_120; seconds at H3's shapes).")] = False,
     arch: Annotated[Optional[list[str]], typer.Option("--arch", help="With --memory: the GPU path to predict for, sm_90 (Hopper, dequant) or sm_120 (Blackwell, fp4); repeat for both (default both).", show_default=False)] = None,
     decoded_weights: options.DecodedWeights = "auto",
+    lora: options.Lora = None,
     json: options.Json = False,
 ) -> None:
     """Print the rank layout's groups and, per rank of a group, the heads, token interval, clipped segments and (tensor mode) NVFP4 slices."""
+    from h3core.lora import parse_lora
+
+    loras = tuple(parse_lora(text) for text in lora or ())
+    if loras and not memory:
+        raise ConfigError("--lora counts adapters in the dry run's prediction: give it with --memory")
     if memory:
         from h3core.generate.dryrun import ARCHS, plan_memory
 
         found = plan_memory(preset, count, Mode(mode), archs=arch or list(ARCHS), width=width, height=height, frames=frames, text_tokens=text_tokens,
-                            cfg_parallel=cfg_parallel, replicas=replicas, decoded_weights=decoded_weights)
+                            cfg_parallel=cfg_parallel, replicas=replicas, decoded_weights=decoded_weights, loras=loras)
         out = Output(json)
         out.result(found, lambda console: (_render(found.plan, console), _render_memory(found, console)))
         if found.skipped:
@@ -104,6 +111,9 @@ def _render_memory(found, console: Console) -> None:  # type: ignore[no-untyped-
         held = "held" if decoded.held else "not held"
         console.print(f"decoded weights (Hopper's option, first architecture): {held}: {decoded.count} NVFP4 linears "
                       f"({', '.join(decoded.linears)}), {format_bytes(max(decoded.bytes_per_rank, default=0))} per rank; {decoded.reason}")
+    for a in found.adapters:
+        console.print(f"LoRA {a.name} ({a.format}, x{a.scale:g}, {a.layers} linears, rank {'/'.join(map(str, a.ranks))}): "
+                      f"{' · '.join(format_bytes(b) for b in a.bytes_per_rank)} per rank (counted in the peaks below)")
     if found.skipped:
         console.print(f"[red]no dry run here: {found.skipped}[/red]")
         return

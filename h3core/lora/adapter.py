@@ -115,7 +115,15 @@ def adapter_file(path: Path | str) -> Path:
 
 
 def open_adapter(path: Path | str, config: ModelConfig, *, check_values: bool = True) -> AdapterFile:
-    """The adapter at `path` checked against a model of `config` (module docstring)."""
+    """The adapter at `path` checked against a model of `config` (module docstring). Its header and
+    scalars are host values: read for real also inside a fake-tensor mode (the dry run)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return _open(path, config, check_values)
+
+
+def _open(path: Path | str, config: ModelConfig, check_values: bool) -> AdapterFile:
     file = adapter_file(path)
     what = f"LoRA {file.name}"
     try:

@@ -279,3 +279,22 @@ def test_the_memory_check_counts_the_adapters(tmp_path):
                          adapter_bytes=run.adapters[0].bytes_per_rank[0])
     assert need.on_device["adapters"] == run.adapters[0].bytes_per_rank[0] > 0
     assert RunShape.of(run.config, run.request).steps == run.shape.steps
+
+
+def test_the_dry_run_counts_the_adapters_each_rank_holds(tmp_path, mode="tensor"):
+    """`h3 plan --memory --lora`: every rank's live memory after a step grows by exactly its branches'
+    bytes as the plan costs them (tensor mode: cut like the linears, less than the whole)."""
+    from h3core.generate.dryrun import dry_run, preset_run
+    from h3core.parallel.modes import Mode
+    from h3core.parallel.plan import ParallelPlan
+
+    spec = LoraSpec(path=write_synthetic_adapter(tmp_path / "a.safetensors", preset("tiny"), rank=16, fmt="peft"))
+    plan = ParallelPlan.for_preset("tiny", 2, Mode(mode))
+    plain, adapted = (preset_run(plan, "tiny", "cpu", loras=loras) for loras in ((), (spec,)))
+    before, after = dry_run(plain, "cpu"), dry_run(adapted, "cpu")
+    grown = {r.rank: r.live_after_steps[-1] for r in after.ranks} | {o: r.live_after_steps[-1] for r in after.ranks for o in r.same_as}
+    base = {r.rank: r.live_after_steps[-1] for r in before.ranks} | {o: r.live_after_steps[-1] for r in before.ranks for o in r.same_as}
+    assert [grown[i] - base[i] for i in range(2)] == adapted.adapters[0].bytes_per_rank
+    if mode == "tensor":
+        whole = preset_run(ParallelPlan.for_preset("tiny", 1, Mode(mode)), "tiny", "cpu", loras=(spec,)).adapters[0].bytes_per_rank[0]
+        assert max(adapted.adapters[0].bytes_per_rank) < whole
