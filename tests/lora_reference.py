@@ -70,6 +70,18 @@ def kohya_adapter(path: Path, state: dict[str, torch.Tensor], modules: list[str]
     return path
 
 
+def peft_dump(src: Path, path: Path, alpha: float) -> Path:
+    """`src` (a diffusers-saved PEFT file) as lightx2v publishes its adapters: bare diffusers module names
+    with peft's `.default.` infix (`transformer_blocks.0.attn.to_q.lora_A.default.weight`), no peft
+    config, the training alpha in `__metadata__["alpha"]`."""
+    from safetensors.torch import load_file
+
+    tensors = {k.removeprefix("transformer.").replace(".lora_A.", ".lora_A.default.").replace(".lora_B.", ".lora_B.default."): v
+               for k, v in load_file(str(src)).items()}
+    save_file(tensors, str(path), metadata={"format": "pt", "alpha": str(alpha)})
+    return path
+
+
 def block_modules(state: dict[str, torch.Tensor], names: list[str] = KOHYA_BLOCK, adaln: bool = False) -> list[str]:
     """Every block's (and refiner block's) `names` present in `state`, plus the blocks' AdaLN projections."""
     out = []

@@ -5,8 +5,10 @@ and with two adapters at once.
 The base is tests/h3_reference.py's small random `MiniMaxH3Transformer3DModel` written into each
 layout (the NVFP4 ones compared against diffusers on their dequantized weights, the pruned ones
 against the pruned formula); the adapters are tests/lora_reference.py's: a diffusers/PEFT file saved
-by diffusers (mixed ranks through its peft config), and a kohya/ComfyUI file in the original names
-(`diffusion_model.` prefix, `alpha` per module) that diffusers converts with its own converter.
+by diffusers (mixed ranks through its peft config), a kohya/ComfyUI file in the original names
+(`diffusion_model.` prefix, `alpha` per module) that diffusers converts with its own converter, and
+the PEFT file as lightx2v publishes theirs (bare diffusers names with peft's `.default.`, the alpha
+in `__metadata__`).
 h3 loads them with `load_transformer(path, loras=[(adapter, scale), ...])`. Bound: 1e-5 relative in
 fp32, as the transformer's own reference test (measured values: `-s`, and docs/lora.md).
 """
@@ -23,7 +25,7 @@ from h3core.model.checkpoint import load_transformer
 BOUND = 1e-5
 LAYOUTS = ["comfy", "comfy-prefixed", "official-shards", "diffusers-folder", "nvfp4-comfy", "nvfp4-modelopt", "pruned", "pruned-nvfp4"]
 CASES = {"peft 1.0": [("peft", 1.0)], "peft 0.5": [("peft", 0.5)], "kohya 1.0": [("kohya", 1.0)], "kohya 0.5": [("kohya", 0.5)],
-         "peft 0.5 + kohya 1.0": [("peft", 0.5), ("kohya", 1.0)]}
+         "peft 0.5 + kohya 1.0": [("peft", 0.5), ("kohya", 1.0)], "lightx2v 0.5": [("lightx2v", 0.5)]}
 
 
 def _base(layout: str, folder):
@@ -56,7 +58,7 @@ def _adapters(layout: str, folder) -> dict[str, object]:
                              rank=4, alpha=8.0, rank_pattern={"adaln_proj.linear": 2}, alpha_pattern={"to_out.0": 3.0})
     modules = lref.block_modules(state, adaln=True) + ([] if pruned else lref.KOHYA_STANDALONE)
     kohya = lref.kohya_adapter(folder / "kohya.safetensors", state, modules, seed=22, rank=4, ranks={"adaln_proj.linear": 2}, alpha=3.0)
-    return {"peft": peft, "kohya": kohya}
+    return {"peft": peft, "kohya": kohya, "lightx2v": lref.peft_dump(peft, folder / "lightx2v.safetensors", alpha=8.0)}
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
