@@ -41,6 +41,7 @@ from h3core.files.safetensors import FLOAT_DTYPE_NAMES, SafetensorsReader
 from h3core.lora.keys import Format, KeyMap, PairKeys, RowOrder, map_keys
 from h3core.lora.schedule import AdapterSchedule, read_schedule
 from h3core.model.config import ModelConfig
+from h3core.nvfp4.linear import DenseLinear
 
 PEFT_METADATA = "lora_adapter_metadata"
 NETWORK_ALPHA = "alpha"
@@ -131,7 +132,7 @@ def _open(path: Path | str, config: ModelConfig, check_values: bool) -> AdapterF
     except CheckpointError as err:
         raise AdapterError(f"{what}: {err}") from None
     with reader:
-        linears, full = _linears(config)
+        linears, full = model_linears(config)
         keymap = map_keys(reader.keys(), linears, full_linears=full, what=what)
         metadata = reader.metadata
         pairs = [_checked_pair(reader, keys, linears, config, what) for keys in keymap.pairs]
@@ -157,17 +158,19 @@ def sha256_of(path: Path) -> str:
 # --- the model's linears -----------------------------------------------------------------------------------
 
 
-def _linears(config: ModelConfig) -> tuple[dict[str, tuple[int, int]], list[str]]:
+def model_linears(config: ModelConfig) -> tuple[dict[str, tuple[int, int]], list[str]]:
     """{name: (out, in)} of every linear of a model of `config`, and (for a pruned config) the full
     variant's names, so that an adapter for the full model is told what pruning removed."""
-    from h3core.model.checkpoint import linear_slots
+    linears = {name: (slot.out_features, slot.in_features) for name, slot in _slots(config)}
+    full = [name for name, _ in _slots(config.model_copy(update={"pruned": False}))] if config.pruned else []
+    return linears, full
+
+
+def _slots(config: ModelConfig) -> list[tuple[str, DenseLinear]]:
+    """Every linear slot of a model of `config` built on the meta device (as the loader's `linear_slots`)."""
     from h3core.model.dit import H3Model
 
-    linears = {name: (slot.out_features, slot.in_features) for name, slot in linear_slots(H3Model(config))}
-    full: list[str] = []
-    if config.pruned:
-        full = [name for name, _ in linear_slots(H3Model(config.model_copy(update={"pruned": False})))]
-    return linears, full
+    return [(name, m) for name, m in H3Model(config).named_modules() if isinstance(m, DenseLinear)]
 
 
 # --- checks ------------------------------------------------------------------------------------------------

@@ -28,10 +28,9 @@ def write_synthetic_adapter(path: Path, config: ModelConfig, *, rank: int = 8, s
     """A random rank-`rank` adapter on every block's (and refiner block's) `linears` of a model of
     `config`, written to `path` in `fmt` ('kohya' or 'peft'); `alpha`: kohya's per-module alpha / the
     peft config's lora_alpha (None: alpha == rank, scale 1)."""
-    from h3core.model.checkpoint import linear_slots
-    from h3core.model.dit import H3Model
+    from h3core.lora.adapter import model_linears
 
-    shapes = {name: (slot.out_features, slot.in_features) for name, slot in linear_slots(H3Model(config))}
+    shapes = model_linears(config)[0]
     modules = [f"{stack}.{i}.{linear}" for stack, count in (("blocks", config.num_blocks), ("token_refiner.blocks", config.refiner_blocks if refiner else 0))
                for i in range(count) for linear in linears]
     generator = torch.Generator().manual_seed(seed)

@@ -49,7 +49,6 @@ from torch import nn
 from h3core.errors import NVFP4FormatError
 
 if TYPE_CHECKING:
-    from h3core.lora.branch import LowRankBranch
     from h3core.span import Span
 from h3core.nvfp4 import layout
 from h3core.nvfp4.activation import gathered_gemm_operands, quantize_activation, quantize_local_rows
@@ -130,8 +129,8 @@ class NVFP4Linear(nn.Module):
         """Set by a parallel plan whose ranks each hold part of this linear's input: the max of a
         0-dim amax over those ranks. Every rank must then call `forward` (or, holding no rows,
         `join_amax_agreement`) equally often; the fp4 paths without `input_scale` call it."""
-        self.lora: "LowRankBranch | None" = None
-        """A LoRA branch beside the packed weight (`h3core.lora`): `forward` adds `s * B(A x)` to the
+        self.lora: nn.Module | None = None
+        """A LoRA branch beside the packed weight (`h3core.lora.branch.LowRankBranch`): `forward` adds `s * B(A x)` to the
         product; the weight, its scales and every path stay as they are."""
 
     @classmethod
@@ -477,7 +476,7 @@ class DenseLinear(nn.Module):
         super().__init__()
         self.register_buffer("weight", weight)  # [out, in]
         self.register_buffer("bias", bias)  # [out] or None
-        self.lora: "LowRankBranch | None" = None  # a LoRA branch beside the weight (`h3core.lora`)
+        self.lora: nn.Module | None = None  # a LoRA branch beside the weight (`h3core.lora.branch.LowRankBranch`)
 
     @property
     def in_features(self) -> int:
