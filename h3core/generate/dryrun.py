@@ -548,10 +548,9 @@ def preset_run(plan: ParallelPlan, preset_name: str, arch: str, *, width: int | 
     """A resolved run of a preset's synthetic checkpoint for `plan` on a GPU of `arch` (its example's memory),
     with the decoded-weights choice made for that GPU and the LoRA adapters `loras` (`LoraSpec`s,
     checked and costed on the plan); the checkpoint is not built (the dry run needs its specs only)."""
-    from h3core.lora.plan import adapter_records, open_adapters
-
     from h3core.generate.memory import plan_decoded_weights
     from h3core.generate.request import GenerateRequest, RunShape
+    from h3core.lora.plan import adapter_records, open_adapters
     from h3core.model.config import preset
     from h3core.model.synthetic import synthetic_specs
     from h3core.runtime.limits import CUDA_CONTEXT_BYTES
