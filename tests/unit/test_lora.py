@@ -298,3 +298,15 @@ def test_the_dry_run_counts_the_adapters_each_rank_holds(tmp_path, mode="tensor"
     if mode == "tensor":
         whole = preset_run(ParallelPlan.for_preset("tiny", 1, Mode(mode)), "tiny", "cpu", loras=(spec,)).adapters[0].bytes_per_rank[0]
         assert max(adapted.adapters[0].bytes_per_rank) < whole
+
+
+def test_with_decoded_weights_held_the_branch_gives_the_same_bits(tmp_path):
+    """`--decoded-weights on` (the NVFP4 linears held decoded, here in float32 on the CPU) keeps the
+    branch a branch: the latents are bitwise those of decoding per forward."""
+    from h3core.generate.run import execute
+
+    spec = LoraSpec(path=write_synthetic_adapter(tmp_path / "a.safetensors", preset("tiny"), rank=8, std=0.1))
+    runs = [resolve(GenerateRequest(steps=3, loras=(spec,), decoded_weights=choice)) for choice in ("on", "off")]
+    assert [r.plan.decoded.held for r in runs] == [True, False]
+    (on,), (off,) = (execute(r) for r in runs)
+    assert all(torch.equal(on.latents[k], off.latents[k]) for k in ("video", "audio"))
