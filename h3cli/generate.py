@@ -29,7 +29,8 @@ def render_run(report, console: Console) -> None:
     table.add_column(overflow="fold")
     s = report.shape
     snapped = f" (asked {s.frames_requested}: snapped up to 17n+5)" if s.frames != s.frames_requested else ""
-    table.add_row("request", f"{s.width}x{s.height}, {s.frames} frames{snapped}, {s.steps} sigma points ({s.steps - 1} forwards), seed {report.seed} "
+    schedule = f" (schedule: {s.schedule_source})" if s.schedule_source else ""
+    table.add_row("request", f"{s.width}x{s.height}, {s.frames} frames{snapped}, {s.steps} sigma points ({s.steps - 1} forwards){schedule}, seed {report.seed} "
                   f"({report.noise_recipe} noise), guidance {report.guidance_scale}")
     if report.canvas is not None:
         table.add_row("canvas", f"{report.canvas.width}x{report.canvas.height}: {report.canvas.reason}")
@@ -37,6 +38,9 @@ def render_run(report, console: Console) -> None:
         k = report.keyframes
         table.add_row("keyframes", " · ".join(f"{role} {path} ({w}x{h})" for role, path, (w, h) in zip(k.roles, k.paths, k.sizes))
                       + f" · encoded by {k.video_vae or 'the synthetic video VAE'}")
+    for a in report.adapters:
+        table.add_row("LoRA", f"{a.name} ({a.format}) x{a.scale:g}: {a.layers} linears, rank {'/'.join(map(str, a.ranks))}, sha256 {a.sha256[:12]}…, "
+                              f"{' · '.join(format_bytes(b) for b in a.bytes_per_rank)} per rank")
     table.add_row("sequence", f"{report.num_tokens} rows · " + ", ".join(f"{kind} {rows}" for kind, rows in report.rows.items() if rows))
     table.add_row("layout", layout_line(report.partition.layout))
     table.add_row("partition", f"heads {report.partition.heads} · tokens {report.partition.tokens}" + (" (each group)" if len(report.partition.layout.groups) > 1 else ""))
@@ -144,6 +148,9 @@ def generate(
     seed: options.Seed = options.DEFAULT_SEED,
     keyframe: options.Keyframe = None,
     noise_recipe: options.NoiseRecipeOption = "official",
+    video_shift: options.VideoShift = None,
+    audio_shift: options.AudioShift = None,
+    lora: options.Lora = None,
     mode: Annotated[Optional[Mode], typer.Option("--mode", help="Distributed mode.", show_default="ulysses")] = None,
     gpus: Annotated[Optional[int], typer.Option("--gpus", "-n", help="Ranks: GPUs on CUDA, Gloo processes on CPU. Default: H3_WORLD_SIZE, else every visible GPU, else 1.")] = None,
     attention: options.Attention = None,
@@ -168,6 +175,7 @@ def generate(
     from h3core.generate.keyframes import parse_keyframe_flags
     from h3core.generate.request import DEFAULT_PROMPT, GenerateJob, GenerateRequest
     from h3core.generate.run import generate as run_generate
+    from h3core.lora import parse_lora
 
     if mode_arg is not None and mode_arg not in (m.value for m in Mode):
         raise ConfigError(f"unknown mode {mode_arg!r}: the first argument is the mode, ulysses or tensor")
@@ -180,6 +188,7 @@ def generate(
         cfg_parallel=cfg_parallel, replicas=replicas, preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed,
         device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile, decoded_weights=decoded_weights,
         keyframes=parse_keyframe_flags(keyframe or []), noise_recipe=noise_recipe,
+        video_shift=video_shift, audio_shift=audio_shift, loras=tuple(parse_lora(text) for text in lora or ()),
     )
     job = GenerateJob.from_flags(
         flags, count=_pick(count_arg, gpus, "the rank count"), output=output, save_latents=save_latents,

@@ -27,6 +27,9 @@ Steps = Annotated[Optional[int], typer.Option("--steps", help="Sigma points of t
 Seed = Annotated[int, typer.Option("--seed", help="Noise seed (whose noise it means: --noise-recipe).")]
 Keyframe = Annotated[Optional[list[str]], typer.Option("--keyframe", metavar="ROLE=PATH", help="FL2VA: first=PATH (the video starts on this image) and/or last=PATH (it ends on this one); PNG, JPEG or WebP. Without --width/--height the canvas follows the first keyframe's aspect (h3: short edge 768). docs/keyframes.md", show_default=False)]
 NoiseRecipeOption = Annotated[str, typer.Option("--noise-recipe", help="Whose noise the seed means: official (the official server's, SGLang: video, audio and each keyframe from their own generators) or diffusers (diffusers' pipeline: one generator, keyframes, video, then audio).")]
+VideoShift = Annotated[Optional[float], typer.Option("--video-shift", help="Flow shift of the video schedule (default: the preset's, 12; an adapter's own where its metadata sets one). Few-step adapters name theirs (docs/lora.md).", show_default=False)]
+AudioShift = Annotated[Optional[float], typer.Option("--audio-shift", help="Flow shift of the audio schedule (default: the preset's, 3; an adapter's own where its metadata sets one).", show_default=False)]
+Lora = Annotated[Optional[list[str]], typer.Option("--lora", help="A LoRA adapter, PATH[:SCALE] (repeatable; scale default 1): diffusers/PEFT or kohya/ComfyUI .safetensors, applied as a low-rank branch beside each linear it adapts, the (NVFP4) weights untouched (docs/lora.md).", show_default=False)]
 DEFAULT_SEED = settings.DEFAULT_SEED
 Device = Annotated[str, typer.Option("--device", help="auto, cpu or cuda (cpu: ranks are Gloo processes).")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (or torch's names: float32, bfloat16, float16); default: bf16 on CUDA, fp32 on CPU.")]

@@ -82,17 +82,23 @@ def plan(
     memory: Annotated[bool, typer.Option("--memory", help="Also dry-run every rank's own code on fake tensors and print its predicted GPU peak (sm_90 and sm_120; seconds at H3's shapes).")] = False,
     arch: Annotated[Optional[list[str]], typer.Option("--arch", help="With --memory: the GPU path to predict for, sm_90 (Hopper, dequant) or sm_120 (Blackwell, fp4); repeat for both (default both).", show_default=False)] = None,
     decoded_weights: options.DecodedWeights = "auto",
+    lora: options.Lora = None,
     json: options.Json = False,
 ) -> None:
     """Print the rank layout's groups and, per rank of a group, the heads, token interval, clipped segments and (tensor mode) NVFP4 slices."""
     if not memory and (arch or decoded_weights != "auto"):
         raise ConfigError(f"{'--arch' if arch else '--decoded-weights'} says what --memory predicts for; add --memory")
     roles = _roles(keyframes)
+    from h3core.lora import parse_lora
+
+    loras = tuple(parse_lora(text) for text in lora or ())
+    if loras and not memory:
+        raise ConfigError("--lora counts adapters in the dry run's prediction: give it with --memory")
     if memory:
         from h3core.generate.dryrun import ARCHS, plan_memory
 
         found = plan_memory(preset, count, Mode(mode), archs=arch or list(ARCHS), width=width, height=height, frames=frames, text_tokens=text_tokens,
-                            cfg_parallel=cfg_parallel, replicas=replicas, decoded_weights=decoded_weights, keyframes=roles)
+                            cfg_parallel=cfg_parallel, replicas=replicas, decoded_weights=decoded_weights, keyframes=roles, loras=loras)
         out = Output(json)
         out.result(found, lambda console: (_render(found.plan, console), _render_memory(found, console)))
         if found.skipped:
@@ -131,6 +137,9 @@ def _render_memory(found, console: Console) -> None:  # type: ignore[no-untyped-
     for phase, parts in found.keyframe_encode.items():
         console.print(f"rank 0 before the denoiser loads (keyframes), {phase}: {format_bytes(sum(parts.values()))} at least ("
                       + ", ".join(f"{name} {format_bytes(n)}" for name, n in parts.items()) + ")")
+    for a in found.adapters:
+        console.print(f"LoRA {a.name} ({a.format}, x{a.scale:g}, {a.layers} linears, rank {'/'.join(map(str, a.ranks))}): "
+                      f"{' · '.join(format_bytes(b) for b in a.bytes_per_rank)} per rank (counted in the peaks below)")
     if found.skipped:
         console.print(line(styled("no dry run here: ", "red"), styled(found.skipped, "red")))
         return

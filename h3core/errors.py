@@ -41,6 +41,11 @@ class NVFP4FormatError(ConfigError):
     """Tensors that do not follow the NVFP4 layout (shapes, dtypes, block alignment)."""
 
 
+class AdapterError(ConfigError):
+    """A LoRA adapter that h3 cannot apply to this model (unknown format, keys of another model,
+    shapes that do not fit, non-finite weights, a bad scale); found before any rank starts. Exit 2."""
+
+
 class BackendUnavailable(ConfigError):
     """An attention backend or device that was asked for is not usable on this machine."""
 

@@ -6,8 +6,11 @@ Two forms:
 - JSONL (a `.jsonl` file, or one whose first prompt line starts with `{`): one JSON object per
   line with `prompt` (required) and optionally `negative_prompt`, `seed`, `width`, `height`,
   `frames`, `steps`, `guidance`, `keyframes` (`{"first": PATH, "last": PATH}`, either or both;
-  a relative path is relative to the prompt file's folder; `{}`: none, whatever the flags say)
-  and `name` (the output folder's name); blank and `#` lines are skipped here too.
+  a relative path is relative to the prompt file's folder; `{}`: none, whatever the flags say),
+  `name` (the output folder's name) and `loras` (a list of `{"path": ..., "scale": ...}`: this
+  prompt's LoRA adapters instead of the `--lora` flags', `[]` for none; paths relative to the
+  current folder, as the flags'; the ranks keep the base model and swap only the adapters between
+  prompts); blank and `#` lines are skipped here too.
 
 What a line leaves out comes from the flags. A malformed file is one `ConfigError` naming the file
 and the line (exit 2), before any rank starts.
@@ -30,6 +33,14 @@ MAX_FILE_BYTES = 64 << 20
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+class PromptLora(BaseModel):
+    """One adapter of a JSONL line: `{"path": "turbo.safetensors", "scale": 0.8}` (scale default 1)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    path: str = Field(min_length=1)
+    scale: float = Field(1.0, allow_inf_nan=False)
+
+
 class PromptEntry(BaseModel):
     """One prompt of the file: what it sets (None: the flag's value)."""
 
@@ -45,11 +56,16 @@ class PromptEntry(BaseModel):
     guidance: float | None = Field(None, ge=0, allow_inf_nan=False)
     keyframes: dict[str, Path] | None = Field(None, description="FL2VA: {first, last} -> image file (relative paths already made relative to the prompt file's folder).")
     name: str | None = Field(None, pattern=NAME.pattern, description="The output folder's name after its number (default: a slug of the prompt).")
+    loras: list[PromptLora] | None = Field(None, description="This prompt's LoRA adapters (None: the --lora flags'; []: none).")
 
     def overrides(self) -> dict[str, object]:
         """The `GenerateRequest` fields this prompt sets."""
+        from h3core.lora.spec import LoraSpec
+
+        loras = None if self.loras is None else tuple(LoraSpec(path=Path(a.path), scale=a.scale) for a in self.loras)
         fields = {"prompt": self.prompt, "negative_prompt": self.negative_prompt, "seed": self.seed, "width": self.width,
-                  "height": self.height, "frames": self.frames, "steps": self.steps, "guidance_scale": self.guidance, "keyframes": self.keyframes}
+                  "height": self.height, "frames": self.frames, "steps": self.steps, "guidance_scale": self.guidance, "keyframes": self.keyframes,
+                  "loras": loras}
         return {k: v for k, v in fields.items() if v is not None}
 
 

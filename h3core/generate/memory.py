@@ -21,7 +21,9 @@ unless said otherwise:
 - `attention scores`: the [heads, S, S] scores and their softmax, where the attention call
   materialises them (`h3core.model.attention.scores_bytes`);
 - `steps`: the sigma schedule (computed in float64) and the per-step timings, per step;
-- `process`: a spawned rank's own process (`h3core.runtime.limits.PROCESS_BYTES`).
+- `process`: a spawned rank's own process (`h3core.runtime.limits.PROCESS_BYTES`);
+- `adapters`: the LoRA branches of the request's adapters on the largest rank (h3core.lora.plan:
+  whole in Ulysses mode, cut like their linears in tensor mode).
 
 The longest of the run's sequences (prompt, negative prompt) sets the activations (with CFG
 parallel a rank runs one of them, and the largest rank is one that runs the longest). Every group
@@ -59,17 +61,17 @@ class MemoryCheck(BaseModel):
 
 
 def check_limits(config: ModelConfig, plan: ParallelPlan, latent_elements: int, steps: int, device: str, dtype: "torch.dtype", attention: str,
-                 *, host_part: bool = True, device_part: bool = True, gpu_bytes: int | None = None) -> MemoryNeed:
+                 adapter_bytes: int = 0, *, host_part: bool = True, device_part: bool = True, gpu_bytes: int | None = None) -> MemoryNeed:
     """Refuse (one line) a run whose ranks this machine cannot start or hold (`h3core.runtime.limits`);
     returns the need. `device_part=False`: leave the GPU's part to the dry run (`resolve` on CUDA);
     `host_part=False`: only the GPU's part (the dry run's fallback); `gpu_bytes`: a GPU's usable bytes
-    (default: this machine's)."""
+    (default: this machine's); `adapter_bytes`: the LoRA branches the largest rank holds (h3core.lora.plan)."""
     launched = settings.under_torchrun()
     ranks = settings.ranks_on_this_machine(plan.layout.world_size)  # this machine's ranks, of every group
     if device != "cuda" and not launched and host_part:
         check_cpu_ranks(ranks)
     spawned = ranks > 1 and not launched
-    need = generate_need(config, plan, latent_elements, steps, device, dtype, attention, spawned, ranks)
+    need = generate_need(config, plan, latent_elements, steps, device, dtype, attention, spawned, ranks, adapter_bytes=adapter_bytes)
     have = capacity(device, ranks)
     if gpu_bytes is not None:
         have = replace(have, gpu_bytes=[gpu_bytes] * ranks)
@@ -88,9 +90,10 @@ def check_encode_memory(keyframes, request, config: ModelConfig, world_size: int
 
 
 def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int, steps: int,
-                  device: str, dtype: "torch.dtype", attention: str, spawned: bool, ranks: int | None = None) -> MemoryNeed:
+                  device: str, dtype: "torch.dtype", attention: str, spawned: bool, ranks: int | None = None, adapter_bytes: int = 0) -> MemoryNeed:
     """A generate run's need per rank (module docstring); `latent_elements`: video + audio latent
-    elements; `ranks`: the ranks on this machine (default: every rank of the run)."""
+    elements; `ranks`: the ranks on this machine (default: every rank of the run); `adapter_bytes`:
+    the LoRA branches of the largest rank."""
     s = max(seq.num_tokens for seq in plan.sequences)
     h_loc = max(plan.heads)
     on_device = {
@@ -99,6 +102,7 @@ def generate_need(config: ModelConfig, plan: ParallelPlan, latent_elements: int,
         "activations": activation_elements(config, plan, s) * dtype.itemsize,
         "attention scores": scores_bytes(attention, device, dtype, h_loc, s, config.head_dim),
         "rope": s * config.rotary_dim * 4 + s * 3 * 8,
+        **({"adapters": adapter_bytes} if adapter_bytes else {}),
     }
     on_host = {"latents": 2 * latent_elements * 4, "steps": steps * STEP_BYTES}
     if spawned:
@@ -112,7 +116,9 @@ def run_device_bytes(run) -> int:  # type: ignore[no-untyped-def]
     from h3core.runtime.device import compute_dtype
 
     req, shape = run.request, run.shape
-    need = generate_need(run.config, run.plan, shape.latent_elements, shape.steps, req.device, compute_dtype(req.device, req.dtype), req.attention, spawned=False)
+    adapters = max((sum(r.bytes_per_rank[i] for r in run.adapters) for i in range(len(run.plan.ranks))), default=0)
+    need = generate_need(run.config, run.plan, shape.latent_elements, shape.steps, req.device, compute_dtype(req.device, req.dtype), req.attention,
+                         spawned=False, adapter_bytes=adapters)
     return sum(need.on_device.values())
 
 

@@ -70,6 +70,9 @@ class RankPipeline:
     weights: HeldWeights
     instruments: RankInstruments
     timings: dict[str, float] = field(default_factory=dict)
+    adapters: tuple = ()
+    """What the LoRA branches on `model` are: (path, sha256, scale) per adapter (`use_adapters`)."""
+    adapter_bytes: int = 0
 
     @classmethod
     def load(cls, ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, instruments: RankInstruments | None = None) -> "RankPipeline":
@@ -101,10 +104,33 @@ class RankPipeline:
         checkpoint.file.reader.close()
         return cls(model, runtime, device, dtype, weights, instruments, {"load": watch.seconds})
 
+    def use_adapters(self, run: ResolvedRun) -> float:
+        """The request's LoRA adapters on the model (h3core.lora.attach), replacing those of an earlier
+        request, cut as this rank's linears are; nothing to do when they are the same. The base
+        weights are never touched, so a resident pipeline serves any adapters without reloading.
+        Returns the seconds it took."""
+        from h3core.lora.adapter import open_adapter
+        from h3core.lora.attach import attach_adapters, detach_adapters
+
+        wanted = tuple((a.path, a.sha256, a.scale) for a in run.adapters)
+        if wanted == self.adapters:
+            return 0.0
+        with dev.Stopwatch(self.device) as watch, torch.inference_mode():
+            if wanted:
+                opened = [(open_adapter(a.path, run.config, check_values=False), a.scale) for a in run.adapters]
+                self.adapter_bytes = attach_adapters(self.model, opened, self.dtype)
+            else:
+                detach_adapters(self.model)
+                self.adapter_bytes = 0
+        self.adapters = wanted
+        return watch.seconds
+
     def denoise(self, run: ResolvedRun, given: Conditioning, record: RankReport, report: Any = None) -> Latent:
         """Denoise one request of `run` (what its sequences are conditioned on: `given`) on this rank,
         recording what ran into `record`; the whole latent rows (gathered on branch 0, else {}).
         `report` gets a `StepDone` after every step."""
+        record.timings["adapters"] = self.use_adapters(run)
+        record.adapter_bytes = self.adapter_bytes
         host, meter = self.instruments.host, self.instruments.meter
         noise = noise_rows(run.shape, run.request.seed, run.request.noise_recipe)
         condition = condition_rows(given.keyframes, noise[SegmentKind.CONDITION], run.shape) if given.keyframes is not None else None
@@ -112,8 +138,8 @@ class RankPipeline:
             sequences = [build_sequence(self.model, plan, states, run.shape, self.device, condition, host)
                          for plan, states in zip(run.plan.sequences, given.states)]
         schedules = {SegmentKind.VIDEO: FlowMatchH3(run.shape.video_shift), SegmentKind.AUDIO: FlowMatchH3(run.shape.audio_shift)}
-        for schedule in schedules.values():
-            host(schedule.set_timesteps, run.shape.steps)
+        for kind, schedule in schedules.items():
+            host(schedule.set_timesteps, run.shape.steps, run.shape.video_sigmas if kind is SegmentKind.VIDEO else run.shape.audio_sigmas)
         denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, schedules, self.runtime.cfg, host)
         latent = denoiser.own_rows(noise, self.device)  # float32
         meter.reset_peak()  # the sampling phase's peak-memory window starts here

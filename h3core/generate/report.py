@@ -19,6 +19,7 @@ from h3core.generate.memory import MemoryCheck
 from h3core.generate.parity import LatentParity
 from h3core.generate.profile import RankProfile, RunProfile
 from h3core.generate.request import ResolvedRun, RunShape
+from h3core.lora.plan import AdapterRecord
 from h3core.model.checkpoint import SYNTHETIC
 from h3core.model.config import ModelConfig
 from h3core.nvfp4.selftest import FP4SelfTest
@@ -74,6 +75,7 @@ class RankReport(BaseModel):
     cpu_allocator: str = Field("n/a", description="CPU runs: this rank's allocator policy (h3core.runtime.cpu_memory).")
     profile: RankProfile | None = Field(None, description="With --profile: where each step's time went on this rank.")
     text_encoder: dict | None = Field(None, description="Rank 0: what the text encoder loaded and read.")
+    adapter_bytes: int = Field(0, description="Bytes of the LoRA branches this rank held for the request (h3core.lora), beside `weights`.")
     _video: torch.Tensor | None = PrivateAttr(default=None)  # [24, T, H/16, W/16] float32, a replica's lead
     _audio: torch.Tensor | None = PrivateAttr(default=None)  # [2, 32, T_a] float32
     _condition: torch.Tensor | None = PrivateAttr(default=None)  # [24, n_keyframes, H/16, W/16] float32: the keyframes' normalized latents
@@ -116,14 +118,17 @@ class Schedules(BaseModel):
     audio_shift: float
     video_sigmas: list[float]
     audio_sigmas: list[float]
+    source: str = Field("", description="'' (the request and the preset), or the adapter(s) whose metadata set the schedule (h3core.lora.schedule).")
 
     @classmethod
     def of(cls, shape: RunShape) -> "Schedules":
-        from h3core.model.sampler import shifted_sigmas
+        from h3core.model.sampler import FlowMatchH3
 
+        video, audio = FlowMatchH3(shape.video_shift), FlowMatchH3(shape.audio_shift)
+        video.set_timesteps(shape.steps, shape.video_sigmas)
+        audio.set_timesteps(shape.steps, shape.audio_sigmas)
         return cls(points=shape.steps, video_shift=shape.video_shift, audio_shift=shape.audio_shift,
-                   video_sigmas=shifted_sigmas(shape.steps, shape.video_shift).tolist(),
-                   audio_sigmas=shifted_sigmas(shape.steps, shape.audio_shift).tolist())
+                   video_sigmas=video.sigmas.tolist(), audio_sigmas=audio.sigmas.tolist(), source=shape.schedule_source)
 
 
 class RunFiles(BaseModel):
@@ -184,6 +189,8 @@ class RunReport(BaseModel):
     fp4_selftest: dict[str, FP4SelfTest] | None = Field(None, description="The fp4 GEMM self-test of each GPU, run before the ranks started (h3core.generate.fp4gate); None where no fp4 GEMM could run.")
     fp4_untested_shapes: list[list[int]] = Field(default_factory=list, description="fp4 GEMM [M, N, K] a rank ran that the self-test did not check (empty: it covered every call).")
     memory_check: MemoryCheck | None = Field(None, description="How the ranks' device memory was checked before they started: the dry run, or the formula and why (a dry run that failed says so here).")
+    adapters: list[AdapterRecord] = Field(default_factory=list, description="The LoRA adapters applied: name, sha256, format, scale, layers, bytes per rank (h3core.lora).")
+    adapters_applied: str = Field("", description="How the adapters were applied (a low-rank branch beside each linear; never merged into a weight).")
     decode: DecodeReport | None = Field(None, description="The latents decoded into video.mp4 in this process once the ranks were done (None with --no-decode).")
     files: RunFiles | None = None
     request_fingerprint: str | None = Field(None, description="sha256 of the resolved request (`request_fingerprint`): equal for two runs of the same request; how `h3 generate --prompts` knows a result is complete.")
@@ -210,8 +217,8 @@ def request_fingerprint(run: ResolvedRun, portable: bool = False) -> str:
     request = run.request
     # (the fp4 self-test and the memory check are this machine's verdicts on its GPUs, each torchrun process its own: not the request)
     fields = run.model_dump(mode="json", exclude={"checkpoint": True, "fp4_selftest": True, "memory_check": True,
-                                                  "request": {"model_path", "text_encoder_path", "profile", "keyframes"},
-                                                  "keyframes": {"paths", "video_vae"}})
+                                                  "request": {"model_path", "text_encoder_path", "profile", "keyframes", "loras"},
+                                                  "keyframes": {"paths", "video_vae"}, "adapters": {"__all__": {"path"}}})
     fields["weights"] = {
         "checkpoint": file_identity(run.checkpoint, portable),
         "text_encoder": file_identity(request.text_encoder_path, portable) if request.text_encoder_path else "synthetic",
@@ -271,7 +278,12 @@ def build_report(run: ResolvedRun, outcomes: list[RankReport]) -> RunReport:
         request_fingerprint=request_fingerprint(run), versions=Versions.collect(),
         fp4_selftest=run.fp4_selftest, memory_check=run.memory_check,
         fp4_untested_shapes=untested_shapes(run, sorted({tuple(s) for o in outcomes for s in o.fp4_gemm_shapes})) if run.fp4_selftest else [],
+        adapters=run.adapters, adapters_applied=ADAPTERS_APPLIED if run.adapters else "",
     )
+
+
+ADAPTERS_APPLIED = ("a low-rank branch y += s * B(A x) beside each adapted linear, in the linear's compute dtype; the linear's (NVFP4) "
+                    "weight untouched and never merged, also where it is held decoded (--decoded-weights): the same branch on every path")
 
 
 def _slowest_phases(outcomes: list[RankReport]) -> dict[str, float]:

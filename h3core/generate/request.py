@@ -19,10 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from h3core import settings
-from h3core.errors import ConfigError
+from h3core.errors import AdapterError, ConfigError
 from h3core.generate.keyframes import Canvas, KeyframePlan, keyframe_roles, keyframe_vae, open_keyframes, presented_tags, resolve_canvas
 from h3core.generate.memory import MemoryCheck, check_encode_memory, check_limits, plan_decoded_weights
 from h3core.generate.prompt import PromptText
+from h3core.lora.plan import AdapterRecord, adapter_bytes_per_rank, adapter_records, adapters_schedule, open_adapters
+from h3core.lora.schedule import AdapterSchedule
+from h3core.lora.spec import LoraSpec
 from h3core.model.checkpoint import SYNTHETIC, Checkpoint
 from h3core.model.config import ModelConfig, VideoShape, preset as get_preset
 from h3core.model.sampler import NoiseRecipe
@@ -46,7 +49,7 @@ class GenerateRequest(UserRequest):
     model_config = ConfigDict(frozen=True, extra="forbid")
     FLAGS: ClassVar[dict[str, str]] = {
         "guidance_scale": "--guidance", "world_size": "--gpus", "model_path": "--model", "text_encoder_path": "--text-encoder",
-        "cfg_parallel": "--cfg-parallel", "decoded_weights": "--decoded-weights", "keyframes": "--keyframe",
+        "cfg_parallel": "--cfg-parallel", "decoded_weights": "--decoded-weights", "keyframes": "--keyframe", "loras": "--lora",
     }
 
     prompt: PromptText = Field(DEFAULT_PROMPT, description="What to generate (not empty or blank: `h3core.generate.prompt`).")
@@ -72,6 +75,7 @@ class GenerateRequest(UserRequest):
     profile: bool = Field(False, description="Split every step's time per rank: attention, NVFP4 linears, each collective, the rest (h3core.generate.profile).")
     decoded_weights: Literal["auto", "on", "off"] = Field("auto", description="Hold the NVFP4 linears decoded once in bf16 (Hopper): auto where they fit (h3core.parallel.decoded).")
     keyframes: dict[Literal["first", "last"], Path] = Field(default_factory=dict, description="FL2VA: the image the video starts on (first) and/or ends on (last).")
+    loras: tuple[LoraSpec, ...] = Field((), description="LoRA adapters, each beside the linears it adapts at its scale (h3core.lora; docs/lora.md).")
     noise_recipe: NoiseRecipe = Field(NoiseRecipe.OFFICIAL, description="Whose noise the seed means: the official server's (default) or diffusers' (h3core.model.sampler).")
 
     @field_validator("dtype")
@@ -137,16 +141,27 @@ class RunShape(VideoShape):
     steps: int = Field(description="Sigma points of each schedule, terminal 0 included (steps - 1 forwards).")
     video_shift: float
     audio_shift: float
+    video_sigmas: list[float] | None = Field(None, description="An explicit video schedule (an adapter's own), instead of the shifted one.")
+    audio_sigmas: list[float] | None = Field(None, description="An explicit audio schedule (an adapter's own), instead of the shifted one.")
+    schedule_source: str = Field("", description="Whose schedule this is: '' (the request's and the preset's) or the adapter(s) whose metadata set it.")
 
     @classmethod
-    def of(cls, config: ModelConfig, request: GenerateRequest, canvas: Canvas | None = None) -> "RunShape":  # type: ignore[override]
+    def of(cls, config: ModelConfig, request: GenerateRequest, canvas: Canvas | None = None,
+           schedule: AdapterSchedule | None = None) -> "RunShape":  # type: ignore[override]
         """The request's sizes (the `canvas` when given: the keyframes' one), the config's where the request
-        gives none; raises on sizes the VAE cannot take."""
+        gives none; raises on sizes the VAE cannot take. `schedule`: what the run's adapters ask for
+        (h3core.lora.schedule), taken where the request gives nothing; a request value that contradicts
+        it is refused."""
         width, height = (canvas.width, canvas.height) if canvas else (_given(request.width, config.width), _given(request.height, config.height))
         video = config.video_shape(width, height, _given(request.frames, config.frames), keyframes=request.keyframe_roles)
+        asked = schedule if schedule is not None and not schedule.empty else None
+        adapter = lambda field: getattr(asked, field) if asked is not None else None  # noqa: E731
+        steps = _agreed(request.steps, asked.points if asked else None, "--steps", asked)
         return cls(
-            **video.model_dump(), steps=_given(request.steps, config.steps),
-            video_shift=_given(request.video_shift, config.video_shift), audio_shift=_given(request.audio_shift, config.audio_shift),
+            **video.model_dump(), steps=_given(steps, config.steps),
+            video_shift=_given(_agreed(request.video_shift, adapter("video_shift"), "--video-shift", asked), config.video_shift),
+            audio_shift=_given(_agreed(request.audio_shift, adapter("audio_shift"), "--audio-shift", asked), config.audio_shift),
+            video_sigmas=adapter("video_sigmas"), audio_sigmas=adapter("audio_sigmas"), schedule_source=asked.source if asked else "",
         )
 
     @property
@@ -166,12 +181,21 @@ class ResolvedRun(BaseModel):
     plan: ParallelPlan = Field(description="The partition every rank runs: heads, each sequence's tokens, tensor-mode shards, weights per rank.")
     canvas: Canvas | None = Field(None, description="The size generated and why: the flags, the first keyframe's aspect, or the preset.")
     keyframes: KeyframePlan | None = Field(None, description="FL2VA: the keyframes, checked, and the video VAE that encodes them (None: t2va).")
+    adapters: list[AdapterRecord] = Field(default_factory=list, description="The request's LoRA adapters, checked, hashed and costed per rank (h3core.lora.plan).")
     fp4_selftest: dict[str, FP4SelfTest] | None = Field(None, description="The launcher's fp4 GEMM self-test per GPU of this machine's ranks (h3core.generate.fp4gate); None where no fp4 GEMM can run.")
     memory_check: MemoryCheck | None = Field(None, description="How the ranks' device memory was checked before they started (the dry run, or the formula and why); None: only the formula in `resolve`.")
 
 
 def _given(value, default):  # type: ignore[no-untyped-def]
     return default if value is None else value
+
+
+def _agreed(mine, adapter, flag: str, schedule: AdapterSchedule | None):  # type: ignore[no-untyped-def]
+    """The request's value, else the adapters'; both given and different is one line (the adapter was trained for its own)."""
+    if mine is not None and adapter is not None and mine != adapter:
+        raise AdapterError(f"{flag} {mine} contradicts the schedule {schedule.source if schedule else ''} ships in its metadata "  # type: ignore[union-attr]
+                           f"({flag.removeprefix('--')} {adapter}): leave {flag} out to sample as it was trained, or remove that adapter")
+    return mine if mine is not None else adapter
 
 
 def resolve(request: GenerateRequest, video_vae: Path | None = None, *, check_gpus: Callable[[ResolvedRun], ResolvedRun] | None = None) -> ResolvedRun:
@@ -183,23 +207,26 @@ def resolve(request: GenerateRequest, video_vae: Path | None = None, *, check_gp
     base = get_preset(request.preset or ("h3" if request.model_path else "tiny"))
     checkpoint = Checkpoint.open(request.model_path, base) if request.model_path is not None else None
     config = checkpoint.config if checkpoint else base
+    adapters = open_adapters(request.loras, config)  # checked before anything is planned: a bad adapter is one line
     opened = open_keyframes(request.keyframes) if request.keyframes else []  # type: ignore[arg-type]
     first = (str(request.keyframes[opened[0][0]]), opened[0][1].size) if opened else None  # type: ignore[index]  # the first image given sets the canvas
     canvas = resolve_canvas(config, request.width, request.height, first)
-    shape = RunShape.of(config, request, canvas)
+    shape = RunShape.of(config, request, canvas, adapters_schedule(adapters))
     _check_backends(request, config)
     specs = checkpoint.specs() if checkpoint else None
     plan = build_plan(request, config, shape, specs=specs)
     elements = shape.latent_elements
     dtype = compute_dtype(request.device, request.dtype)
     plan = _with_decoded_weights(request, config, plan, specs, elements, shape.steps, dtype)
-    check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention, device_part=check_gpus is None)
+    records = adapter_records(adapters, config, plan, dtype)
+    check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention,
+                 adapter_bytes=max(adapter_bytes_per_rank(records, len(plan.ranks)), default=0), device_part=check_gpus is None)
     synthetic = checkpoint is None or checkpoint.weights == SYNTHETIC
     keyframes = _keyframe_plan(request, opened, shape, video_vae, synthetic)
     if keyframes is not None:
         check_encode_memory(keyframes, request, config, plan.layout.world_size)
     run = ResolvedRun(request=request, config=config, checkpoint=_planned_checkpoint(request, checkpoint, base), synthetic=synthetic,
-                      shape=shape, plan=plan, canvas=canvas, keyframes=keyframes)
+                      shape=shape, plan=plan, canvas=canvas, keyframes=keyframes, adapters=records)
     if check_gpus is not None:
         run = check_gpus(run)  # before the weights: a run that cannot fit builds nothing
     path, synthetic = _weights(request, checkpoint, base)

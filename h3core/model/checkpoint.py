@@ -291,13 +291,27 @@ class CheckpointWeights:
         return linear.to(self.dtype_of(prefix))
 
 
-def load_transformer(path: str | Path, *, dtype: torch.dtype | None = None, device: torch.device | str = "cpu") -> H3Model:
+def load_transformer(path: str | Path, *, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
+                     loras: Sequence[str | Path | tuple[str | Path, float]] = ()) -> H3Model:
     """The transformer at `path` (any layout h3 reads), on `device`, streaming in `dtype` (default:
     bf16 on CUDA, float32 elsewhere). `h3core.model.packing.diffusers_forward(model, ...)` runs it on one
-    packed sequence in diffusers' argument names and returns `(video, audio)` velocities (docs/checkpoint.md)."""
+    packed sequence in diffusers' argument names and returns `(video, audio)` velocities (docs/checkpoint.md).
+
+    `loras`: adapters to apply, each a path or `(path, scale)` (docs/lora.md): checked against the
+    model first (one `AdapterError` line for anything wrong), then hung beside its linears as
+    low-rank branches, the checkpoint's own weights untouched."""
     from h3core.model.config import preset
 
     device = torch.device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    return Checkpoint.open(path, preset("h3")).load(device=device, dtype=dtype)
+    checkpoint = Checkpoint.open(path, preset("h3"))
+    model = checkpoint.load(device=device, dtype=dtype)
+    if loras:
+        from h3core.lora.adapter import open_adapter
+        from h3core.lora.attach import attach_adapters
+        from h3core.lora.spec import lora_spec
+
+        specs = [lora_spec(entry) for entry in loras]
+        attach_adapters(model, [(open_adapter(s.path, checkpoint.config), s.scale) for s in specs], dtype)
+    return model
 

@@ -33,6 +33,7 @@ from a fresh one). Condition rows are noised once, `c = t z + (1 - t) e` at t = 
 from __future__ import annotations
 
 from enum import Enum
+from typing import Sequence
 
 import torch
 
@@ -58,9 +59,16 @@ class FlowMatchH3:
         self.sigmas = torch.empty(0)
         self.timesteps = torch.empty(0)
 
-    def set_timesteps(self, points: int) -> torch.Tensor:
-        """The timesteps `t = 1 - sigma` the model is fed, one per forward (`points - 1` of them)."""
-        self.sigmas = shifted_sigmas(points, self.shift)
+    def set_timesteps(self, points: int, sigmas: Sequence[float] | None = None) -> torch.Tensor:
+        """The timesteps `t = 1 - sigma` the model is fed, one per forward (`points - 1` of them).
+        `sigmas`: an explicit schedule (an adapter's own, h3core.lora.schedule: `points` of them, 1 -> 0,
+        strictly decreasing) instead of the shifted one."""
+        if sigmas is None:
+            self.sigmas = shifted_sigmas(points, self.shift)
+        else:
+            if len(sigmas) != points:
+                raise ValueError(f"{len(sigmas)} sigmas given for {points} points")
+            self.sigmas = torch.tensor(list(sigmas), dtype=torch.float32)
         self.timesteps = 1.0 - self.sigmas[:-1]
         return self.timesteps
 

@@ -80,11 +80,14 @@ _FORMAT_BUFFERS = ("weight_scale", "weight_scale_2", "input_scale", "swizzled_we
 class GatheredCodes:
     """A linear's input already quantized and gathered (tensor mode's `_GatherRows`): the whole input's
     packed codes [M, K/2] and row-major block scales [M, K/16] at the GEMM's padded width K, with the
-    agreed activation global scale, and the dtype the rows had. Only `NVFP4Linear` on an fp4 path
-    takes it (`forward` hands it to `forward_gathered`)."""
+    agreed activation global scale, and the dtype the rows had (and, for a linear with a LoRA branch,
+    the rows' low-rank projection `A x`). Only `NVFP4Linear` on an fp4 path takes it (`forward` hands
+    it to `forward_gathered`)."""
 
-    def __init__(self, codes: NVFP4Weight, dtype: torch.dtype):
+    def __init__(self, codes: NVFP4Weight, dtype: torch.dtype, low_rank: torch.Tensor | None = None):
         self.codes, self.dtype = codes, dtype
+        self.low_rank = low_rank
+        """Where the linear holds a LoRA branch: its rows' `A x` ([M, R]), gathered with the codes."""
 
     @property
     def rows(self) -> int:
@@ -130,6 +133,12 @@ class NVFP4Linear(nn.Module):
         """Set by a parallel plan whose ranks each hold part of this linear's input: the max of a
         0-dim amax over those ranks. Every rank must then call `forward` (or, holding no rows,
         `join_amax_agreement`) equally often; the fp4 paths without `input_scale` call it."""
+        self.lora: nn.Module | None = None
+        self.tensor_cut: object | None = None
+        """How tensor mode cut this linear (`h3core.parallel.modes.tensor_shards.TensorCut`; None: whole):
+        a branch attached later is cut alike (`h3core.lora.tensor`)."""
+        """A LoRA branch beside the packed weight (`h3core.lora.branch.LowRankBranch`): `forward` adds `s * B(A x)` to the
+        product; the weight, its scales and every path stay as they are."""
 
     @classmethod
     def from_float(
@@ -228,8 +237,9 @@ class NVFP4Linear(nn.Module):
 
     @property
     def resident_bytes(self) -> int:
-        """Bytes of every buffer this module holds (packed weight, scales, vectors, the fp4 GEMM's operands)."""
-        return sum(buf.numel() * buf.element_size() for buf in self.buffers())
+        """Bytes of every buffer this module holds (packed weight, scales, vectors, the fp4 GEMM's
+        operands; a LoRA branch beside it is its own, `lora.nbytes`)."""
+        return sum(buf.numel() * buf.element_size() for buf in self.buffers(recurse=False))
 
     def prepare(self) -> None:
         """Hold what this device's path reads, once (the loaders call it at load): on the fp4 paths
@@ -302,8 +312,9 @@ class NVFP4Linear(nn.Module):
         """True where output rows computed apart (`forward(x, rows=...)`) are bitwise the same columns
         as the whole `forward(x)`: the dequant paths, where each output row depends on its weight row
         only. False on the fp4 paths: one activation scale covers the whole call (agreed over ranks
-        per call), so `rows` there runs the whole product and copies its columns out."""
-        return self.path not in FP4_PATHS
+        per call), so `rows` there runs the whole product and copies its columns out. False too with a
+        LoRA branch: its `B` rows computed apart are not the whole product's columns bit for bit."""
+        return self.path not in FP4_PATHS and self.lora is None
 
     def forward_rows(self, x: torch.Tensor, rows: slice, out: torch.Tensor | None = None) -> torch.Tensor:
         """`self(x, rows=rows, out=out)`: output features `rows` only (see `forward`)."""
@@ -316,10 +327,19 @@ class NVFP4Linear(nn.Module):
         result goes. On the dequant paths (`rows_apart`) only those weight rows are decoded and their
         GEMM writes straight into `out`; on the fp4 paths the whole product runs and its columns are
         copied (`torch._scaled_mm` takes no strided output). Called through the module either way,
-        so forward hooks (calibration, `--profile`) see every GEMM.
+        so forward hooks (calibration, `--profile`) see every GEMM. A LoRA branch (`lora`) adds
+        `s * B(A x)` of the unscaled input to whatever the path computed (the features `rows` only).
         """
         if isinstance(x, GatheredCodes):
-            return self.forward_gathered([x.codes], x.dtype)
+            y = self.forward_gathered([x.codes], x.dtype)
+            return y if self.lora is None else self.lora.add_to(y, x.low_rank)
+        y = self._forward(x, rows, out)
+        if self.lora is not None:
+            self.lora.add_to(y.view(-1, y.shape[-1]), self.lora.project(x.reshape(-1, self.in_features)), rows)
+        return y
+
+    def _forward(self, x: torch.Tensor, rows: slice | None, out: torch.Tensor | None) -> torch.Tensor:
+        """`forward` of the packed weight alone (no branch)."""
         if x.shape[-1] != self.in_features or not x.is_floating_point():
             raise ValueError(
                 f"NVFP4Linear({self.in_features} -> {self.out_features}) got input {x.dtype} {tuple(x.shape)}"
@@ -476,6 +496,8 @@ class DenseLinear(nn.Module):
         super().__init__()
         self.register_buffer("weight", weight)  # [out, in]
         self.register_buffer("bias", bias)  # [out] or None
+        self.lora: nn.Module | None = None  # a LoRA branch beside the weight (`h3core.lora.branch.LowRankBranch`)
+        self.tensor_cut: object | None = None  # how tensor mode cut it (None: whole), as NVFP4Linear's
 
     @property
     def in_features(self) -> int:
@@ -487,7 +509,10 @@ class DenseLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.weight.to(x.dtype), bias)
+        y = F.linear(x, self.weight.to(x.dtype), bias)
+        if self.lora is not None:
+            self.lora.add_to(y.view(-1, y.shape[-1]), self.lora.project(x.reshape(-1, self.in_features)))
+        return y
 
     def rows(self, spans: "Sequence[Span]") -> "DenseLinear":
         """A column-parallel shard: output rows `spans` (bias rows with them), compact copies."""

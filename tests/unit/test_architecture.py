@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("text", ("h3core.text",)),
     ("decode", ("h3core.decode",)),
     ("keyframes", ("h3core.keyframes",)),
-    ("model", ("h3core.model",)),
+    ("model", ("h3core.model", "h3core.lora")),
     ("parallel", ("h3core.parallel",)),
     ("commands", ("h3core.bench", "h3core.generate")),
     ("suites", ("h3core.batch", "h3core.matrix", "h3core.verify")),

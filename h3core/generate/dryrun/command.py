@@ -86,12 +86,14 @@ class PlanMemory(BaseModel):
     plan: ParallelPlan
     dry_runs: list[DryRun]
     skipped: str | None = Field(None, description="Why no dry run ran here (then `dry_runs` is empty).")
+    adapters: list = Field(default_factory=list, description="The LoRA adapters counted (`AdapterRecord`: bytes per rank on the plan).")
     keyframe_encode: dict[str, dict[str, int]] = Field(default_factory=dict, description="With keyframes: rank 0's device bytes before the denoiser loads, per phase (the video VAE's encoder, the vision tower), a lower bound by formula (h3core.generate.keyframes).")
 
 
 def plan_memory(preset_name: str, count: int | None, mode: Mode, *, archs: Sequence[str] = tuple(ARCHS), width: int | None = None,
                 height: int | None = None, frames: int | None = None, text_tokens: int | None = None, cfg_parallel: bool = False,
-                replicas: int = 1, decoded_weights: str = "auto", keyframes: tuple[str, ...] = ()) -> PlanMemory:
+                replicas: int = 1, decoded_weights: str = "auto", keyframes: tuple[str, ...] = (),
+                loras: Sequence = ()) -> PlanMemory:
     """The dry run of preset `preset_name`'s synthetic layout (the seed's file, tensor for tensor, for `h3`)
     at `count` ranks for each of `archs`, without building any checkpoint (with `keyframes`: their
     condition rows and the prompt's vision blocks in the sequence). An unknown architecture is
@@ -102,15 +104,19 @@ def plan_memory(preset_name: str, count: int | None, mode: Mode, *, archs: Seque
     plan = planned_preset(preset_name, count, mode, width=width, height=height, frames=frames, text_tokens=text_tokens,
                           cfg_parallel=cfg_parallel, replicas=replicas, keyframes=keyframes)
     problems = [p for p in (dry_run_problem(a) for a in archs) if p]
-    runs, first = [], None
+    runs, first, adapters = [], None, []
     for arch in archs if not problems else ():
-        run = preset_run(plan, preset_name, arch, width=width, height=height, frames=frames, decoded_weights=decoded_weights, keyframes=keyframes)
-        first = first or run.plan
+        run = preset_run(plan, preset_name, arch, width=width, height=height, frames=frames, decoded_weights=decoded_weights, keyframes=keyframes,
+                         loras=loras)
+        first, adapters = first or run.plan, adapters or run.adapters
         runs.append(dry_run(run, arch))
+    if problems and loras:
+        adapters = preset_run(plan, preset_name, "cpu", width=width, height=height, frames=frames, loras=loras).adapters
     from h3core.generate.keyframes import keyframe_encode_estimate
 
     encode = keyframe_encode_estimate(preset_name) if keyframes else {}
-    return PlanMemory(plan=first or plan, dry_runs=runs, skipped=problems[0] if problems else None, keyframe_encode=encode)
+    return PlanMemory(plan=first or plan, dry_runs=runs, skipped=problems[0] if problems else None, keyframe_encode=encode,
+                      adapters=adapters)
 
 
 def planned_preset(preset_name: str, count: int | None, mode: Mode, *, width: int | None = None, height: int | None = None,
@@ -131,11 +137,13 @@ def planned_preset(preset_name: str, count: int | None, mode: Mode, *, width: in
 
 
 def preset_run(plan: ParallelPlan, preset_name: str, arch: str, *, width: int | None = None, height: int | None = None,
-               frames: int | None = None, decoded_weights: str = "auto", steps: int | None = None, keyframes: tuple[str, ...] = ()) -> ResolvedRun:
+               frames: int | None = None, decoded_weights: str = "auto", steps: int | None = None, keyframes: tuple[str, ...] = (), loras: Sequence = ()) -> ResolvedRun:
     """A resolved run of a preset's synthetic checkpoint for `plan` on a GPU of `arch` (its example's memory),
-    with the decoded-weights choice made for that GPU; the checkpoint is not built (the dry run needs its specs only)."""
+    with the decoded-weights choice made for that GPU and the LoRA adapters `loras` (`LoraSpec`s,
+    checked and costed on the plan); the checkpoint is not built (the dry run needs its specs only)."""
     from h3core.generate.memory import plan_decoded_weights
     from h3core.generate.request import GenerateRequest, RunShape
+    from h3core.lora.plan import adapter_records, open_adapters
     from h3core.model.config import preset
     from h3core.model.synthetic import synthetic_specs
     from h3core.runtime.limits import CUDA_CONTEXT_BYTES
@@ -153,7 +161,9 @@ def preset_run(plan: ParallelPlan, preset_name: str, arch: str, *, width: int | 
     decided = plan_decoded_weights(plan, config, decoded_weights, prefixes, capability=spec.capability if spec else None,
                                    gpu_bytes=spec.total_memory - CUDA_CONTEXT_BYTES if spec else None,
                                    latent_elements=elements, steps=shape.steps, dtype=dtype, attention="sdpa")
-    return ResolvedRun(request=request, config=config, checkpoint=Path(f"synthetic-{preset_name}.safetensors"), synthetic=True, shape=shape, plan=decided)
+    adapters = adapter_records(open_adapters(loras, config), config, decided, dtype)
+    return ResolvedRun(request=request, config=config, checkpoint=Path(f"synthetic-{preset_name}.safetensors"), synthetic=True, shape=shape, plan=decided,
+                       adapters=adapters)
 
 
 # --- python -m h3core.generate.dryrun: a prediction against a run's report (scripts/gpu_check.sh) -----------

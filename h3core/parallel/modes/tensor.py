@@ -102,19 +102,22 @@ class _GatherRows:
         tokens = rt.token_spans(args[1].num_tokens) if self.whole_rope else rt.forward_tokens
         first = module.get_submodule(self.linear)
         if QUANTIZE_BEFORE_GATHER and isinstance(first, NVFP4Linear) and first.path in FP4_PATHS:
-            h = _gather_codes(first.quantize_input(args[0]), args[0].dtype, tokens, rt)
+            low = first.lora.project(args[0].reshape(-1, first.in_features)) if first.lora is not None else None  # [m, R]: its LoRA's A x
+            h = _gather_codes(first.quantize_input(args[0]), args[0].dtype, tokens, rt, low)
         else:
             h = gather_rows(args[0], tokens, rt.group, rt.stats, rt.scratch)  # [S_loc, D] -> [S, D]
         return (h, args[1].whole()) if self.whole_rope else (h,)
 
 
-def _gather_codes(part: NVFP4Weight, dtype: torch.dtype, tokens: list[Span], rt: "ParallelRuntime") -> GatheredCodes:
-    """Every rank's quantized rows, in rank order: one all-gather of [packed | scale bytes] per row."""
-    packed_width = part.packed.shape[1]
-    local = torch.cat([part.packed, part.scale.view(torch.uint8)], dim=1)  # [m, K/2 + K/16] uint8
-    whole = gather_rows(local, tokens, rt.group, rt.stats, rt.scratch)  # [S, K/2 + K/16]
-    codes = NVFP4Weight(whole[:, :packed_width], whole[:, packed_width:].view(torch.float8_e4m3fn), part.global_scale)
-    return GatheredCodes(codes, dtype)
+def _gather_codes(part: NVFP4Weight, dtype: torch.dtype, tokens: list[Span], rt: "ParallelRuntime", low: torch.Tensor | None = None) -> GatheredCodes:
+    """Every rank's quantized rows, in rank order: one all-gather of [packed | scale bytes] per row
+    (and the bytes of `low`, the rows' LoRA projection [m, R], where the linear has a branch)."""
+    packed_width, scale_end = part.packed.shape[1], part.packed.shape[1] + part.scale.shape[1]
+    extra = [] if low is None else [low.contiguous().view(torch.uint8)]
+    local = torch.cat([part.packed, part.scale.view(torch.uint8), *extra], dim=1)  # [m, K/2 + K/16 (+ R * itemsize)] uint8
+    whole = gather_rows(local, tokens, rt.group, rt.stats, rt.scratch)  # [S, K/2 + K/16 (+ ...)]
+    codes = NVFP4Weight(whole[:, :packed_width], whole[:, packed_width:scale_end].view(torch.float8_e4m3fn), part.global_scale)
+    return GatheredCodes(codes, dtype, None if low is None else whole[:, scale_end:].contiguous().view(low.dtype))
 
 
 class _ReduceScatterBias:
@@ -164,6 +167,7 @@ def apply_tensor(model: H3Model, runtime: "ParallelRuntime", weights: WeightSour
             parent, leaf = name.split(".")
             shard, biases[name] = read_shard(weights, f"blocks.{i}.{name}", shards, name, dtype)
             setattr(block.get_submodule(parent), leaf, shard)
+            shard.tensor_cut = shards.cut_of(name)  # what is attached beside it later (a LoRA branch) is cut alike
         _hook_block(block, runtime, biases["attn.out_proj"], biases["mlp.fc2"])
     runtime.used.shards = shards
     runtime.used.heads = shards.heads(runtime.plan.head_dim)

@@ -5,6 +5,7 @@ ranges of them (`TensorShards`, computed once per run by `h3core.parallel.modes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +33,17 @@ TENSOR_PARALLEL: dict[str, Split] = {
 rest is replicated (the token refiner and the AdaLN projections included)."""
 
 
+@dataclass(frozen=True)
+class TensorCut:
+    """How tensor mode cut one linear: its split and this rank's part (output rows, or input columns).
+    Tensor mode leaves it on the shard (`tensor_cut`, a slot of h3's linears), so that what is attached
+    beside the linear later (a LoRA branch, `h3core.lora`) is cut alike without either naming the other."""
+
+    split: Split
+    part: list[Span] | ColumnSlice
+
+
+
 def tensor_parallel_prefixes(num_blocks: int) -> tuple[str, ...]:
     """State-dict prefixes of every block's `TENSOR_PARALLEL` linears (tensor mode reads them as shards)."""
     return tuple(f"blocks.{i}.{name}." for i in range(num_blocks) for name in TENSOR_PARALLEL)
@@ -57,6 +69,10 @@ class TensorShards(BaseModel):
     def of(self, linear: str) -> list[Span] | ColumnSlice:
         """The range of block linear `linear`: its rows (column-parallel) or its columns (row-parallel)."""
         return self.rows_of(linear) if TENSOR_PARALLEL[linear] is Split.COLUMN else self.columns_of(linear)
+
+    def cut_of(self, linear: str) -> TensorCut | None:
+        """How block linear `linear` is cut on this rank (None: replicated, not a `TENSOR_PARALLEL` linear)."""
+        return TensorCut(TENSOR_PARALLEL[linear], self.of(linear)) if linear in TENSOR_PARALLEL else None
 
     def heads(self, head_dim: int) -> Span:
         """The heads this rank's QKV rows hold (the q third: its heads x head_dim)."""
