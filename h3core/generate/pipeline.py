@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from h3core.generate.fp4gate import install_on_rank
-from h3core.generate.loop import Denoiser, denoise
+from h3core.generate.loop import Denoiser, StepGate, denoise
 from h3core.generate.profile import profiling
 from h3core.generate.report import HeldWeights, RankReport, StepDone
 from h3core.generate.request import ResolvedRun
@@ -92,9 +92,10 @@ class RankPipeline:
         checkpoint.file.reader.close()
         return cls(model, runtime, device, dtype, weights, {"load": watch.seconds})
 
-    def denoise(self, run: ResolvedRun, texts: list[torch.Tensor], record: RankReport, report: Any = None) -> Latent:
+    def denoise(self, run: ResolvedRun, texts: list[torch.Tensor], record: RankReport, report: Any = None, gate: StepGate | None = None) -> Latent:
         """Denoise one request of `run` (its sequences' text hidden states `texts`) on this rank,
-        recording what ran into `record`; the whole latent rows (gathered on branch 0, else {})."""
+        recording what ran into `record`; the whole latent rows (gathered on branch 0, else {}).
+        `gate`: asked before every step (`h3core.generate.loop.denoise`); None for a run that always ends."""
         with torch.inference_mode():
             sequences = [build_sequence(self.model, plan, text, run.shape, self.device) for plan, text in zip(run.plan.sequences, texts)]
         schedules = {SegmentKind.VIDEO: FlowMatchH3(run.shape.video_shift), SegmentKind.AUDIO: FlowMatchH3(run.shape.audio_shift)}
@@ -106,7 +107,7 @@ class RankPipeline:
         self.runtime.record.clear()
         on_step = (lambda step, steps, seconds: report(StepDone(step=step, steps=steps, seconds=seconds))) if report else (lambda *a: None)
         with torch.inference_mode(), profiling(self.model, self.device, self.runtime.rank, run.request.profile, self.runtime.stats) as profiler:
-            latent, step_seconds = denoise(denoiser, latent, self.device, profiler, on_step)
+            latent, step_seconds = denoise(denoiser, latent, self.device, profiler, on_step, gate)
             peak = dev.peak_memory_bytes(self.device)
             with dev.Stopwatch(self.device) as watch:  # branch 1 holds the same values: branch 0 gathers
                 whole = denoiser.gather(latent) if denoiser.own == 0 else {}
