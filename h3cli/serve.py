@@ -74,7 +74,7 @@ def serve(
         save_latents=generate.save_latents, video_vae=video_vae, audio_vae=audio_vae,
     )
     out = Output(False)
-    run_server(job, say=lambda text: out.info(text) if settings.is_rank_zero() else None)
+    run_server(job, say=lambda text: out.console.print(text, soft_wrap=True))
 
 
 def _allowed_dir(path: Path) -> Path:

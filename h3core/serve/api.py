@@ -119,4 +119,5 @@ class Health(BaseModel):
     replicas: int
     queued: int
     in_progress: int
+    running: int = Field(description="Jobs the ranks hold now (a deleted job counts until its group stopped it).")
     message: str | None = None

@@ -344,7 +344,7 @@ def _service(app: FastAPI, state: ServerState) -> None:
         counts = state.queue.counts()
         body = Health(status=state.phase if state.phase in ("ok", "loading", "stopping", "failed") else "loading",  # type: ignore[arg-type]
                       model=state.job.served_model, replicas=state.job.template.replicas, queued=counts["queued"],
-                      in_progress=counts["in_progress"], message=None if state.phase == "ok" else _not_ready(state))
+                      in_progress=counts["in_progress"], running=len(state.running), message=None if state.phase == "ok" else _not_ready(state))
         return JSONResponse(body.model_dump(), status_code=200 if state.phase == "ok" else 503)
 
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus text: queue, jobs by status, step, denoise and decode time, memory")

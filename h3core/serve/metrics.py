@@ -22,6 +22,7 @@ def render_metrics(state: "ServerState") -> str:
     metric("h3_up", "gauge", "1 while the server takes jobs (phase label: ok, loading, stopping, failed).", [(f'{{phase="{state.phase}"}}', 1.0 if state.phase == "ok" else 0.0)])
     metric("h3_queue_depth", "gauge", "Jobs queued, not yet running.", [("", counts["queued"])])
     metric("h3_jobs", "gauge", "Jobs in the state directory by status (deleted ones included).", [(f'{{status="{s}"}}', n) for s, n in counts.items()])
+    metric("h3_running_jobs", "gauge", "Jobs the ranks hold now (one per busy replica group).", [("", len(state.running))])
     metric("h3_step_seconds", "summary", "Denoising steps of finished jobs (replica group leads' wall time).", [("_sum", m.step_seconds), ("_count", m.steps)])
     metric("h3_denoise_seconds_total", "counter", "Sampling time of finished jobs.", [("", m.denoise_seconds)])
     metric("h3_decode_seconds_total", "counter", "VAE decode and mp4 time of finished jobs.", [("", m.decode_seconds)])
