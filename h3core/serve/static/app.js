@@ -126,7 +126,7 @@ async function refresh() {
     const running = list.data.filter((j) => j.status === "in_progress").length;
     $("queue").textContent = running + " running · " + waiting + " queued";
   } catch (err) {
-    $("message").textContent = err.message;
+    $("queue").textContent = err.message;  // e.g. the key is missing: said where the list would be
   }
 }
 
