@@ -277,6 +277,9 @@ class Engine:
     def _finish(self, claimed: _Claimed, outcomes: "list[RankReport | Stopped]", replica: int) -> None:
         job_id = claimed.row["id"]
         control = JobControl(key=job_id)
+        progress = self.state.board.progress(control) if self.state.board is not None else None
+        if progress is not None:  # (a job shorter than the pump's period: its first step is recorded here)
+            self.state.queue.running(job_id, first_step_at=progress.first_step_at)
         try:
             if isinstance(outcomes[0], Stopped):
                 self.state.queue.finish(job_id, "failed", error_code="cancelled", error_message="deleted while it ran")
