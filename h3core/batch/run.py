@@ -59,7 +59,7 @@ from h3core.runtime.context import RankContext
 from h3core.runtime.world import World
 
 if TYPE_CHECKING:
-    from h3core.batch.control import JobControl
+    from h3core.generate.control import JobControl
     from h3core.decode.run import Decoders
 
 

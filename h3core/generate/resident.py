@@ -20,7 +20,7 @@ The tasks, in the order a batch calls them:
 `h3 serve` runs the same tasks on a World that lives as long as the server: it keeps rank 0's
 text encoder loaded too (`encode_prompts_once(..., keep=True)`), loads every rank's pipeline
 before the first job (`preload`), and gives each request a `JobControl`
-(`h3core.batch.control`): a request stopped at a step boundary is that rank's `Stopped` outcome.
+(`h3core.generate.control`): a request stopped at a step boundary is that rank's `Stopped` outcome.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from h3core.batch.control import JobControl, RankGate, Stopped
+from h3core.generate.control import JobControl, RankGate, Stopped
 from h3core.generate.loop import StepsStopped
 from h3core.generate.pipeline import RankPipeline, encode_request, finish_record, new_record, open_text_encoder, rank_runtime
 from h3core.generate.report import RankReport
@@ -176,7 +176,7 @@ def denoise_round(ctx: RankContext, runs: list[ResolvedRun | None], texts: list[
     Every rank of the world takes part in the group creation and the broadcast; then each group runs
     its own request with its own collectives. Returns this rank's outcome (None on an idle rank);
     `controls[r]` (a server's) lets replica r's request be stopped at a step boundary, which makes
-    the outcome `Stopped` on every rank of that group (`h3core.batch.control`)."""
+    the outcome `Stopped` on every rank of that group (`h3core.generate.control`)."""
     layout = next(run for run in runs if run is not None).plan.layout
     groups = RankGroups.create(ctx, layout)  # collective over the world once, cached: idle ranks must join it too
     replica = layout.coords(ctx.rank).replica

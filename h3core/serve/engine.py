@@ -10,7 +10,7 @@ It is the engine of `h3 generate --prompts` (`h3core.batch.run.run_round`,
    its own (`to_generate_request`, `resolve`: a job that cannot run fails alone), encoded by rank 0's
    kept encoder, and run one per replica group in one `run_round`, each with its `JobControl`: a job
    deleted while it runs stops at its next step boundary, agreed by its whole group
-   (`h3core.batch.control`), while the other groups go on. A round ends when its last job ends.
+   (`h3core.generate.control`), while the other groups go on. A round ends when its last job ends.
 3. Each finished job: its report, `video.mp4` (decoded here by the kept VAEs), `preview.png`,
    `thumbnail.png` (its first frame) and latents are staged in `<state-dir>/jobs/<id>/` and published
    whole; only then is the job `completed`. A job deleted meanwhile is published nowhere.
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from h3core import settings
-from h3core.batch.control import Board, JobControl, Stopped
+from h3core.generate.control import Board, JobControl, Stopped
 from h3core.batch.run import run_round
 from h3core.errors import ConfigError, H3Error
 from h3core.generate.fp4gate import with_fp4_selftest

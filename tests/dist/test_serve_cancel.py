@@ -1,4 +1,4 @@
-"""A serving job stopped at a step boundary (`h3core.batch.control`): every rank of its group stops
+"""A serving job stopped at a step boundary (`h3core.generate.control`): every rank of its group stops
 at the same step, whenever the flag is set (the lead's reading, broadcast over the group: a flag each
 rank read on its own would part the group's collectives); the World stays usable; another replica
 group's job of the same round goes on, bit for bit as if nothing happened. Two spawned Gloo ranks."""
@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from h3core.batch.control import Board, JobControl, Stopped
+from h3core.generate.control import Board, JobControl, Stopped
 from h3core.batch.run import run_round
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.generate.resident import encode_prompts_once
