@@ -88,3 +88,21 @@ def test_kill_9_mid_job_then_restart_finds_every_job_and_sigterm_requeues(tmp_pa
     assert _rows(state)[running]["status"] == "queued"
     assert not list((state / "jobs").glob(".*staging*")) and not (state / "jobs" / running).exists()
     assert no_survivors(marker)
+
+
+def test_ctrl_c_stops_a_server_with_exit_130_and_releases_its_state_dir(tmp_path, cache):
+    state = tmp_path / "state"
+    args = ("--state-dir", str(state), "--width", "64", "--height", "64", "--frames", "22", "--steps", "3")
+    server = ServerProcess(*args, env={"H3_CACHE_DIR": cache})
+    try:
+        server.wait_ready()
+        code = server.signal(signal.SIGINT)
+        err = server.stderr()
+    finally:
+        server.stop()
+    assert code == 130 and one_line(err).startswith("interrupted (Ctrl-C); no job was running"), err
+    again = ServerProcess(*args, env={"H3_CACHE_DIR": cache})  # the lock went with it: the same directory serves again
+    try:
+        again.wait_ready()
+    finally:
+        again.stop()

@@ -122,3 +122,16 @@ def test_the_queue_keeps_every_job_across_a_crash(tmp_path):
         again.recover(lambda job_id: tmp_path / "jobs" / job_id)
     assert again.get(running["id"])["status"] == "failed" and again.get(running["id"])["error_code"] == "interrupted"
     assert not again.finish(_row(2)["id"], "completed")  # a deleted job is never completed
+
+
+def test_the_bench_counts_jobs_that_ran_at_once():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    try:
+        import bench_serve
+    finally:
+        sys.path.pop(0)
+    rows = [{"claimed_at": 0, "completed_at": 5}, {"claimed_at": 1, "completed_at": 4}, {"claimed_at": 6, "completed_at": 7}]
+    assert bench_serve.most_at_once(rows) == 2 and bench_serve.most_at_once(rows[:1] + rows[2:]) == 1
