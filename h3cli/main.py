@@ -50,7 +50,7 @@ def _root(
 
 
 def _register() -> None:
-    from h3cli import bench_transport, decode, generate, matrix, plan, pod, verify
+    from h3cli import bench_transport, decode, generate, matrix, plan, pod, serve, verify
 
     generate.register(app)
     decode.register(app)
@@ -59,6 +59,7 @@ def _register() -> None:
     matrix.register(app)
     pod.register(app)
     verify.register(app)
+    serve.register(app)
     _wrap_commands(app)
 
 

@@ -74,3 +74,85 @@ def no_survivors(marker: str, seconds: float = 10) -> bool:
     while survivors(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     return survivors(marker) == []
+
+
+SERVE_KEY = "test-key-0123456789abcdef"
+"""The API key of the cli tier's shared server (`served` in tests/cli/conftest.py)."""
+
+
+class ServerProcess:
+    """`h3 serve ARGS... --port 0` as a real process (its own process group), its address read from
+    the first line it prints; `wait_ready` polls /health. Stop it with `signal` (the test's) or `kill`."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None):
+        import tempfile
+
+        self.log = tempfile.TemporaryFile(mode="w+")
+        full = {k: v for k, v in os.environ.items() if k != "H3_DEBUG"} | {"COLUMNS": "300"} | (env or {})
+        self.proc = subprocess.Popen([sys.executable, "-m", "h3cli.main", "serve", "--port", "0", *args], stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True, env=full, start_new_session=True)
+        first = self.proc.stdout.readline() if self.proc.stdout else ""
+        if "http://" not in first:
+            self.proc.wait(timeout=30)
+            raise AssertionError(f"h3 serve did not start: {first!r} {self.stderr()}")
+        self.base = first.split("http://", 1)[1].split("/", 1)[0]
+        self.url = f"http://{self.base}"
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def wait_ready(self, seconds: float = 240) -> None:
+        import json
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.stderr()
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                    if json.load(response)["status"] == "ok":
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"h3 serve was not ready within {seconds}s: {self.stderr()}")
+
+    def signal(self, signum: int, timeout: float = 120) -> int:
+        """Send `signum` to the server's process group; its exit code."""
+        import signal as signals
+
+        os.killpg(self.proc.pid, signum)
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signals.SIGKILL)
+                self.proc.wait()
+
+    def stop(self) -> None:
+        import signal as signals
+
+        if self.proc.poll() is None:
+            self.signal(signals.SIGTERM)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        self.log.close()
+
+
+def http(method: str, url: str, body: dict | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict | bytes, dict[str, str]]:
+    """One request with the standard library: (status, JSON body or bytes, headers)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={**({"content-type": "application/json"} if data else {}), **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, raw, got = response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as err:
+        status, raw, got = err.code, err.read(), dict(err.headers)
+    kind = got.get("content-type", got.get("Content-Type", ""))
+    return status, (json.loads(raw) if "json" in kind else raw), got

@@ -59,6 +59,7 @@ from h3core.runtime.context import RankContext
 from h3core.runtime.world import World
 
 if TYPE_CHECKING:
+    from h3core.generate.control import JobControl
     from h3core.decode.run import Decoders
 
 
@@ -129,14 +130,17 @@ def plan_decodes(job: BatchJob, planned: list[PlannedPrompt]) -> None:
             p.run = None
 
 
-def run_round(world: World, runs: list[ResolvedRun | None], texts: EncodedPrompts | None, slots: list[int | None]) -> list[list[RankReport]] | None:
+def run_round(world: World, runs: list[ResolvedRun | None], texts: EncodedPrompts | None, slots: list[int | None],
+              controls: "list[JobControl | None] | None" = None) -> list[list[RankReport]] | None:
     """One prompt per replica group on the ranks of `world` (`runs[r]`: replica r's, None when it
     idles; `slots[r]`: its place in `texts`). Per replica, its ranks' outcomes, its lead's (the
-    latents) first; None on torchrun ranks other than 0."""
+    latents) first; None on torchrun ranks other than 0. `controls[r]` (`h3 serve`): replica r's
+    request can be stopped at a step boundary; its ranks' outcomes are then `Stopped`."""
     mine = [texts.texts[s] if texts is not None and s is not None else [] for s in slots]
     seconds = [texts.seconds[s] if texts is not None and s is not None else 0.0 for s in slots]
     encoded = texts.for_reports() if texts is not None else {}
-    outcomes = world.run(denoise_round, runs, mine if texts is not None else None, seconds, encoded)
+    extra = {"controls": controls} if controls is not None else {}
+    outcomes = world.run(denoise_round, runs, mine if texts is not None else None, seconds, encoded, **extra)
     if not world.is_main:
         return None
     width = len(outcomes) // len(runs)  # the ranks of one replica: consecutive, its lead first

@@ -101,3 +101,15 @@ def probe_mp4(data: bytes) -> Mp4Probe:
 def _track_seconds(stream) -> float:
     """A track's duration from the container (0 when it does not say)."""
     return float(stream.duration * stream.time_base) if stream.duration and stream.time_base else 0.0
+
+
+def first_frame_png(data: bytes) -> bytes:
+    """The first video frame of an mp4 as a PNG (a served video's thumbnail)."""
+    import av
+
+    with av.open(io.BytesIO(data), mode="r") as container:
+        frame = next(container.decode(video=0))
+        image = frame.to_image()
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()

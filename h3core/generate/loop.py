@@ -39,6 +39,19 @@ from h3core.runtime.faults import maybe_inject_fault
 
 StepDoneCallback = Callable[[int, int, float], None]
 """Called after every step with (step, steps, seconds)."""
+StepGate = Callable[[int], bool]
+"""Called before every step with its index on every rank of the request's group; True stops the
+loop there (`StepsStopped`). It must answer the same on every rank of the group at the same step
+(the serving engine's gate agrees by one collective: `h3core.serve.board`), or the group's
+collectives would part ways."""
+
+
+class StepsStopped(Exception):
+    """The loop was stopped at a step boundary by its gate (a cancelled job): `step` steps ran."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped before step {step + 1}")
+        self.step = step
 
 
 @dataclass
@@ -137,13 +150,16 @@ class Denoiser:
 
 
 def denoise(denoiser: Denoiser, latent: Latent, meter: DeviceMeter,
-            profiler: Profiler | None, on_step: StepDoneCallback) -> tuple[Latent, list[float]]:
+            profiler: Profiler | None, on_step: StepDoneCallback, gate: StepGate | None = None) -> tuple[Latent, list[float]]:
     """Every step of the schedules on this rank's rows; the final rows and each step's seconds.
 
-    A NaN or inf in the latent stops the run at that step; `H3_INJECT_FAULT` can fail a chosen step.
+    A NaN or inf in the latent stops the run at that step; `H3_INJECT_FAULT` can fail a chosen step;
+    `gate` (None: never) is asked before every step and stops the loop with `StepsStopped`.
     """
     rank, seconds, steps, device = denoiser.runtime.rank, [], denoiser.num_steps, meter.device
     for i in range(steps):
+        if gate is not None and gate(i):
+            raise StepsStopped(i)
         maybe_inject_fault("step", rank, index=i)
         with meter.stopwatch() as watch, step_context(profiler):
             latent = denoiser.step(i, latent, device)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from h3core.generate.instruments import RankInstruments
-from h3core.generate.loop import Denoiser, denoise
+from h3core.generate.loop import Denoiser, StepGate, denoise
 from h3core.generate.profile import profiling
 from h3core.generate.report import HeldWeights, RankReport, StepDone
 from h3core.generate.request import ResolvedRun
@@ -125,10 +125,11 @@ class RankPipeline:
         self.adapters = wanted
         return watch.seconds
 
-    def denoise(self, run: ResolvedRun, given: Conditioning, record: RankReport, report: Any = None) -> Latent:
+    def denoise(self, run: ResolvedRun, given: Conditioning, record: RankReport, report: Any = None, gate: StepGate | None = None) -> Latent:
         """Denoise one request of `run` (what its sequences are conditioned on: `given`) on this rank,
         recording what ran into `record`; the whole latent rows (gathered on branch 0, else {}).
-        `report` gets a `StepDone` after every step."""
+        `report` gets a `StepDone` after every step; `gate`: asked before every step
+        (`h3core.generate.loop.denoise`); None for a run that always ends."""
         record.timings["adapters"] = self.use_adapters(run)
         record.adapter_bytes = self.adapter_bytes
         host, meter = self.instruments.host, self.instruments.meter
@@ -146,7 +147,7 @@ class RankPipeline:
         self.runtime.record.clear()
         on_step = (lambda step, steps, seconds: report(StepDone(step=step, steps=steps, seconds=seconds))) if report else (lambda *a: None)
         with torch.inference_mode(), profiling(self.model, self.device, self.runtime.rank, run.request.profile, self.runtime.stats) as profiler:
-            latent, step_seconds = denoise(denoiser, latent, meter, profiler, on_step)
+            latent, step_seconds = denoise(denoiser, latent, meter, profiler, on_step, gate)
             peak = meter.peak()
             with meter.stopwatch() as watch:  # branch 1 holds the same values: branch 0 gathers
                 whole = denoiser.gather(latent) if denoiser.own == 0 else {}

@@ -18,6 +18,11 @@ The tasks, in the order a batch calls them:
   texts broadcast from rank 0, `RankPipeline.denoise` of the rank's own group's request; the
   outcome is `rank_generate`'s, with the load seconds this request paid (0 once loaded);
 - `drop_held`: forget the held pipeline (the end of a batch, or after a failed request).
+
+`h3 serve` runs the same tasks on a World that lives as long as the server: it keeps rank 0's
+text encoder loaded too (`encode_prompts_once(..., keep=True)`), loads every rank's pipeline
+before the first job (`preload`), and gives each request a `JobControl`
+(`h3core.generate.control`): a request stopped at a step boundary is that rank's `Stopped` outcome.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from h3core.generate.control import JobControl, RankGate, Stopped
+from h3core.generate.loop import StepsStopped
 from h3core.generate.pipeline import (
     RankPipeline,
     encode_request,
@@ -109,17 +116,21 @@ def drop_held(ctx: RankContext) -> None:
         dev.release_memory(held[1].device.type)
 
 
-def encode_prompts_once(ctx: RankContext, runs: list[ResolvedRun]) -> EncodedPrompts | None:
-    """Rank 0: load the text encoder once, encode every run's prompts, release it (other ranks: None).
-    Every run shares the encoder, its config's text width and the compute dtype (the batch's flags)."""
-    from h3core.text import release_text_encoder
+TEXT_ENCODER = "text_encoder"
+"""The key of rank 0's kept text encoder in `RankContext.held` (`keep=True`): (its key, the encoder)."""
 
+
+def encode_prompts_once(ctx: RankContext, runs: list[ResolvedRun], keep: bool = False) -> EncodedPrompts | None:
+    """Rank 0: load the text encoder once, encode every run's prompts, release it (other ranks: None).
+    Every run shares the encoder, its config's text width and the compute dtype (the batch's flags).
+    `keep`: hold the encoder on rank 0 for the next call instead (a server's; loaded again only when
+    the encoder, width, device or dtype differ)."""
     if ctx.rank != 0 or not runs:
         return None
     dev.reset_peak_memory(ctx.device)
     with dev.Stopwatch(ctx.device) as whole:
-        keyframes = keyframe_latents(runs, ctx.device)  # (the VAE's encoder, released before the text encoder loads)
-        encoder = open_text_encoder(runs[0], ctx.device)
+        keyframes = keyframe_latents(runs, ctx.device)  # (the VAE's encoder, released before the text encoder is used)
+        encoder = _text_encoder(ctx, runs[0], keep)
         texts, seconds = [], []
         for run, latents in zip(runs, keyframes):
             with dev.Stopwatch(ctx.device) as watch:
@@ -128,22 +139,61 @@ def encode_prompts_once(ctx: RankContext, runs: list[ResolvedRun]) -> EncodedPro
                 texts.append(given.tensors())
             seconds.append(watch.seconds)
         info = encoder.info.model_dump(mode="json")
-        release_text_encoder(encoder)
+        if not keep:
+            from h3core.text import release_text_encoder
+
+            release_text_encoder(encoder)
     return EncodedPrompts(texts=texts, seconds=seconds, load_seconds=whole.seconds - sum(seconds),
                           peak_memory=dev.peak_memory_bytes(ctx.device), info=info)
 
 
+def _text_encoder(ctx: RankContext, run: ResolvedRun, keep: bool) -> Any:
+    """The encoder `run` names: rank 0's kept one when it is that one, else loaded (and kept with `keep`)."""
+    key = (str(run.request.text_encoder_path), run.config.text_dim, str(ctx.device), run.request.dtype)
+    held = ctx.held.get(TEXT_ENCODER)
+    if held is not None and held[0] == key:
+        return held[1]
+    drop_text_encoder(ctx)
+    encoder = open_text_encoder(run, ctx.device)
+    if keep:
+        ctx.held[TEXT_ENCODER] = (key, encoder)
+    return encoder
+
+
+def drop_text_encoder(ctx: RankContext) -> None:
+    """Release rank 0's kept text encoder, if any."""
+    from h3core.text import release_text_encoder
+
+    held = ctx.held.pop(TEXT_ENCODER, None)
+    if held is not None:
+        release_text_encoder(held[1])
+
+
+def preload(ctx: RankContext, run: ResolvedRun) -> float:
+    """Load every rank's pipeline for `run`'s layout before any request (a server's start; every rank
+    of the World takes part in the groups' creation) and rank 0's text encoder (kept); the seconds
+    this rank's load took."""
+    layout = run.plan.layout
+    RankGroups.create(ctx, layout)
+    _, seconds = held_pipeline(ctx, run)
+    if ctx.rank == 0:
+        _text_encoder(ctx, run, keep=True)
+    return seconds
+
+
 def denoise_round(ctx: RankContext, runs: list[ResolvedRun | None], texts: list[list[torch.Tensor]] | None,
-                  seconds: list[float], encoded: dict[str, Any]) -> RankReport | None:
+                  seconds: list[float], encoded: dict[str, Any], controls: list[JobControl | None] | None = None) -> RankReport | Stopped | None:
     """One request per replica group, all at once (module docstring): `runs[r]` is replica r's request
     (None: that group idles this round); `texts[r]` its hidden states (rank 0 has them all; the
     other ranks get them by one broadcast over the world); `seconds[r]` its encode time; `encoded`:
     rank 0's encoder info and peak memory while encoding (`info`, `peak_memory`).
 
     Every rank of the world takes part in the group creation and the broadcast; then each group runs
-    its own request with its own collectives. Returns this rank's outcome (None on an idle rank)."""
+    its own request with its own collectives. Returns this rank's outcome (None on an idle rank);
+    `controls[r]` (a server's) lets replica r's request be stopped at a step boundary, which makes
+    the outcome `Stopped` on every rank of that group (`h3core.generate.control`)."""
     layout = next(run for run in runs if run is not None).plan.layout
-    RankGroups.create(ctx, layout)  # collective over the world once, cached: idle ranks must join it too
+    groups = RankGroups.create(ctx, layout)  # collective over the world once, cached: idle ranks must join it too
     replica = layout.coords(ctx.rank).replica
     run = runs[replica]
     pipeline, load_seconds = held_pipeline(ctx, run) if run is not None else (None, 0.0)
@@ -158,7 +208,13 @@ def denoise_round(ctx: RankContext, runs: list[ResolvedRun | None], texts: list[
     record.timings.update(text_encode=seconds[replica], load=load_seconds)
     record.peak_memory_text_bytes, record.text_encoder = encoded.get("peak_memory", 0), encoded.get("info") if ctx.rank == 0 else None
     given = _given_of(runs, received, replica)
-    whole = pipeline.denoise(run, given, record, ctx.report)
+    control = controls[replica] if controls is not None else None
+    gate = RankGate(ctx, control, groups) if control is not None and groups is not None else None
+    report = ctx.report if gate is None else (lambda done: (ctx.report(done), gate.report(done)))
+    try:
+        whole = pipeline.denoise(run, given, record, report, gate)
+    except StepsStopped as stop:
+        return Stopped(step=stop.step, steps=run.shape.forwards)
     return finish_record(record, run, pipeline, whole, given.keyframes)
 
 

@@ -28,6 +28,11 @@ class RankContext:
     shared by every context derived from this one (`first_ranks` keeps the same dict)."""
     held: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
     """What this rank keeps between tasks of one World (`h3core.generate.resident`'s loaded pipeline)."""
+    store: Any = field(default=None, repr=False, compare=False)
+    """The World's key-value store (`torch.distributed.Store`: the rendezvous TCP store of spawned and
+    torchrun ranks, an in-process `HashStore` at world size 1), which every rank and the launching
+    process reach: small control values that must not wait for a task to end (a serving job's
+    cancel flag and step progress, `h3core.serve.board`)."""
 
     @property
     def is_main(self) -> bool:

@@ -78,7 +78,7 @@ def _join_spawned_group(spec: WorkerSpec, conn: Connection) -> RankContext:
     store = dist.TCPStore("127.0.0.1", spec.store_port, None, False, timeout=timeout)
     backend = init_group(spec.device_type, device, store, spec.rank, spec.world_size, timeout)
     progress = (lambda message: conn.send(("progress", pickle.dumps(message)))) if spec.rank == 0 else None
-    return RankContext(spec.rank, spec.world_size, spec.rank, device, dist.group.WORLD, backend, progress)
+    return RankContext(spec.rank, spec.world_size, spec.rank, device, dist.group.WORLD, backend, progress, store=store)
 
 
 def init_group(device_type: str, device: "torch.device", store: Any, rank: int, world_size: int, timeout: timedelta) -> str:

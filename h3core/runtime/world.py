@@ -110,7 +110,9 @@ class World:
         else:
             check_world_size_fits(world_size, self.device_type)
             if world_size == 1:
-                self._local = RankContext(0, 1, 0, rank_device(self.device_type, 0), None, "none", self._progress)
+                from torch.distributed import HashStore
+
+                self._local = RankContext(0, 1, 0, rank_device(self.device_type, 0), None, "none", self._progress, store=HashStore())
             else:
                 self._spawn()
 
@@ -129,6 +131,13 @@ class World:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def store(self) -> Any:
+        """The key-value store every rank of this World reaches (`RankContext.store`), from this
+        process: the TCP store it hosts for spawned ranks, torchrun's, or the in-process one at world
+        size 1 (None only when torchrun's group was made before h3 joined it)."""
+        return self._store if self._workers else (self._local.store if self._local is not None else None)
 
     def run(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> list[R]:
         """`fn(ctx, *args, **kwargs)` on every rank; each rank's result, in rank order, tensors on the CPU.
@@ -223,6 +232,7 @@ class World:
         if self.device_type == "cuda" and local_rank >= visible_gpu_count():
             raise ConfigError(f"LOCAL_RANK {local_rank} has no GPU: only {visible_gpu_count()} are visible on this machine")
         device = rank_device(self.device_type, local_rank)
+        store = None
         if dist.is_initialized():
             self.backend = str(dist.get_backend())
         else:
@@ -233,7 +243,7 @@ class World:
             if self.device_type == "cpu":  # joined: this process is a rank of the launch from now on
                 _share_cores(launched.local_world_size)
         progress = self._progress if rank == 0 else None
-        self._local = RankContext(rank, env_world, local_rank, device, dist.group.WORLD, self.backend, progress)
+        self._local = RankContext(rank, env_world, local_rank, device, dist.group.WORLD, self.backend, progress, store=store)
 
     # -- spawned workers ----------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ MEMORY_CHECK = "H3_MEMORY_CHECK"
 MAX_CPU_RANKS = "H3_MAX_CPU_RANKS"
 INJECT_FAULT = "H3_INJECT_FAULT"
 DEBUG = "H3_DEBUG"
+API_KEY = "H3_API_KEY"
 
 DEFAULT_SEED = 440420
 """The seed of the seed's reference runs: the default of every `--seed`."""
@@ -153,6 +154,11 @@ def benchmark_path(flag: Path | None) -> Path | None:
 def save_latents(flag: bool | None) -> bool:
     """`--save-latents/--no-save-latents`, else `H3_SAVE_LATENTS` (0 = reports only), else save."""
     return choose(flag, SAVE_LATENTS, parse_bool, lambda: True)
+
+
+def api_key(flag: str | None) -> str | None:
+    """`h3 serve --api-key`, else `H3_API_KEY`, else None (no key: loopback only)."""
+    return choose(flag, API_KEY, lambda text, source: text, _none)
 
 
 def model_path(flag: Path | None) -> Path | None:

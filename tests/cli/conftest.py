@@ -25,3 +25,23 @@ def h3(capsys, monkeypatch, cache):
     for name in TORCHRUN:
         monkeypatch.delenv(name, raising=False)
     return lambda *args: run_main(capsys, *args)
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory, cache):
+    """One `h3 serve` process for the tier's API, client and page tests: synthetic tiny model, small
+    clips (64x64, 22 frames, 3 sigma points), an API key, one allowed directory (`served.allowed`)."""
+    from commands import SERVE_KEY, ServerProcess
+
+    root = tmp_path_factory.mktemp("served")
+    allowed = root / "allowed"
+    allowed.mkdir()
+    server = ServerProcess("--state-dir", str(root / "state"), "--width", "64", "--height", "64", "--frames", "22", "--steps", "3",
+                           "--api-key", SERVE_KEY, "--allow-path", str(allowed), "--max-body-mb", "2", "--max-queue", "8",
+                           env={"H3_CACHE_DIR": cache, "OMP_NUM_THREADS": "1"})
+    server.allowed, server.state = allowed, root / "state"
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()

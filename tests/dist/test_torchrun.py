@@ -124,3 +124,53 @@ def test_ranks_whose_flags_differ_refuse_a_single_run_too(tmp_path):
     assert all(code != 0 for code in codes), logs
     assert all("error: under torchrun every rank must resolve the same request" in log for log in logs), logs
     assert not (tmp_path / "out").exists()
+
+
+def test_serve_across_two_torchrun_agents_runs_a_job_on_each_replica_group(tmp_path):
+    """`h3 serve --replicas 2` over two agents (one group per "machine"): global rank 0 serves on
+    loopback, each group takes a job of the same round (the other machine's group reports its steps
+    through the store), both complete; SIGTERM to the agents ends every rank."""
+    import signal
+    import time
+    import uuid
+
+    from commands import http, no_survivors
+
+    marker = f"H3_TEST_MARKER_{uuid.uuid4().hex}"
+    port = _free_port()
+    args = ["serve", "ulysses", "--replicas", "2", "--port", str(port), "--state-dir", str(tmp_path / "state"), "--device", "cpu",
+            "--width", "64", "--height", "64", "--frames", "22", "--steps", "3"]
+    os.environ[marker] = "1"
+    try:
+        agents = _agents(2, args, tmp_path)
+    finally:
+        del os.environ[marker]
+    url = f"http://127.0.0.1:{port}"
+    logs = lambda: [(tmp_path / f"agent{n}.log").read_text() for n in range(2)]  # noqa: E731
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert all(a.poll() is None for a in agents) and time.monotonic() < deadline, logs()
+            try:
+                if http("GET", f"{url}/health")[1]["status"] == "ok":
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        ids = [http("POST", f"{url}/v1/videos", {"prompt": f"a fox {n}", "steps": 12})[1]["id"] for n in range(2)]
+        while True:
+            jobs = [http("GET", f"{url}/v1/videos/{i}")[1] for i in ids]
+            if all(j["status"] in ("completed", "failed") for j in jobs):
+                break
+            assert time.monotonic() < deadline + 300, (jobs, logs())
+            time.sleep(0.5)
+        assert [j["status"] for j in jobs] == ["completed", "completed"], jobs
+        assert sorted(j["replica"] for j in jobs) == [0, 1]  # one job per group, in one round
+        assert all(http("GET", f"{url}/v1/videos/{i}/content")[0] == 200 for i in ids)
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGTERM)
+        codes = [agent.wait(timeout=120) for agent in agents]
+    assert all(code != 0 for code in codes), logs()  # stopped, not finished
+    assert no_survivors(marker, seconds=30)

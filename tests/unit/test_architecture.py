@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("parallel", ("h3core.parallel",)),
     ("commands", ("h3core.bench", "h3core.generate")),
     ("suites", ("h3core.batch", "h3core.matrix", "h3core.verify")),
+    ("serve", ("h3core.serve",)),
 ]
 """README's layer contract, lowest first: (name, module prefixes)."""
 

@@ -1,0 +1,109 @@
+"""A job's keyframe images: uploaded (`input_reference` = the first keyframe, `keyframes[first]`,
+`keyframes[last]`) or named as server-local paths, and the adapters' files; checked, then copied
+into the job's input folder (`<state-dir>/inputs/<job id>/`), so that a job run again after a crash
+reads what it was given, whatever happened to the original since.
+
+Caps: an image file is at most `Limits.image_bytes` and at most `MAX_IMAGE_PIXELS` pixels (read from
+its header before a pixel is decoded), PNG, JPEG or WebP. A server-local path is taken only under a
+directory the operator allowed (`--allow-path DIR`, resolved with its links: a link that leads out
+is refused), and only a regular file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from h3core.keyframes.images import MAX_KEYFRAME_PIXELS, ROLES
+from h3core.serve.api import ApiError
+
+MAX_IMAGE_PIXELS = MAX_KEYFRAME_PIXELS
+"""The largest keyframe image taken (width x height), read from its header before decoding: the
+keyframe reader's own cap (h3core.keyframes.images), one rule for a file and an upload."""
+IMAGE_FORMATS = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp"}
+KEYFRAME_ROLES = ROLES
+
+
+class Limits(BaseModel):
+    """What one request may send (the server's flags)."""
+
+    body_bytes: int = Field(32 << 20, description="A whole request body (multipart included).")
+    image_bytes: int = Field(16 << 20, description="One keyframe image file.")
+    lora_bytes: int = Field(4 << 30, description="One adapter file named by a server-local path.")
+    queue: int = Field(64, description="Jobs queued (not yet running) at once; more is 429.")
+
+
+class JobInputs(BaseModel):
+    """What a job was given beyond its fields, as saved in its input folder."""
+
+    keyframes: dict[str, str] = Field(default_factory=dict, description="role (first, last) -> the saved image.")
+    loras: list[tuple[str, float]] = Field(default_factory=list, description="(server-local file, scale), checked under an allowed directory.")
+
+    @property
+    def empty(self) -> bool:
+        return not self.keyframes and not self.loras
+
+
+def check_image(data: bytes, what: str) -> str:
+    """The image's file extension; a 400 for anything that is not a PNG, JPEG or WebP within the pixel cap."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:  # reads the header only
+            width, height, kind = image.width, image.height, image.format
+            if width * height > MAX_IMAGE_PIXELS:
+                raise ApiError(400, f"{what} is {width}x{height} pixels; at most {MAX_IMAGE_PIXELS:,} pixels are taken: send a smaller image", "image_too_large", what)
+            if kind not in IMAGE_FORMATS:
+                raise ApiError(400, f"{what} is a {kind} image; send a PNG, JPEG or WebP", "invalid_image", what)
+            image.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        raise ApiError(400, f"{what} is not an image h3 can read; send a PNG, JPEG or WebP", "invalid_image", what) from None
+    return IMAGE_FORMATS[kind]
+
+
+def save_keyframe(folder: Path, role: str, data: bytes, what: str, limits: Limits) -> str:
+    """Check an image and write it as `<folder>/<role>.<ext>`; its path."""
+    if len(data) > limits.image_bytes:
+        raise ApiError(413, f"{what} is {len(data):,} bytes; at most {limits.image_bytes:,} are taken", "image_too_large", what)
+    extension = check_image(data, what)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{role}.{extension}"
+    from h3core.files.atomic import write_atomic
+
+    write_atomic(path, data)
+    return str(path)
+
+
+def allowed_file(text: str, allowed: list[Path], what: str, limit: int) -> Path:
+    """A server-local path the operator allowed: absolute, under an `--allow-path` directory once
+    every link is resolved, a regular file of at most `limit` bytes. A 400 otherwise (the message
+    never says whether a refused path exists)."""
+    if not allowed:
+        raise ApiError(400, f"{what}: this server takes no server-local paths (its operator allows directories with --allow-path DIR); upload the file instead", "paths_not_allowed", what)
+    path = Path(text)
+    refused = ApiError(400, f"{what}: {text!r} is not a file under a directory this server allows", "path_not_allowed", what)
+    if not path.is_absolute() or "\x00" in text:
+        raise refused
+    try:
+        real = path.resolve(strict=True)
+        info = os.stat(real)
+    except (OSError, RuntimeError):
+        raise refused from None
+    if not any(real.is_relative_to(root) for root in allowed) or not stat.S_ISREG(info.st_mode):
+        raise refused
+    if info.st_size > limit:
+        raise ApiError(413, f"{what}: {text!r} is {info.st_size:,} bytes; at most {limit:,} are taken", "file_too_large", what)
+    return real
+
+
+def read_allowed(text: str, allowed: list[Path], what: str, limit: int) -> bytes:
+    path = allowed_file(text, allowed, what, limit)
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ApiError(413, f"{what}: {text!r} is larger than {limit:,} bytes", "file_too_large", what)
+    return data
