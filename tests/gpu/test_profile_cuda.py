@@ -29,7 +29,7 @@ def test_rope_into_send_blocks_is_bitwise_in_bf16_on_cuda():
 
 
 def test_profile_on_cuda_uses_events_and_adds_up():
-    run = resolve(GenerateRequest(preset="narrow", steps=2, mode=Mode.ULYSSES, world_size=1, device="cuda", profile=True))
+    run = resolve(GenerateRequest(preset="narrow", steps=3, mode=Mode.ULYSSES, world_size=1, device="cuda", profile=True))  # 3 sigma points: 2 forwards
     with World(1, "cuda") as world:
         (outcome,) = world.run(rank_generate, run)
     profile = outcome.profile
