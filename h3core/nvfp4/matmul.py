@@ -31,8 +31,10 @@ path then holds only the swizzled scales (see `h3core.nvfp4.linear`).
 
 The dequant paths decode the weight in row chunks whose starts are multiples of 128 rows (so the
 chunk GEMM's output pitch stays 16-byte aligned and cuBLAS keeps its fast kernels); a tail of
-fewer than 128 rows joins the chunk before it, so no chunk GEMM is narrower than 128 rows. On this
-project's CPU every chunking then gives bitwise the output of one whole GEMM (tests prove it).
+fewer than 128 rows joins the chunk before it, so no chunk GEMM is narrower than 128 rows. Whether a
+chunk's GEMM sums in the order of one whole GEMM is the BLAS's choice: bitwise on an AVX2 Xeon, not
+on an AVX-512 one (MKL picks kernels by the output's width); every chunking is within the reordering
+bound of the whole product (tests prove it), and a given device's budget fixes the chunking.
 """
 
 from __future__ import annotations
