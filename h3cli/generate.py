@@ -56,6 +56,8 @@ def render_run(report, console: Console) -> None:
         f"text {t.get('text_encode', 0):.2f}s · load {t.get('load', 0):.2f}s · sampling {t.get('sampling', 0):.2f}s "
         f"(median step {median(steps) if steps else 0:.3f}s) · gather {t.get('gather', 0):.3f}s",
     )
+    if report.wall is not None:
+        table.add_row("wall time", report.wall.line())
     table.add_row("peak memory", " · ".join(f"r{r.rank} {format_bytes(r.peak_memory_sampling_bytes)}" for r in report.ranks))
     if report.memory_check is not None:
         table.add_row("memory check", report.memory_check.line)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from h3core.generate.report import RankReport, RunFiles, RunReport
 from h3core.generate.request import ResolvedRun
+from h3core.generate.wall import WallClock
 from h3core.model.checkpoint import SYNTHETIC
 from h3core.reports.outputs import FileInFolder, OutputFile, OutputFolder
 from h3core.reports.preview import preview_png
@@ -20,12 +21,12 @@ if TYPE_CHECKING:
 
 def write_outputs(
     report: RunReport, outcome: RankReport, folder: OutputFolder, save_latents: bool, benchmark: OutputFile | FileInFolder | None, under: str = "",
-    decoders: "Decoders | None" = None, on_phase: "Phase | None" = None,
+    decoders: "Decoders | None" = None, on_phase: "Phase | None" = None, wall: WallClock | None = None,
 ) -> RunFiles:
     """Stage video.mp4 and preview.png (decoded by `decoders`, when given), the latents (unless not
     saved), and the report in `folder` (in its subfolder `under`), and the report copy in
     `benchmark`; they appear when the caller publishes them. The report names the paths the files
-    will have."""
+    will have. `wall`: the run's clock, whose split the report records as it is written."""
     place = (lambda name: str(Path(under) / name)) if under else (lambda name: name)
     latents = _latents(report, outcome, folder, place("latents.safetensors")) if save_latents else None
     video = None
@@ -46,6 +47,8 @@ def write_outputs(
         video=str(video) if video else None,
         benchmark=str(benchmark.path) if benchmark else None,
     )
+    if wall is not None:
+        report.wall = wall.split(report.timings, report.decode.timings.model_dump() if report.decode is not None else None)
     data = (report.model_dump_json(indent=2) + "\n").encode()
     if benchmark is not None:
         benchmark.write(data)

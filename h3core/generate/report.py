@@ -19,6 +19,7 @@ from h3core.generate.memory import MemoryCheck
 from h3core.generate.parity import LatentParity
 from h3core.generate.profile import RankProfile, RunProfile
 from h3core.generate.request import ResolvedRun, RunShape
+from h3core.generate.wall import WallTime
 from h3core.lora.plan import AdapterRecord
 from h3core.model.checkpoint import SYNTHETIC
 from h3core.model.config import ModelConfig
@@ -179,6 +180,7 @@ class RunReport(BaseModel):
     partition: ParallelPlan
     timings: dict[str, float]  # per phase, the slowest rank
     step_seconds: list[float]  # per step, the slowest rank
+    wall: WallTime | None = Field(None, description="Where the wall time went, stage by stage, from the process's start to the report (h3 generate with one prompt; h3core.generate.wall).")
     ranks: list[RankReport] = Field(description="Every rank's own report, as the rank made it.")
     comm_total: CommStats
     video: TensorChecksum | None

@@ -26,6 +26,7 @@ from h3core.generate.pipeline import rank_generate
 from h3core.generate.dryrun import DryRun, check_device_memory
 from h3core.generate.report import RankReport, RunReport, StepDone, build_report, request_fingerprint
 from h3core.generate.request import GenerateJob, GenerateRequest, ResolvedRun, build_plan, check_torchrun_parity, resolve
+from h3core.generate.wall import WallClock
 from h3core.parallel.modes import Mode
 from h3core.reports.outputs import Outputs
 from h3core.runtime import device as dev
@@ -134,7 +135,9 @@ def generate(job: GenerateJob, on_step: StepCallback | None = None, on_phase: Ph
 
     Returns None on the ranks of a torchrun launch other than rank 0 (which writes everything).
     """
+    wall = WallClock()
     run, decode = (resolved := resolve_job(job)).run, resolved.decode
+    wall.mark("resolve")
     with Outputs(enabled=settings.is_rank_zero()) as outputs:
         folder = bench = None
         if outputs.enabled:
@@ -144,12 +147,14 @@ def generate(job: GenerateJob, on_step: StepCallback | None = None, on_phase: Ph
         outcomes = execute(run, on_step)
         if outcomes is None or folder is None:
             return None
+        wall.mark("ranks")
         report = build_report(run, outcomes)
         if job.parity:
             report.parity = reference_parity(run, outcomes[0])
+            wall.mark("parity")
         decoders = Decoders.load(decode.vaes, run.request.device, on_phase or no_phase) if decode is not None else None
         try:
-            write_outputs(report, outcomes[0], folder, job.save_latents, bench, decoders=decoders, on_phase=on_phase)
+            write_outputs(report, outcomes[0], folder, job.save_latents, bench, decoders=decoders, on_phase=on_phase, wall=wall)
         finally:
             if decoders is not None:
                 decoders.release()

@@ -31,6 +31,14 @@ def test_main_command_writes_report_latents_and_preview(tmp_path, cache):
     assert (d.probe.video_codec, d.probe.frames, d.probe.audio_codec, d.probe.channels) == ("h264", report.shape.frames, "aac", 2)
     assert d.latents["video"] == report.video and d.latents["audio"] == report.audio  # the latents it wrote are the ones it decoded
     assert elapsed < 120  # generous: the README promises under a minute on 2 quiet cores
+    # where the minutes went (issue 35.7): every stage measured, none negative, together the wall time
+    w = report.wall
+    assert w is not None and w.start is not None and w.start > 0 and "vaes" in w.load and w.decode > 0 and w.write > 0
+    stages = w.start + w.resolve + w.ranks_start + sum(w.load.values()) + w.text + w.denoise + w.parity + w.decode + w.write
+    assert min(w.resolve, w.ranks_start, w.text, w.denoise, *w.load.values()) >= 0
+    assert abs(stages - w.total) < 0.05 * w.total and w.total <= elapsed
+    assert w.denoise == pytest.approx(report.timings["sampling"] + report.timings["gather"])
+    assert "wall time" in proc.stdout
     # `h3 decode` of the saved latents is the same clip, labelled by the latents' own metadata
     decode = h3_process("decode", str(tmp_path / "run" / "latents.safetensors"), "-o", str(tmp_path / "again"), "--json", env={"H3_CACHE_DIR": cache})
     assert decode.returncode == 0, decode.stderr
