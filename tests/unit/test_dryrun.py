@@ -117,3 +117,27 @@ def test_the_dry_run_decides_the_gpus_memory():
     assert check.model == "dry run" and not check.failed and check.peak_bytes == max(predicted.peaks())
     with pytest.raises(ResourceLimit, match=r"the dry run of this run's own code predicts a peak of .* on rank \d, but a GPU here has"):
         dryrun.check_device_memory(run, arch="sm_120", usable_bytes=check.peak_bytes - 1)
+
+
+@needs_guard
+def test_ranks_simulated_once_predict_what_each_rank_simulated_predicts(mode=Mode.TENSOR):
+    """Issue 35.5: ranks whose shapes are the same are simulated once (`same_as`); every rank's
+    prediction is the one its own simulation gives (tensor mode at 6 ranks: shards at 6 positions,
+    two sequence lengths)."""
+    from h3core.generate.dryrun.predict import _distinct_ranks, _rank_dry_run, _short
+
+    run = _run("h3-2blocks", 6, mode, "sm_90")
+    fast = dryrun.dry_run(run, "sm_90")
+    assert len(fast.ranks) < 6
+    assert sorted([r.rank for r in fast.ranks] + [o for r in fast.ranks for o in r.same_as]) == list(range(6))
+    by_rank = {r.rank: r for r in fast.ranks} | {o: r for r in fast.ranks for o in r.same_as}
+    short = _short(run, dryrun.DEFAULT_STEPS)
+    for rank in range(6):
+        alone = _rank_dry_run(short, "sm_90", rank)
+        shared = by_rank[rank]
+        assert (alone.peak_load, alone.peak_sampling, alone.peak_total, alone.resident_after_load, alone.live_after_steps) == (
+            shared.peak_load, shared.peak_sampling, shared.peak_total, shared.resident_after_load, shared.live_after_steps), rank
+        assert alone.weights.resident == shared.weights.resident and alone.fp4_gemm_shapes == shared.fp4_gemm_shapes
+    assert len(_distinct_ranks(run)) == len(fast.ranks)
+    # the groups differ where it matters: merging them (a key that ignores the rows) would be caught above
+    assert len({(r.peak_sampling, r.peak_load) for r in fast.ranks}) > 1

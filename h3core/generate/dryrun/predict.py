@@ -190,14 +190,26 @@ def _distinct_ranks(run: ResolvedRun) -> dict[int, list[int]]:
         clipped = [partition.clip_segments(seq.segments, seq.tokens[c.local]) for seq in plan.sequences]
         key = (c.branch, rank == 0, len(mine.heads),
                tuple(tuple((s.kind, len(s)) for s in segments) for segments in clipped),
-               mine.tensor.model_dump_json(exclude={"qkv_rows", "fc1_rows"}) if mine.tensor else None,
-               tuple(sum(len(s) for s in part) for part in (mine.tensor.qkv_rows, mine.tensor.fc1_rows)) if mine.tensor else None)
+               _sizes(mine.tensor.model_dump()) if mine.tensor else None)
         if key in first:
             groups[first[key]].append(rank)
         else:
             first[key] = rank
             groups[rank] = []
     return groups
+
+
+def _sizes(value: object) -> object:
+    """`value` (a dumped plan entry) with every span `{start, stop}` replaced by its length: where a
+    rank's shard sits does not change the shapes its code sees, only how much it holds (tensor mode's
+    8 ranks of 7 heads each are one dry run, not 8)."""
+    if isinstance(value, dict):
+        if value.keys() == {"start", "stop"}:
+            return value["stop"] - value["start"]
+        return tuple(sorted((k, _sizes(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_sizes(v) for v in value)
+    return value
 
 
 # --- one rank ---------------------------------------------------------------------------------------
