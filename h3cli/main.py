@@ -61,6 +61,7 @@ def _register() -> None:
     verify.register(app)
     serve.register(app)
     _wrap_commands(app)
+    _shape_help(app)
 
 
 def _interruptible(callback: Callable[..., Any]) -> Callable[..., Any]:
@@ -82,6 +83,37 @@ def _wrap_commands(typer_app: typer.Typer) -> None:
     for group in typer_app.registered_groups:
         if group.typer_instance is not None:
             _wrap_commands(group.typer_instance)
+
+
+def _shape_help(typer_app: typer.Typer) -> None:
+    """Every command (also those of sub-apps) is built as a `_ShapedCommand`."""
+    for command in typer_app.registered_commands:
+        command.cls = _ShapedCommand
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _shape_help(group.typer_instance)
+
+
+class _ShapedCommand(typer.core.TyperCommand):
+    """Help that reads at 80 columns: no type column (`<str>`, `<int>`: the help says what a value
+    is; an option's own metavar, e.g. ROLE=PATH, stays), and the run commands' options in panels
+    (`h3cli.options.PANELS`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from h3cli.options import PANELLED, panel_of
+
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.param_type_name == "option":
+                param.metavar = "" if param.metavar is None else param.metavar
+            if isinstance(param, typer.core.TyperOption) and self.name in PANELLED:
+                param.rich_help_panel = panel_of(param.opts) or param.rich_help_panel
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
 
 
 _register()

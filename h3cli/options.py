@@ -54,3 +54,23 @@ MatrixOutput = output_folder("outputs/<time>-matrix-<4 hex>")
 
 VideoVae = Annotated[Optional[Path], typer.Option("--video-vae", help="Video VAE: minimax_h3_video_vae_fp16.safetensors, a diffusers vae/ folder or MiniMax's video_vae/. Default: H3_VIDEO_VAE_PATH, else beside H3_MODEL_PATH's transformer/, else (synthetic transformer only) synthetic.", show_default=False)]
 AudioVae = Annotated[Optional[Path], typer.Option("--audio-vae", help="Audio VAE: minimax_h3_audio_vae_fp32.safetensors or an audio_vae/ folder. Default: H3_AUDIO_VAE_PATH, else beside H3_MODEL_PATH's transformer/, else (synthetic transformer only) synthetic.", show_default=False)]
+
+
+# --- help panels: the long help of the run commands, grouped so it reads in one screen per panel ---------
+PANELS: dict[str, tuple[str, ...]] = {
+    "Prompt and media": ("--prompt", "--prompts", "--negative-prompt", "--keyframe", "--lora", "--guidance", "--seed", "--noise-recipe",
+                         "--preset", "--width", "--height", "--frames", "--steps", "--video-shift", "--audio-shift"),
+    "Model files": ("--model", "--text-encoder", "--video-vae", "--audio-vae", "--dtype"),
+    "Distributed": ("--mode", "--gpus", "--counts", "--modes", "--replicas", "--cfg-parallel", "--device"),
+    "Server": ("--host", "--port", "--api-key", "--state-dir", "--allow-path", "--max-queue", "--max-body-mb", "--max-image-mb", "--served-model-name"),
+    "Output": ("--output", "--overwrite", "--save-latents", "--decode", "--benchmark", "--parity", "--json"),
+    "Speed": ("--attention", "--decoded-weights", "--profile", "--compile", "--cache"),
+}
+"""Where each run flag's help goes in `h3 generate`, `h3 serve` and `h3 matrix` (`PANELLED`)."""
+PANELLED = ("generate", "serve", "matrix")
+_PANEL_OF = {flag: panel for panel, flags in PANELS.items() for flag in flags}
+
+
+def panel_of(flags: list[str] | tuple[str, ...]) -> str | None:
+    """The help panel of an option known by `flags` (None: the command's own, "Options")."""
+    return next((_PANEL_OF[f] for f in flags if f in _PANEL_OF), None)

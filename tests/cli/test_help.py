@@ -1,13 +1,19 @@
 """`h3 --help` and every `h3 <command> --help` import no torch (issue 35.1): building the CLI's help
 must not pay for the model's imports (2.2 s of torch on this machine before)."""
 
+import os
+import re
 import subprocess
 import sys
+
+import pytest
 
 HEAVY = ("torch", "diffusers", "transformers", "av", "PIL", "numpy", "safetensors")
 
 PROGRAM = """
 import sys
+
+import pytest
 import typer
 from typer.testing import CliRunner
 from h3cli.main import app
@@ -39,3 +45,20 @@ def test_the_check_sees_a_heavy_import():
     program = "import torch\n" + PROGRAM.replace("HEAVY_NAMES", repr(HEAVY))
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "torch" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "matrix"])
+def test_the_run_commands_help_reads_at_80_columns_in_panels(command):
+    """Issue 36.8: the options grouped in panels, no type column, no line over 80 columns."""
+    from h3cli.options import PANELS
+
+    done = subprocess.run([sys.executable, "-m", "h3cli.main", command, "--help"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "80", "TERM": "dumb"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    options = [line for line in lines if line.startswith("│ --")]
+    assert options and not [line for line in options if re.search(r"<(str|int|bool|float|path|text)>", line)]
+    titles = {m.group(1) for line in lines if (m := re.match(r"╭─ (.+?) ─", line))}
+    expected = {"generate": set(PANELS) - {"Server"}, "serve": set(PANELS) - {"Output"} | {"Server"}, "matrix": set(PANELS) - {"Server"}}[command]
+    assert expected <= titles, titles
