@@ -1,4 +1,4 @@
-"""h3's environment variables turned into checked values: every `H3_*` name (README's tables are the
+"""h3's environment variables turned into checked values: every `H3_*` name (docs/cli.md's tables are the
 contract), one reader per kind of value (`env_str`, `env_int`, `env_bool`, `env_seconds`), and one
 function per setting, taking the flag's value when a command has the flag (`output_folder(flag)`,
 `save_latents(flag)`, ...). The one way every setting is chosen: **a flag beats its variable; a

@@ -1,4 +1,4 @@
-"""h3core's import graph, read from the source: no cycle, and the layer contract of README's "Layout".
+"""h3core's import graph, read from the source: no cycle, and the layer contract of docs/architecture.md.
 
 Every import counts: at module level, inside functions, under `TYPE_CHECKING`. An import names the
 module it loads (`from h3core.model import attention` is an edge to `h3core.model.attention`; `from
@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("suites", ("h3core.batch", "h3core.matrix", "h3core.verify")),
     ("serve", ("h3core.serve",)),
 ]
-"""README's layer contract, lowest first: (name, module prefixes)."""
+"""docs/architecture.md's layer contract, lowest first: (name, module prefixes)."""
 
 
 def module_names() -> dict[str, Path]:
@@ -72,7 +72,7 @@ def layer_of(module: str) -> int:
         for prefix in prefixes:
             if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
                 best, index = len(prefix), i
-    assert index is not None, f"{module} is in no layer: add it to LAYERS and to README's layout"
+    assert index is not None, f"{module} is in no layer: add it to LAYERS and to docs/architecture.md's layout"
     return index
 
 
@@ -139,8 +139,8 @@ def test_every_module_imports_only_its_own_or_lower_layers():
 
 @pytest.mark.parametrize("name, prefixes", LAYERS)
 def test_the_readme_documents_each_layer(name, prefixes):
-    readme = (ROOT.parent / "README.md").read_text()
+    readme = (ROOT.parent / "docs" / "architecture.md").read_text()
     layout = readme[readme.index("## Layout") :]
     for prefix in prefixes:
         if prefix != "h3core":
-            assert prefix.removeprefix("h3core.") in layout, f"README's layout does not name {prefix}"
+            assert prefix.removeprefix("h3core.") in layout, f"docs/architecture.md's layout does not name {prefix}"
