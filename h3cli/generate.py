@@ -56,6 +56,8 @@ def render_run(report, console: Console) -> None:
         f"text {t.get('text_encode', 0):.2f}s · load {t.get('load', 0):.2f}s · sampling {t.get('sampling', 0):.2f}s "
         f"(median step {median(steps) if steps else 0:.3f}s) · gather {t.get('gather', 0):.3f}s",
     )
+    if report.cache is not None:
+        table.add_row("step cache", report.cache.line())
     if report.wall is not None:
         table.add_row("wall time", report.wall.line())
     table.add_row("peak memory", " · ".join(f"r{r.rank} {format_bytes(r.peak_memory_sampling_bytes)}" for r in report.ranks))
@@ -166,6 +168,7 @@ def generate(
     parity: Annotated[bool, typer.Option("--parity", help="Also run one rank with the same seed and record the latent error (at 1 rank: vs the other mode).")] = False,
     overwrite: options.Overwrite = False,
     profile: options.Profile = False,
+    cache: options.Cache = "off",
     decoded_weights: options.DecodedWeights = "auto",
     decode: Annotated[bool, typer.Option("--decode/--no-decode", help="Decode the latents into video.mp4 (H.264 + AAC) once the ranks are done; --no-decode: latents only (then `h3 decode`).")] = True,
     video_vae: options.VideoVae = None,
@@ -190,7 +193,7 @@ def generate(
         cfg_parallel=cfg_parallel, replicas=replicas, preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed,
         device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile, decoded_weights=decoded_weights,
         keyframes=parse_keyframe_flags(keyframe or []), noise_recipe=noise_recipe,
-        video_shift=video_shift, audio_shift=audio_shift, loras=tuple(parse_lora(text) for text in lora or ()),
+        video_shift=video_shift, audio_shift=audio_shift, loras=tuple(parse_lora(text) for text in lora or ()), cache=cache,
     )
     job = GenerateJob.from_flags(
         flags, count=_pick(count_arg, gpus, "the rank count"), output=output, save_latents=save_latents,

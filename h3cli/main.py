@@ -50,10 +50,11 @@ def _root(
 
 
 def _register() -> None:
-    from h3cli import bench_transport, decode, generate, matrix, plan, pod, serve, verify
+    from h3cli import bench_transport, compare, decode, generate, matrix, plan, pod, serve, verify
 
     generate.register(app)
     decode.register(app)
+    compare.register(app)
     plan.register(app)
     bench_transport.register(app)
     matrix.register(app)

@@ -27,9 +27,11 @@ import torch
 
 from h3core.generate.instruments import HostValues, on_host
 from h3core.generate.profile import Profiler, step_context
+from h3core.generate.cache import CacheRecord, SequenceCacheRecord
 from h3core.generate.sequences import Latent, Sequence, latent_kinds
 from h3core.model.dit import Clocks, H3Model
 from h3core.model.sampler import FlowMatchH3, check_finite, guided_velocity
+from h3core.model.step_cache import CachePolicy, FirstBlockCache
 from h3core.model.sequence import AUDIO_CLOCK, CONDITION_CLOCK, CONDITION_LEVEL, VIDEO_CLOCK, SegmentKind
 from h3core.parallel.collectives import exchange_halves, repartition_rows
 from h3core.parallel.layout import CfgHalf
@@ -67,6 +69,23 @@ class Denoiser:
     schedules: dict[SegmentKind, FlowMatchH3]
     cfg: CfgHalf | None = None
     host: HostValues = field(default=on_host)
+    cache: CachePolicy = field(default_factory=CachePolicy)
+    caches: dict[int, FirstBlockCache] = field(default_factory=dict)  # per sequence index, for this request
+
+    def cache_of(self, index: int) -> FirstBlockCache | None:
+        """Sequence `index`'s step cache (None: `--cache off`); its change is summed over the sequence's ranks."""
+        if not self.cache.on:
+            return None
+        if index not in self.caches:
+            self.caches[index] = FirstBlockCache(self.cache.threshold, self.runtime.sum_over_ranks)
+        return self.caches[index]
+
+    def cache_record(self) -> CacheRecord | None:
+        """What the step cache did, per sequence (None: off)."""
+        if not self.cache.on:
+            return None
+        return CacheRecord(policy=str(self.cache), steps=self.num_steps, sequences={
+            self.sequences[i].plan.name: SequenceCacheRecord(skipped=c.skipped, changes=c.changes) for i, c in sorted(self.caches.items())})
 
     @property
     def num_steps(self) -> int:
@@ -107,7 +126,7 @@ class Denoiser:
         checked them against the sequence's split)."""
         sequence, rt = self.sequences[index], self.runtime
         inputs = sequence.local_inputs(rt.rank, latent)
-        out = self.model(inputs, clocks)
+        out = self.model(inputs, clocks, cache=self.cache_of(index))
         rt.used.tokens[sequence.plan.name] = inputs.rope.rows
         return {k: out.get(k, latent[k][:0].float()) for k in self.kinds}
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from h3core.generate.instruments import RankInstruments
+from h3core.model.step_cache import CachePolicy
 from h3core.generate.loop import Denoiser, StepGate, denoise
 from h3core.generate.profile import profiling
 from h3core.generate.report import HeldWeights, RankReport, StepDone
@@ -141,7 +142,8 @@ class RankPipeline:
         schedules = {SegmentKind.VIDEO: FlowMatchH3(run.shape.video_shift), SegmentKind.AUDIO: FlowMatchH3(run.shape.audio_shift)}
         for kind, schedule in schedules.items():
             host(schedule.set_timesteps, run.shape.steps, run.shape.video_sigmas if kind is SegmentKind.VIDEO else run.shape.audio_sigmas)
-        denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, schedules, self.runtime.cfg, host)
+        denoiser = Denoiser(self.model, self.runtime, sequences, run.request.guidance_scale, schedules, self.runtime.cfg, host,
+                            cache=CachePolicy.parse(run.request.cache))
         latent = denoiser.own_rows(noise, self.device)  # float32
         meter.reset_peak()  # the sampling phase's peak-memory window starts here
         self.runtime.record.clear()
@@ -156,6 +158,7 @@ class RankPipeline:
         record.nvfp4_paths, record.attention_kernels = self.runtime.record.paths(), self.runtime.record.kernels()
         record.fp4_gemm_shapes = self.runtime.record.gemm_shapes()
         record.profile = profiler.result() if profiler is not None else None
+        record.cache = denoiser.cache_record()
         return whole
 
 

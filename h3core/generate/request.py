@@ -50,6 +50,7 @@ class GenerateRequest(UserRequest):
     FLAGS: ClassVar[dict[str, str]] = {
         "guidance_scale": "--guidance", "world_size": "--gpus", "model_path": "--model", "text_encoder_path": "--text-encoder",
         "cfg_parallel": "--cfg-parallel", "decoded_weights": "--decoded-weights", "keyframes": "--keyframe", "loras": "--lora",
+        "cache": "--cache",
     }
 
     prompt: PromptText = Field(DEFAULT_PROMPT, description="What to generate (not empty or blank: `h3core.generate.prompt`).")
@@ -77,6 +78,17 @@ class GenerateRequest(UserRequest):
     keyframes: dict[Literal["first", "last"], Path] = Field(default_factory=dict, description="FL2VA: the image the video starts on (first) and/or ends on (last).")
     loras: tuple[LoraSpec, ...] = Field((), description="LoRA adapters, each beside the linears it adapts at its scale (h3core.lora; docs/lora.md).")
     noise_recipe: NoiseRecipe = Field(NoiseRecipe.OFFICIAL, description="Whose noise the seed means: the official server's (default) or diffusers' (h3core.model.sampler).")
+    cache: str = Field("off", description="The step cache: off, or fbcache:THRESHOLD (h3core.model.step_cache; 0 never skips).")
+
+    @field_validator("cache")
+    @classmethod
+    def _cache(cls, value: str) -> str:
+        from h3core.model.step_cache import CachePolicy
+
+        try:
+            return str(CachePolicy.parse(value))
+        except ValueError as err:
+            raise PydanticCustomError("cache", str(err)) from None
 
     @field_validator("dtype")
     @classmethod

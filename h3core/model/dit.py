@@ -33,6 +33,7 @@ Linears are `DenseLinear` or `NVFP4Linear` slots that the loader fills from the 
 from __future__ import annotations
 
 import math
+from typing import Iterable
 
 import torch
 import torch.nn as nn
@@ -53,6 +54,7 @@ from h3core.model.inputs import (  # noqa: F401 - the model's inputs, importable
 from h3core.model.config import ModelConfig
 from h3core.model.rope import apply_rope
 from h3core.model.sequence import MODALITIES, Segment, SegmentKind
+from h3core.model.step_cache import FirstBlockCache
 from h3core.nvfp4.kernels import DeviceKernels
 from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
 
@@ -332,15 +334,25 @@ class H3Model(nn.Module):
                 parts.append(proj(rows.to(io_dtype(proj, torch.float32))).to(self.dtype))
         return torch.cat(parts)
 
-    def forward(self, seq: PackedSequence, clocks: Clocks) -> dict[SegmentKind, torch.Tensor]:
+    def forward(self, seq: PackedSequence, clocks: Clocks, cache: FirstBlockCache | None = None) -> dict[SegmentKind, torch.Tensor]:
         """Velocity rows {kind: [n, features]} float32 of the video and audio rows `seq` holds, at the
-        step's `clocks` (diffusers' argument names: `h3core.model.packing.diffusers_forward`)."""
+        step's `clocks` (diffusers' argument names: `h3core.model.packing.diffusers_forward`); with
+        `cache` (this sequence's step cache) blocks 1.. run only where it says so."""
         cond = self.conditioning(clocks.values)  # [M, E] float32
         rows = [clocks.row(seg) for seg in seq.segments]
         x = self.embed(seq)
-        for block in self.blocks:
-            x = block(x, cond, seq, rows)
+        if cache is None:
+            x = self.run_blocks(x, self.blocks, cond, seq, rows)
+        else:
+            x = cache.forward(x, lambda h: self.run_blocks(h, self.blocks[:1], cond, seq, rows),
+                              lambda h: self.run_blocks(h, self.blocks[1:], cond, seq, rows))
         return self.final_layer(x, cond, seq, clocks)
+
+    @staticmethod
+    def run_blocks(x: torch.Tensor, blocks: Iterable[nn.Module], cond: torch.Tensor, seq: PackedSequence, rows: list[int]) -> torch.Tensor:
+        for block in blocks:
+            x = block(x, cond, seq, rows)
+        return x
 
     def set_attention_backend(self, backend: str | None = None, *, kernels: DeviceKernels | None = None) -> None:
         """Every attention kernel of the model runs `backend` (None: as it is), and answers its device

@@ -38,6 +38,7 @@ from h3core.span import Span
 
 
 ALL_REDUCE_MAX = "all_reduce_max"
+ALL_GATHER_SUM = "all_gather_sum"  # the step cache's agreed change (h3core.model.step_cache)
 
 
 class RankUsage(BaseModel):
@@ -154,6 +155,20 @@ class ParallelRuntime:
             moved = out.numel() * out.element_size() * (self.world_size - 1)
             self.stats.record(ALL_REDUCE_MAX, moved, moved)
         return out
+
+    def sum_over_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        """`value` summed over the group's ranks in rank order (an all-gather, then one sum: the same
+        bits on every rank and at every backend; a new tensor). For a few numbers (the step cache's)."""
+        if self.group is None or self.world_size <= 1:
+            return value.detach().clone()
+        parts = [torch.empty_like(value) for _ in range(self.world_size)]
+        dist.all_gather(parts, value.detach().contiguous(), group=self.group)
+        moved = value.numel() * value.element_size() * (self.world_size - 1)
+        self.stats.record(ALL_GATHER_SUM, moved, moved)
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total += part
+        return total
 
     def agree_activation_scales(self, linears: Sequence[torch.nn.Module]) -> None:
         """Make the NVFP4 `linears`, whose input the ranks split (rows or columns), quantize their
