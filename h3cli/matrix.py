@@ -85,6 +85,7 @@ def matrix(
     benchmark: options.Benchmark = None,
     overwrite: options.Overwrite = False,
     profile: options.Profile = True,
+    compile_blocks: options.Compile = False,
     json: options.Json = False,
 ) -> None:
     """Run generate for every mode x rank count this machine can take; speedup, memory and parity per cell."""
@@ -96,6 +97,7 @@ def matrix(
         prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
         preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, attention=attention or "sdpa",
         device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile,
+        compile=compile_blocks,
     )
     request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark, overwrite=overwrite, cfg_parallel=cfg_parallel)
     out = Output(json)

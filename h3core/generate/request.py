@@ -50,7 +50,7 @@ class GenerateRequest(UserRequest):
     FLAGS: ClassVar[dict[str, str]] = {
         "guidance_scale": "--guidance", "world_size": "--gpus", "model_path": "--model", "text_encoder_path": "--text-encoder",
         "cfg_parallel": "--cfg-parallel", "decoded_weights": "--decoded-weights", "keyframes": "--keyframe", "loras": "--lora",
-        "cache": "--cache",
+        "cache": "--cache", "compile": "--compile",
     }
 
     prompt: PromptText = Field(DEFAULT_PROMPT, description="What to generate (not empty or blank: `h3core.generate.prompt`).")
@@ -79,6 +79,7 @@ class GenerateRequest(UserRequest):
     loras: tuple[LoraSpec, ...] = Field((), description="LoRA adapters, each beside the linears it adapts at its scale (h3core.lora; docs/lora.md).")
     noise_recipe: NoiseRecipe = Field(NoiseRecipe.OFFICIAL, description="Whose noise the seed means: the official server's (default) or diffusers' (h3core.model.sampler).")
     cache: str = Field("off", description="The step cache: off, or fbcache:THRESHOLD (h3core.model.step_cache; 0 never skips).")
+    compile: bool = Field(False, description="torch.compile the repeated transformer block, collectives outside the compiled pieces (h3core.model.compiled).")
 
     @field_validator("cache")
     @classmethod

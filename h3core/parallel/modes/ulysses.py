@@ -142,6 +142,7 @@ class UlyssesProcessor(AttentionProcessor):
         o = self.attend_projected(project_qkv(attn, h, rope), self.runtime.token_spans(rope.num_tokens))  # [S_loc, H, Dh]
         return attn.out_proj(o.flatten(1))
 
+    @torch.compiler.disable  # the exchange: outside any compiled region (h3core.model.compiled)
     def attend_projected(self, qkv: ProjectedQKV, tokens: list[Span]) -> torch.Tensor:
         """The model's path: RoPE writes q and k straight into the all-to-all's send blocks and v's GEMM
         writes there too (one GEMM per peer on the dequant paths; computed and copied on the fp4 paths);
@@ -155,6 +156,7 @@ class UlyssesProcessor(AttentionProcessor):
         out = self.kernel(*by_head.unbind(1))  # [S, H_loc, Dh]
         return head_to_seq(out, tokens, rt.heads, rt.group, rt.stats, rt.scratch)  # [S_loc, H, Dh]
 
+    @torch.compiler.disable  # the exchange: outside any compiled region (h3core.model.compiled)
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: list[Span]) -> torch.Tensor:
         """Finished q, k, v [S_loc, H, Dh] -> [S_loc, H, Dh], attending over all S tokens: one stacked
         all-to-all each way (`tokens`: every rank's rows of the sequence)."""

@@ -1,0 +1,67 @@
+"""`--compile` on 2 Gloo ranks in each mode: the compiled pieces sit between the collectives (every
+graph break is a collective region the mode marked, nothing else), the run is the eager run of the
+same count within the derived bound (`h3core.generate.parity.tolerance`), and the rank's record
+counts the same GEMMs and attention calls. The tests run `aot_eager` (Dynamo's cut and AOT's
+functional graph, no generated kernels: a few seconds); inductor's numerics are checked at one
+rank (tests/unit/test_compiled_blocks.py) and, marked slow, here at 2 ranks too."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from h3core.generate.parity import latent_parity, tolerance
+from h3core.generate.pipeline import RankPipeline, rank_generate
+from h3core.generate.request import GenerateRequest, resolve
+from h3core.model.compiled import CompiledBlocks
+from h3core.parallel.modes import Mode
+
+COLLECTIVE_REGION = "torch.compiler.disable"
+"""What Dynamo's reason names for a call it must not trace: a region a mode marked as a collective."""
+
+
+def _generate(ctx, count, run, backend):
+    sub = ctx.first_ranks(count)
+    if sub is None:
+        return None
+
+    def load(c, r, runtime):
+        pipeline = RankPipeline.load(c, r, runtime)
+        if backend is not None:
+            pipeline.compiled = CompiledBlocks(pipeline.model, backend)
+        return pipeline
+
+    breaks_before = Counter(counters["graph_break"])
+    outcome = rank_generate(sub, run, load=load)
+    breaks = Counter(counters["graph_break"]) - breaks_before
+    return {"latents": outcome.latents if sub.rank == 0 else None, "breaks": dict(breaks), "compile": outcome.compile,
+            "paths": outcome.nvfp4_paths, "kernels": outcome.attention_kernels}
+
+
+def _compare(world8, mode, backend, steps):
+    run = resolve(GenerateRequest(preset="tiny", steps=steps, mode=mode, world_size=2))
+    eager = world8.run(_generate, 2, run, None)[:2]
+    compiled = world8.run(_generate, 2, run, backend)[:2]
+    bound = tolerance(mode, torch.float32)
+    err = latent_parity(compiled[0]["latents"], eager[0]["latents"], bound, f"compiled {mode.value} x2")
+    print(f"--compile ({backend}) {mode.value} x2 vs eager x2: relative {err.relative:.3g} (bound {bound:g}); breaks {compiled[0]['breaks']}")
+    assert err.passed, err
+    for e, c in zip(eager, compiled):
+        assert e["compile"] is None and c["compile"] is not None and not c["compile"].fullgraph
+        assert c["breaks"] and all(COLLECTIVE_REGION in reason for reason in c["breaks"]), c["breaks"]
+        assert c["paths"] == e["paths"]  # every GEMM counted once, compiled or not
+        assert sum(c["kernels"].values()) == sum(e["kernels"].values())
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_compiled_pieces_between_collectives_match_eager(world8, mode):
+    _compare(world8, mode, "aot_eager", steps=3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(Mode))
+def test_inductor_at_two_ranks_matches_eager(world8, mode):
+    _compare(world8, mode, "inductor", steps=2)
