@@ -280,13 +280,17 @@ def _with_decoded_weights(request: GenerateRequest, config: ModelConfig, plan: P
 
 
 def _check_backends(request: GenerateRequest, config: ModelConfig) -> None:
-    """The attention backend for this device, head width and dtype; a malformed H3_EMULATE_FP4."""
+    """The attention backend for this device, head width and dtype; a malformed H3_EMULATE_FP4; with
+    --compile, what compiling needs here."""
     from h3core.model import attention
+    from h3core.model.compiled import check_compile
     from h3core.runtime import device
 
     dtype = device.compute_dtype(request.device, request.dtype)
     attention.check_backend(request.attention, request.device, head_dim=config.head_dim, dtype=dtype)
     settings.emulate_fp4()
+    if request.compile:
+        check_compile(request.device)
 
 
 def build_plan(request: GenerateRequest, config: ModelConfig, shape: RunShape, specs=None) -> ParallelPlan:  # type: ignore[no-untyped-def]

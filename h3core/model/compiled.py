@@ -36,6 +36,8 @@ new shape, and the caller reports it apart from the step times.
 from __future__ import annotations
 
 import functools
+import os
+import shutil
 import warnings
 from typing import Any
 
@@ -43,6 +45,7 @@ import torch
 import torch.nn as nn
 from torch._dynamo.utils import compilation_time_metrics
 
+from h3core.errors import BackendUnavailable
 from h3core.model.attention.dispatch import AttentionKernel
 from h3core.model.dit import Block, H3Model
 from h3core.nvfp4.linear import NVFP4Linear
@@ -53,6 +56,23 @@ two blocks run once per request and stay eager."""
 
 _COMPILE_METRIC = "_compile.compile_inner"
 """Dynamo's timer around one frame's whole compilation (tracing, AOT and inductor's code)."""
+
+
+CPU_COMPILERS = ("g++", "c++", "clang++")
+"""What inductor builds its CPU kernels with when $CXX names none."""
+
+
+def check_compile(device: str) -> None:
+    """`--compile` can run on `device`: on the CPU, inductor needs a C++ compiler ($CXX, else one of
+    `CPU_COMPILERS` on PATH); a GPU's kernels come from Triton, which ships with torch's CUDA builds.
+    Called before any rank starts; BackendUnavailable (one line, exit 2) otherwise."""
+    if device == "cuda":
+        return
+    named = os.environ.get("CXX")
+    if (named and shutil.which(named)) or (not named and any(shutil.which(c) for c in CPU_COMPILERS)):
+        return
+    wanted = f"$CXX ({named}) is not a program on PATH" if named else f"no C++ compiler on PATH ({', '.join(CPU_COMPILERS)})"
+    raise BackendUnavailable(f"--compile on the CPU builds its kernels with a C++ compiler: {wanted}; install one (e.g. apt-get install g++) or run without --compile")
 
 
 def compile_seconds_so_far() -> float:
@@ -88,11 +108,18 @@ class CompiledBlocks:
         started = compile_seconds_so_far()
         with warnings.catch_warnings():  # read once per process: H3_EMULATE_FP4's cached parse, constant in the graph
             warnings.filterwarnings("ignore", message="Dynamo detected a call to a `functools.lru_cache`")
-            out = self.function(block, *args)
+            out = self._call(block, args)
         self.compile_seconds += compile_seconds_so_far() - started
         self.calls += 1
         self._count(block, kernels, counted)
         return out
+
+    def _call(self, block: Block, args: tuple) -> torch.Tensor:
+        try:
+            return self.function(block, *args)
+        except torch._dynamo.exc.TorchDynamoException as err:  # a graph break under fullgraph, or the backend's build failed
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise BackendUnavailable(f"--compile could not compile the transformer block here ({reason}); run without --compile (H3_DEBUG=1: the whole trace)") from err
 
     @staticmethod
     def _count(block: nn.Module, kernels: list[AttentionKernel], counted: list[int]) -> None:
