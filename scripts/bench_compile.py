@@ -30,7 +30,8 @@ from h3core.runtime.context import RankContext
 
 
 def one_rank(device: str) -> RankContext:
-    return RankContext(0, 1, 0, torch.device(device), None, "none")
+    """This process as a world of one on `device` (cuda: the first GPU)."""
+    return RankContext(0, 1, 0, torch.device("cuda", 0) if device == "cuda" else torch.device(device), None, "none")
 
 
 def loaded(request: GenerateRequest, compiled: bool):  # -> (ctx, run, given, pipeline)
