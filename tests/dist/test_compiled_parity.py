@@ -34,34 +34,48 @@ def _generate(ctx, count, run, backend):
             pipeline.compiled = CompiledBlocks(pipeline.model, backend)
         return pipeline
 
-    breaks_before = Counter(counters["graph_break"])
+    breaks_before, graphs = Counter(counters["graph_break"]), counters["stats"]["unique_graphs"]
     outcome = rank_generate(sub, run, load=load)
     breaks = Counter(counters["graph_break"]) - breaks_before
     return {"latents": outcome.latents if sub.rank == 0 else None, "breaks": dict(breaks), "compile": outcome.compile,
+            "graphs": counters["stats"]["unique_graphs"] - graphs,
             "paths": outcome.nvfp4_paths, "kernels": outcome.attention_kernels}
 
 
-def _compare(world8, mode, backend, steps):
-    run = resolve(GenerateRequest(preset="tiny", steps=steps, mode=mode, world_size=2))
-    eager = world8.run(_generate, 2, run, None)[:2]
-    compiled = world8.run(_generate, 2, run, backend)[:2]
+STEPS = 2  # one forward: one shape, so each piece compiles once
+
+
+def _request(mode):
+    return resolve(GenerateRequest(preset="tiny", steps=STEPS, mode=mode, world_size=2))
+
+
+@pytest.fixture(scope="module")
+def eager(world8):
+    """Each mode's eager run at 2 ranks, once for the module."""
+    return {mode: world8.run(_generate, 2, _request(mode), None)[:2] for mode in Mode}
+
+
+def _compare(world8, eager, mode, backend):
+    compiled = world8.run(_generate, 2, _request(mode), backend)[:2]
     bound = tolerance(mode, torch.float32)
-    err = latent_parity(compiled[0]["latents"], eager[0]["latents"], bound, f"compiled {mode.value} x2")
-    print(f"--compile ({backend}) {mode.value} x2 vs eager x2: relative {err.relative:.3g} (bound {bound:g}); breaks {compiled[0]['breaks']}")
+    err = latent_parity(compiled[0]["latents"], eager[mode][0]["latents"], bound, f"compiled {mode.value} x2")
+    print(f"--compile ({backend}) {mode.value} x2 vs eager x2: relative {err.relative:.3g} (bound {bound:g}); "
+          f"graphs per rank {[c['graphs'] for c in compiled]}, breaks {[sum(c['breaks'].values()) for c in compiled]}")
     assert err.passed, err
-    for e, c in zip(eager, compiled):
+    for e, c in zip(eager[mode], compiled):
         assert e["compile"] is None and c["compile"] is not None and not c["compile"].fullgraph
         assert c["breaks"] and all(COLLECTIVE_REGION in reason for reason in c["breaks"]), c["breaks"]
+        assert c["graphs"] >= 2  # compiled pieces on both sides of a collective
         assert c["paths"] == e["paths"]  # every GEMM counted once, compiled or not
         assert sum(c["kernels"].values()) == sum(e["kernels"].values())
 
 
 @pytest.mark.parametrize("mode", list(Mode))
-def test_compiled_pieces_between_collectives_match_eager(world8, mode):
-    _compare(world8, mode, "aot_eager", steps=3)
+def test_compiled_pieces_between_collectives_match_eager(world8, eager, mode):
+    _compare(world8, eager, mode, "aot_eager")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", list(Mode))
-def test_inductor_at_two_ranks_matches_eager(world8, mode):
-    _compare(world8, mode, "inductor", steps=2)
+def test_inductor_at_two_ranks_matches_eager(world8, eager, mode):
+    _compare(world8, eager, mode, "inductor")

@@ -93,13 +93,13 @@ def test_one_block_within_the_layer_bound_and_every_block_reuses_the_compile(one
 def test_step_cache_takes_the_same_steps_compiled():
     """The cache runs block 0 and blocks 1.. as two calls (`run_blocks`): both go through the compiled
     forward. `aot_eager`: the cut and the decisions, without a second inductor build."""
-    ctx, run, given, pipeline = _loaded(steps=6, cache="fbcache:0.4")
+    ctx, run, given, pipeline = _loaded(steps=5, cache="fbcache:0.4")
     eager, eager_record = _denoise(ctx, run, given, pipeline)
     pipeline.compiled = CompiledBlocks(pipeline.model, backend="aot_eager")
     compiled, compiled_record = _denoise(ctx, run, given, pipeline)
     pipeline.compiled.restore()
     skipped = eager_record.cache.sequences["prompt"].skipped
-    assert 0 < len(skipped) < 5 and compiled_record.cache.sequences["prompt"].skipped == skipped
+    assert 0 < len(skipped) < 4 and compiled_record.cache.sequences["prompt"].skipped == skipped
     assert compiled_record.nvfp4_paths == eager_record.nvfp4_paths  # the skipped blocks counted nothing either way
     err = latent_parity({k.value: v for k, v in compiled.items()}, {k.value: v for k, v in eager.items()}, tolerance(ONE_RANK, torch.float32), "cached")
     assert err.passed, err
