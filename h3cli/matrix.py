@@ -96,7 +96,7 @@ def matrix(
     template = GenerateRequest(
         prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
         preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, attention=attention or "sdpa",
-        device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile,
+        device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile and not compile_blocks,  # the profiler times eager modules only
         compile=compile_blocks,
     )
     request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark, overwrite=overwrite, cfg_parallel=cfg_parallel)

@@ -42,7 +42,7 @@ Attention = Annotated[Optional[str], typer.Option("--attention", help="Attention
 SaveLatents = Annotated[Optional[bool], typer.Option("--save-latents/--no-save-latents", help=f"Write the latents (h3 matrix: each cell's). Default: {settings.SAVE_LATENTS} (0 = reports only), else yes.", show_default=False)]
 Benchmark = Annotated[Optional[Path], typer.Option("--benchmark", help=f"Also write the result's JSON here (h3 generate: the report; h3 matrix: the matrix). Default: {settings.BENCHMARK}.", show_default=False)]
 Cache = Annotated[str, typer.Option("--cache", help="Step cache: off, or fbcache:THRESHOLD (First-Block Cache: a step whose first block's residual moved less than THRESHOLD since the last full step reuses the other blocks' residual; 0 never skips; the report counts the steps skipped). docs/cache.md")]
-Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the repeated transformer block once for all blocks (regional; needs a C++ compiler on the CPU); collectives stay outside the compiled pieces; compile time is reported apart from the step times. docs/compile.md")]
+Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the repeated transformer block once for all blocks (regional; needs a C++ compiler on the CPU); collectives stay outside the compiled pieces; compile time is reported apart from the step times; not with --profile (h3 matrix: turns its profiling off). docs/compile.md")]
 Profile = Annotated[bool, typer.Option("--profile/--no-profile", help="Split every step's time per rank: attention, NVFP4 linears, each collective and the rest (table and report; costs <= 3%).")]
 
 

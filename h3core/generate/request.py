@@ -291,6 +291,8 @@ def _check_backends(request: GenerateRequest, config: ModelConfig) -> None:
     settings.emulate_fp4()
     if request.compile:
         check_compile(request.device)
+        if request.profile:
+            raise ConfigError("--profile times the modules of an eager forward and cannot see inside a compiled block: run it without --compile")
 
 
 def build_plan(request: GenerateRequest, config: ModelConfig, shape: RunShape, specs=None) -> ParallelPlan:  # type: ignore[no-untyped-def]

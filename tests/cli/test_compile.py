@@ -41,3 +41,8 @@ def test_no_compiler_is_one_line_exit_2(h3, monkeypatch):
     monkeypatch.setenv("CXX", "/nonexistent/g++")
     code, out, err = h3("generate", "--compile", "--no-decode")
     assert code == 2 and "--compile" in err and "C++ compiler" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_profile_cannot_see_inside_a_compiled_block_one_line_exit_2(h3):
+    code, out, err = h3("generate", "--compile", "--profile", "--no-decode")
+    assert code == 2 and "--profile" in err and "--compile" in err and len(err.strip().splitlines()) == 1, err
