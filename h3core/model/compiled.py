@@ -88,6 +88,27 @@ def collective_free(block: nn.Module) -> bool:
     return not hooked and (runtime is None or runtime.world_size == 1)
 
 
+class BlockCounts:
+    """What one compiled call of a block counts into the rank's record (module docstring): its NVFP4
+    linears and attention kernels, listed once; their records are read at each call (the runtime
+    attaches them)."""
+
+    def __init__(self, linears: list[NVFP4Linear], kernels: list[AttentionKernel]):
+        self.linears, self.kernels = linears, kernels
+
+    def attention_calls(self) -> list[int]:
+        """Each kernel's count so far (what a kernel run outside the graph adds to)."""
+        return [sum(k.record.values()) if k.record is not None else 0 for k in self.kernels]
+
+    def add_call(self, before: list[int]) -> None:
+        for linear in self.linears:
+            if linear.record is not None:
+                linear.record[linear.path] += 1
+        for kernel, counted in zip(self.kernels, before):
+            if kernel.record is not None and sum(kernel.record.values()) == counted:  # not counted outside the graph
+                kernel.record[f"{kernel.backend} (torch.compile)"] += 1
+
+
 class CompiledBlocks:
     """`model`'s repeated blocks running one compiled forward (module docstring). Owns the compiled
     function, the compile time spent in it and the count of compiled block calls. `backend`:
@@ -100,18 +121,18 @@ class CompiledBlocks:
         self.compile_seconds = 0.0
         self.calls = 0
         for block in self.blocks:
-            block.forward = functools.partial(self._run, block)  # an instance attribute: nn.Module.__call__ takes it
+            counted = BlockCounts([m for m in block.modules() if isinstance(m, NVFP4Linear)], [m for m in block.modules() if isinstance(m, AttentionKernel)])
+            block.forward = functools.partial(self._run, block, counted)  # an instance attribute: nn.Module.__call__ takes it
 
-    def _run(self, block: Block, *args: Any) -> torch.Tensor:
-        kernels = [k for k in block.modules() if isinstance(k, AttentionKernel) and k.record is not None]
-        counted = [sum(k.record.values()) for k in kernels]
+    def _run(self, block: Block, counts: "BlockCounts", *args: Any) -> torch.Tensor:
+        before = counts.attention_calls()
         started = compile_seconds_so_far()
         with warnings.catch_warnings():  # read once per process: H3_EMULATE_FP4's cached parse, constant in the graph
             warnings.filterwarnings("ignore", message="Dynamo detected a call to a `functools.lru_cache`")
             out = self._call(block, args)
         self.compile_seconds += compile_seconds_so_far() - started
         self.calls += 1
-        self._count(block, kernels, counted)
+        counts.add_call(before)
         return out
 
     def _call(self, block: Block, args: tuple) -> torch.Tensor:
@@ -120,16 +141,6 @@ class CompiledBlocks:
         except torch._dynamo.exc.TorchDynamoException as err:  # a graph break under fullgraph, or the backend's build failed
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise BackendUnavailable(f"--compile could not compile the transformer block here ({reason}); run without --compile (H3_DEBUG=1: the whole trace)") from err
-
-    @staticmethod
-    def _count(block: nn.Module, kernels: list[AttentionKernel], counted: list[int]) -> None:
-        """What one compiled call ran, into the rank's record (module docstring)."""
-        for linear in block.modules():
-            if isinstance(linear, NVFP4Linear) and linear.record is not None:
-                linear.record[linear.path] += 1
-        for kernel, before in zip(kernels, counted):
-            if kernel.record is not None and sum(kernel.record.values()) == before:  # not counted outside the graph
-                kernel.record[f"{kernel.backend} (torch.compile)"] += 1
 
     def restore(self) -> None:
         """Every block back on its eager forward (the compiled code stays in Dynamo's cache)."""
