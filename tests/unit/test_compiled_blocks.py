@@ -101,8 +101,7 @@ def test_step_cache_takes_the_same_steps_compiled():
     skipped = eager_record.cache.sequences["prompt"].skipped
     assert 0 < len(skipped) < 4 and compiled_record.cache.sequences["prompt"].skipped == skipped
     assert compiled_record.nvfp4_paths == eager_record.nvfp4_paths  # the skipped blocks counted nothing either way
-    err = latent_parity({k.value: v for k, v in compiled.items()}, {k.value: v for k, v in eager.items()}, tolerance(ONE_RANK, torch.float32), "cached")
-    assert err.passed, err
+    assert all(torch.equal(compiled[k], eager[k]) for k in eager)  # aot_eager: the same ops, the same bits
 
 
 def test_restore_puts_every_block_back_on_its_eager_forward():
