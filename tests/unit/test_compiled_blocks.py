@@ -45,6 +45,7 @@ def one_forward():
     hook = pipeline.model.blocks[0].register_forward_pre_hook(lambda module, args: seen.append(tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)))
     eager = _denoise(ctx, run, given, pipeline)
     hook.remove()
+    torch._dynamo.reset()  # an earlier test of this process (tests/cli) may have compiled this very shape: compile it here
     graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
     pipeline.compiled = CompiledBlocks(pipeline.model)
     compiled = _denoise(ctx, run, given, pipeline)
