@@ -169,6 +169,7 @@ def generate(
     overwrite: options.Overwrite = False,
     profile: options.Profile = False,
     cache: options.Cache = "off",
+    ulysses_overlap: options.UlyssesOverlap = "auto",
     decoded_weights: options.DecodedWeights = "auto",
     decode: Annotated[bool, typer.Option("--decode/--no-decode", help="Decode the latents into video.mp4 (H.264 + AAC) once the ranks are done; --no-decode: latents only (then `h3 decode`).")] = True,
     video_vae: options.VideoVae = None,
@@ -194,6 +195,7 @@ def generate(
         device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile, decoded_weights=decoded_weights,
         keyframes=parse_keyframe_flags(keyframe or []), noise_recipe=noise_recipe,
         video_shift=video_shift, audio_shift=audio_shift, loras=tuple(parse_lora(text) for text in lora or ()), cache=cache,
+        ulysses_overlap=ulysses_overlap,
     )
     job = GenerateJob.from_flags(
         flags, count=_pick(count_arg, gpus, "the rank count"), output=output, save_latents=save_latents,

@@ -93,6 +93,8 @@ class ParallelRuntime:
         self.cfg = cfg  # CFG parallel: this rank's branch and the group of both halves
         self.world_size = plan.world_size
         self.heads: list[Span] = plan.head_spans
+        # Ulysses overlap: the all-to-alls' head groups (one group, all heads: not overlapped)
+        self.head_groups = partition.head_groups(self.heads, plan.overlap.groups if plan.overlap is not None else 1)
         self.stats = CommStats()
         self.scratch = Scratch()
         self.used = RankUsage()
