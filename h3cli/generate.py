@@ -127,6 +127,8 @@ def render_profile(profile, console: Console) -> None:
         table.add_row(name.replace("_", " "), *(f"{m.get(name, 0.0):.4f}" for m in per_rank), f"{seconds:.4f}", f"{share:.0%}")
     table.add_row("step", *(f"{m.get('step', 0.0):.4f}" for m in per_rank), f"{profile.mean.get('step', 0.0):.4f}", "100%", style="bold")
     console.print(table)
+    if profile.overlap_line() is not None:
+        console.print(profile.overlap_line())
 
 
 def _pick(positional, flag, what: str):

@@ -409,16 +409,19 @@ class InFlight:
                  finish: Callable[[torch.Tensor], torch.Tensor] | None = None, keep: tuple[torch.Tensor, ...] = ()):
         self.kind, self.work, self.result, self.stats, self.finish = kind, work, result, stats, finish
         self.keep = keep  # what the transfer reads from: alive until it has arrived
+        self._logged = None  # the future of the arrival's log entry (waited for with the work)
         log = stats.flights if stats is not None else None
         if log is not None and work is not None and result.device.type == "cpu":
             started = time.perf_counter()
-            work.get_future().add_done_callback(lambda _: log.add(kind, time.perf_counter() - started))
+            self._logged = work.get_future().then(lambda _: log.add(kind, time.perf_counter() - started))
 
     def wait(self) -> torch.Tensor:
         timer = self.stats.timer if self.stats is not None else None
         with timer(self.kind) if timer is not None else contextlib.nullcontext():
             if self.work is not None:
                 self.work.wait()
+            if self._logged is not None:
+                self._logged.wait()
             result = self.finish(self.result) if self.finish is not None else self.result
         self.keep = ()
         return result
