@@ -17,7 +17,7 @@ from h3core.parallel.modes import Mode
 
 from commands import REPO, no_survivors, one_line
 
-SMALL = ["--preset", "tiny", "--steps", "3", "--device", "cpu"]
+SMALL = ["--preset", "tiny", "--steps", "3", "--device", "cpu", "--repeat", "1"]  # (--repeat: tests/cli/test_matrix_repeat.py)
 CLEAN = ("H3_GPU_COUNTS", "H3_DISTRIBUTED_MODES", "H3_SAVE_LATENTS", "H3_WORLD_SIZE", "H3_DISTRIBUTED_OUTPUT", "H3_DISTRIBUTED_BENCHMARK", "H3_INJECT_FAULT")
 
 
