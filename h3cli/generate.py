@@ -44,6 +44,9 @@ def render_run(report, console: Console) -> None:
     table.add_row("sequence", f"{report.num_tokens} rows · " + ", ".join(f"{kind} {rows}" for kind, rows in report.rows.items() if rows))
     table.add_row("layout", layout_line(report.partition.layout))
     table.add_row("partition", f"heads {report.partition.heads} · tokens {report.partition.tokens}" + (" (each group)" if len(report.partition.layout.groups) > 1 else ""))
+    if report.partition.overlap is not None and report.world_size > 1:
+        o = report.partition.overlap
+        table.add_row("ulysses overlap", f"{o.groups} head groups per all-to-all: {o.reason}" if o.on else f"off: {o.reason}")
     table.add_row("compute", f"{report.device_name} · {report.dtype} · attention {report.attention_kernel} · NVFP4 {report.nvfp4_path}")
     if report.fp4_selftest:
         verdicts = sorted({r.reason for r in report.fp4_selftest.values()})

@@ -12,6 +12,10 @@ and v through its GEMM, straight into the all-to-all's send buffer (`ProjectedQK
 3x the activations saved); bit-identical to exchanging the finished q, k, v (`attend`). At one
 rank it is the model's own processor: nothing to exchange.
 
+Overlap (`--ulysses-overlap`, `h3core.parallel.overlap`): with the runtime's head groups the two
+all-to-alls are split by head group and started asynchronously, so that attention on one group
+runs while the next is in flight (`attend_in_groups`); bitwise the whole path's output.
+
 Planning (whole replicas, activation memory, rounding) is `h3core.parallel.modes.ulysses_plan`.
 """
 
