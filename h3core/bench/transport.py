@@ -25,9 +25,10 @@ h3 shards them (`token_spans`, `head_spans`), and times, per iteration and in th
    it (send blocks written, seq->head, attention, head->seq: `attend_whole`) and overlapped in
    `--overlap-groups` head groups (`attend_in_groups`, `--ulysses-overlap`), in alternating order;
    inside them `comm_whole` (the time in the whole path's two all-to-alls: all of it exposed),
-   `comm_exposed` (the time the overlapped path spent starting its all-to-alls and blocked waiting
-   for them) and, on the CPU, `comm_in_flight` (its all-to-alls' time from start to arrival, summed).
-   Hidden communication = in flight - exposed; overlap ratio = overlapped / whole.
+   `comm_exposed` (the overlapped path's time in its all-to-alls' own code: starting them, blocked
+   waiting, unpacking the returns) and, on the CPU, `comm_in_flight` (its all-to-alls' time from
+   start to arrival, summed). Hidden = comm_whole - comm_exposed (what overlap took off the rank's
+   path); overlap ratio = the median of the per-iteration overlapped / whole.
 
 h3's round trip, per iteration = (2) - (1) + (3) + (5): everything Ulysses adds to one rank's
 attention path; the wire = (7). (1) and (2) swap places every other iteration (`_iteration`). v's
@@ -211,17 +212,17 @@ class OverlapTiming(BaseModel):
     groups: int = Field(description="Head groups the overlapped all-to-alls were split into (capped at the fewest heads a rank holds).")
     whole_s: float = Field(description="attend_whole: median over iterations of the slowest rank.")
     overlapped_s: float = Field(description="attend_overlapped: the same.")
-    ratio: float = Field(description="overlapped_s / whole_s (below 1: overlap is faster here).")
+    ratio: float = Field(description="Median over iterations of overlapped / whole (slowest rank each; below 1: overlap is faster here).")
+    ratio_range: tuple[float, float] = Field(description="The least and greatest of those per-iteration ratios.")
     comm_whole_s: float = Field(description="The whole path's two all-to-alls (all exposed).")
-    comm_exposed_s: float = Field(description="The overlapped path's time starting its all-to-alls and blocked waiting for them.")
+    comm_exposed_s: float = Field(description="The overlapped path's time in its all-to-alls' own code: starting them, blocked waiting for them, unpacking the returns.")
     comm_in_flight_s: float | None = Field(description="Its all-to-alls' time from start to arrival, summed (CPU; None on CUDA: their stream is not timed).")
 
     @property
-    def hidden_share(self) -> float | None:
-        """Of the overlapped all-to-alls' time in flight, the share not exposed."""
-        if not self.comm_in_flight_s:
-            return None
-        return max(0.0, 1.0 - self.comm_exposed_s / self.comm_in_flight_s)
+    def hidden_s(self) -> float:
+        """Communication taken off the rank's path: the whole path's all-to-all time - the overlapped
+        path's exposed time, in the same iterations (negative: overlap costs more than it hides)."""
+        return self.comm_whole_s - self.comm_exposed_s
 
 
 class TransportReport(BaseModel):
@@ -543,10 +544,11 @@ def _overlap_timing(cfg: TransportBenchConfig, per_rank: list[dict[str, Any]]) -
     if not cfg.time_attention:
         return None
     whole, grouped = combined(per_rank, {"attend_whole": 1}), combined(per_rank, {"attend_overlapped": 1})
+    ratios = [g / w for g, w in zip(slowest(per_rank, "attend_overlapped"), slowest(per_rank, "attend_whole")) if w > 0]
     in_flight = combined(per_rank, {"comm_in_flight": 1}) if all(r["samples"]["comm_in_flight"] for r in per_rank) else None
     return OverlapTiming(
         groups=len(head_groups(head_spans(cfg.heads, cfg.world_size), cfg.overlap_groups)), whole_s=whole, overlapped_s=grouped,
-        ratio=grouped / whole if whole > 0 else float("nan"), comm_whole_s=combined(per_rank, {"comm_whole": 1}),
+        ratio=statistics.median(ratios), ratio_range=(min(ratios), max(ratios)), comm_whole_s=combined(per_rank, {"comm_whole": 1}),
         comm_exposed_s=combined(per_rank, {"comm_exposed": 1}), comm_in_flight_s=in_flight,
     )
 
@@ -566,11 +568,15 @@ def _phases(cfg: TransportBenchConfig, per_rank: list[dict[str, Any]]) -> dict[s
     return phases
 
 
+def slowest(per_rank: list[dict[str, Any]], phase: str) -> list[float]:
+    """A phase's time in each timed iteration: its slowest rank's (the collective after it waits for that rank)."""
+    return [max(times) for times in zip(*(r["samples"][phase] for r in per_rank))]
+
+
 def combined(per_rank: list[dict[str, Any]], terms: dict[str, int]) -> float:
     """A signed sum of phases per iteration, each phase taking its slowest rank's time in that
-    iteration (the collective after it waits for that rank); the median over iterations."""
-    slowest = {phase: [max(times) for times in zip(*(r["samples"][phase] for r in per_rank))] for phase in terms}
-    per_iteration = zip(*(slowest[phase] for phase in terms))
+    iteration (`slowest`); the median over iterations."""
+    per_iteration = zip(*(slowest(per_rank, phase) for phase in terms))
     return statistics.median(sum(sign * t for sign, t in zip(terms.values(), row)) for row in per_iteration)
 
 

@@ -7,10 +7,11 @@ on the dequant paths), one per collective kind (`seq_to_head`, `head_to_seq`, `g
 `rest`: the step's time minus all of them (norms, RoPE, modulation, residuals, the sampler, Python).
 
 Overlapped collectives (`--ulysses-overlap`, `collectives.InFlight`) count in their category only the
-time this rank spent starting them and blocked waiting for them: the *exposed* communication. On the
-CPU each one's time from start to arrival is logged too (`in_flight`, per step and kind): the whole,
-of which `in_flight - exposed` was hidden behind computation. (On CUDA the collectives' own stream is
-not timed: exposed only.)
+time this rank spent in their own code: starting them, blocked waiting for them, unpacking what
+arrived: the *exposed* communication. On the CPU each one's time from start to arrival is logged
+too (`in_flight`, per step and kind): about `in_flight - exposed` of it ran behind computation
+(about: the exposed time also holds the starting and unpacking). On CUDA the collectives' own
+stream is not timed: exposed only.
 
 How: forward hooks on those modules and the rank's `CommStats.timer`, applied to a finished model
 from outside (the model file stays as it is); nothing is registered when profiling is off. Regions
@@ -85,7 +86,7 @@ class RunProfile(BaseModel):
         whole = sum(self.in_flight_mean.values())
         hidden = max(0.0, whole - exposed)
         return (f"overlapped all-to-alls ({', '.join(k.replace('_', ' ') for k in self.in_flight_mean)}): {exposed * 1e3:.2f} ms exposed "
-                f"(this rank blocked) of {whole * 1e3:.2f} ms in flight per step: {hidden / whole if whole > 0 else 0.0:.0%} hidden")
+                f"(starting, blocked, unpacking) against {whole * 1e3:.2f} ms in flight per step: about {hidden / whole if whole > 0 else 0.0:.0%} hidden")
 
 
 def mean_split(splits: list[dict[str, float]]) -> dict[str, float]:
