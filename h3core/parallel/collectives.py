@@ -12,6 +12,9 @@ balanced row split); index `i` of a spans list belongs to rank `i` of `group`. `
   The pack can be skipped: `send_blocks` hands out the send buffer as views in the input's
   layout, a producer writes into them directly (Ulysses attention: the model's RoPE writes q
   and k there, v's GEMM writes v) and `exchange_blocks` sends them.
+- `start_exchange_blocks` / `start_head_to_seq`: the same two all-to-alls for one head group
+  (`partition.head_groups`), started with `async_op=True` and returned as `InFlight` (Ulysses
+  overlap: attention on one group while the next travels; `h3core.parallel.overlap`).
 - `gather_rows`: ragged all-gather. Gloo and NCCL gather equal sizes only, so every rank pads its
   rows to the longest share; the padding is cut off before the result is returned.
 - `exchange_halves`: CFG parallel's one exchange per step between the two halves of a group (each
@@ -398,12 +401,18 @@ def _unpack_heads(recv: torch.Tensor, heads: Sequence[Span], out: torch.Tensor) 
 # --- Ulysses all-to-all in head groups, in flight (overlap) -----------------------------------------
 
 
+def _region(stats: CommStats | None, kind: str) -> ContextManager[Any]:
+    """The stats' timer's region `kind` (`--profile`), or nothing."""
+    timer = stats.timer if stats is not None else None
+    return timer(kind) if timer is not None else contextlib.nullcontext()
+
+
 class InFlight:
     """One all-to-all of a head group started with `async_op=True` (Gloo runs it on its own threads,
     NCCL on its own stream, while this rank computes): `wait()` blocks until it has arrived and gives
-    its result. With a `CommStats` timer set (`--profile`), the time spent blocked in `wait()` counts
-    in the collective's region (the exposed time) and, on the CPU, the time from its start to its
-    arrival goes to the stats' `FlightLog` (the whole; hidden = whole - exposed)."""
+    its result (after `finish`, e.g. the return's unpack). With a `CommStats` timer set (`--profile`),
+    starting it and `wait()` (blocked, then finishing) count in the collective's region: the exposed
+    time; on the CPU the time from its start to its arrival goes to the stats' `FlightLog`."""
 
     def __init__(self, kind: str, work: Any, result: torch.Tensor, stats: CommStats | None,
                  finish: Callable[[torch.Tensor], torch.Tensor] | None = None, keep: tuple[torch.Tensor, ...] = ()):
@@ -416,8 +425,7 @@ class InFlight:
             self._logged = work.get_future().then(lambda _: log.add(kind, time.perf_counter() - started))
 
     def wait(self) -> torch.Tensor:
-        timer = self.stats.timer if self.stats is not None else None
-        with timer(self.kind) if timer is not None else contextlib.nullcontext():
+        with _region(self.stats, self.kind):
             if self.work is not None:
                 self.work.wait()
             if self._logged is not None:
@@ -465,8 +473,7 @@ def start_exchange_blocks(
 ) -> InFlight:
     """`exchange_blocks` of one head group's filled `SendBlocks` (`heads`: the group's span of every
     rank's heads), started and not waited for: its result is [S, *mid, H_g, Dh], H_g = len(heads[rank])."""
-    timer = stats.timer if stats is not None else None
-    with timer(SEQ_TO_HEAD) if timer is not None else contextlib.nullcontext():
+    with _region(stats, SEQ_TO_HEAD):
         rank, size = _group_layout(tokens, heads, group, "start_exchange_blocks")
         inner, head_dim, local_heads = math.prod(blocks.mid), blocks.head_dim, len(heads[rank])
         send_sizes = [blocks.local_tokens * inner * len(h) * head_dim for h in heads]
@@ -491,8 +498,7 @@ def start_head_to_seq(
     heads of the group (`heads`: the group's span of every rank's heads). `wait()` writes the heads
     of the group into out: [S_loc, *mid, H, Dh] (contiguous) and returns it; `recv`: a flat buffer
     of S_loc * inner * (the group's heads) * Dh elements, untouched until then."""
-    timer = stats.timer if stats is not None else None
-    with timer(HEAD_TO_SEQ) if timer is not None else contextlib.nullcontext():
+    with _region(stats, HEAD_TO_SEQ):
         rank, size = _group_layout(tokens, heads, group, "start_head_to_seq")
         inner, local_tokens, head_dim = math.prod(x.shape[1:-2]), len(tokens[rank]), x.shape[-1]
         if x.shape[0] != tokens[-1].stop or x.shape[-2] != len(heads[rank]):
