@@ -60,3 +60,8 @@ def test_the_rule_is_checkable_without_a_gpu():
 def test_a_bad_overlap_flag_is_one_line_exit_2(h3):
     code, out, err = h3("generate", "--ulysses-overlap", "sometimes")
     assert code == 2 and "--ulysses-overlap" in err and len(err.strip().splitlines()) == 1
+
+
+def test_one_overlap_group_is_refused_in_one_line(h3):
+    code, out, err = h3("bench-transport", "2", "--tokens", "64", "--heads", "4", "--head-dim", "16", "--overlap-groups", "1")
+    assert code == 2 and "--overlap-groups must be at least 2" in err and len(err.strip().splitlines()) == 1
