@@ -13,8 +13,8 @@ measured faster (`MEASURED_FASTER`, by `h3 bench-transport N --overlap-groups G`
 paths alternately in one run):
 
 - Gloo (the CPU): off. Gloo's transport threads copy on the same cores the attention computes on,
-  so nothing is hidden; on this project's 2-core machine, overlapped/whole = 1.0x-1.1x at 2 and 4 ranks
-  (CHANGELOG, issue 34.4).
+  so little is hidden: on this project's 2-core machine (shared, loaded), overlapped / whole = 0.99
+  at 2 ranks and 1.02 at 4 (medians of 11 per-iteration ratios; docs/overlap.md).
 - NCCL (CUDA): off until measured: the collectives run on their own stream, which is where overlap
   pays (xDiT, yunchang), but no multi-GPU machine has timed it here yet. `--ulysses-overlap on`
   runs it; `h3 bench-transport N --overlap-groups G` measures it.
