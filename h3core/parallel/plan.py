@@ -164,7 +164,8 @@ class ParallelPlan(BaseModel):
         """What one block's working set depends on, on this plan's largest rank (`tokens`: rows of the
         longest sequence the run gives a forward)."""
         local = max(len(t) for seq in self.sequences for t in seq.tokens)
-        return BlockShape(tokens=tokens, local_tokens=local, local_heads=max(self.heads), world_size=self.world_size)
+        overlapped = self.overlap is not None and self.overlap.on
+        return BlockShape(tokens=tokens, local_tokens=local, local_heads=max(self.heads), world_size=self.world_size, overlapped=overlapped)
 
 
 def _sequence_plan(name: str, segments: list[Segment], world_size: int) -> SequencePlan:

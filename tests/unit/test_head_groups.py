@@ -21,3 +21,15 @@ def test_groups_split_every_ranks_heads_and_cover_each_head_once(heads, ranks, g
 def test_one_group_is_the_whole_split():
     spans = head_spans(56, 6)
     assert head_groups(spans, 1) == [spans]
+
+
+def test_the_memory_check_counts_the_overlapped_return_buffer():
+    """Overlapped, the returns' receive buffer [S_loc, H, Dh] is alive beside the send blocks: the
+    formula's Ulysses attention working set grows by exactly that (tensor mode has no overlap)."""
+    from h3core.model.config import preset
+    from h3core.parallel.modes import MODES, BlockShape, Mode
+
+    config = preset("h3")
+    whole = BlockShape(tokens=17_608, local_tokens=2_201, local_heads=7, world_size=8)
+    grown = MODES[Mode.ULYSSES].activation_elements(config, whole._replace(overlapped=True)) - MODES[Mode.ULYSSES].activation_elements(config, whole)
+    assert grown == 2_201 * config.attention_width
