@@ -350,7 +350,7 @@ def _iteration(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs, wire: di
         _overlap_iteration(ctx, cfg, x, timed, step, kernels)
 
 
-def _overlap_iteration(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs, timed: Callable, step: int, kernels: Counter[str]) -> None:  # type: ignore[type-arg]
+def _overlap_iteration(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs, timed: Callable[..., Any], step: int, kernels: Counter[str]) -> None:
     """Ulysses attention whole and overlapped, in alternating order (module docstring, 9), each with
     its all-to-alls timed by a `CommClock` (and, overlapped, their time in flight on the CPU)."""
     clock, flights = CommClock(ctx.device), FlightLog()

@@ -6,6 +6,7 @@ taken). A cell's first run writes its files and measures its parity; later runs 
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 
@@ -117,7 +118,7 @@ class _Matrix:
         """Intra-op threads of each rank of a CPU cell (what launch gives spawned ranks); None on CUDA."""
         return dev.cpu_threads_per_rank(count) if self.device == "cpu" else None
 
-    def _execute(self, planned: PlannedCell, run: ResolvedRun, label: str) -> list:  # type: ignore[type-arg]
+    def _execute(self, planned: PlannedCell, run: ResolvedRun, label: str) -> list[Any]:
         """One run of a cell (a fresh World; one rank runs in this process, at the thread count launch
         gives a lone rank), its steps counted on the bar."""
         threads = self._threads(planned.count)
