@@ -56,6 +56,8 @@ def path_kind(path: Path, follow: bool = False) -> str:
         return "nothing"
     except OSError as err:
         return f"unreadable ({os_error_reason(err)})"
+    except ValueError:  # a NUL byte: no file system has such a name
+        return "not a valid path (it holds a NUL byte)"
     return next((words for test, words in _KINDS if test(mode)), "not a regular file")
 
 
@@ -86,6 +88,8 @@ def read_bounded(path: Path | str, what: str, limit: int, hint: str, error: type
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as err:
         raise refuse(os_error_reason(err)) from None
+    except ValueError:
+        raise refuse("the path holds a NUL byte") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
