@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from h3core.errors import ConfigError
 from h3core.files.text import BOM, parse_json, read_text
 from h3core.generate.prompt import PromptText
+from h3core.lora.spec import LoraScale
 
 MAX_SEED = 2**64 - 1
 MAX_FILE_BYTES = 64 << 20
@@ -38,7 +39,7 @@ class PromptLora(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     path: str = Field(min_length=1)
-    scale: float = Field(1.0, allow_inf_nan=False)
+    scale: LoraScale = 1.0
 
 
 class PromptEntry(BaseModel):

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from h3core.generate.request import MAX_SEED
+from h3core.lora.spec import LoraScale
 
 JOB_ID = re.compile(r"^video_[0-9a-f]{32}$")
 """A job's id: `video_` and 32 hex digits. Nothing else is looked up, so no id can name a path."""
@@ -50,7 +51,7 @@ class LoraSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     path: str = Field(max_length=4096)
-    scale: float = Field(1.0, allow_inf_nan=False)
+    scale: LoraScale = 1.0
 
 
 class VideoCreate(BaseModel):
