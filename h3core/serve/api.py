@@ -66,7 +66,7 @@ class VideoCreate(BaseModel):
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     steps: int | None = Field(None, ge=2, le=10_000, description="Sigma points of the schedule (steps - 1 forwards).")
     frames: int | None = Field(None, ge=1, le=100_000, description="Video frames (instead of seconds).")
-    guidance: float | None = Field(None, ge=0, allow_inf_nan=False, description="Classifier-free guidance, where the checkpoint supports it (1: off).")
+    guidance: float | None = Field(None, ge=0, le=100, allow_inf_nan=False, description="Classifier-free guidance, where the checkpoint supports it (1: off; at most 100).")
     negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     keyframes: KeyframePaths | None = Field(None, description="Server-local first/last keyframes (under a directory the operator allowed).")
     loras: list[LoraSpec] | None = Field(None, max_length=16, description="Adapters: server-local files (under an allowed directory) and scales.")
