@@ -61,6 +61,16 @@ def path_kind(path: Path, follow: bool = False) -> str:
     return next((words for test, words in _KINDS if test(mode)), "not a regular file")
 
 
+def inside(folder: Path, name: str) -> Path | None:
+    """`folder / name` when `name` is a relative path that stays in `folder` (not absolute, no `..`
+    part, no NUL byte), else None: how h3 takes a file name that a file it reads names (a shard
+    index's shards, a VAE config's `source_path`), so that no such name leads out of its folder."""
+    relative = Path(name)
+    if not name or "\x00" in name or relative.is_absolute() or ".." in relative.parts:
+        return None
+    return folder / relative
+
+
 def free_bytes(folder: Path) -> int:
     """Bytes an unprivileged writer may still use on the file system holding `folder`."""
     stats = os.statvfs(folder)
