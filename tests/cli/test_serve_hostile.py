@@ -81,7 +81,7 @@ BODIES = [
     (json.dumps({"prompt": "x", "loras": [{"path": "/a", "scale": True}]}).encode(), "invalid_request", "loras.0.scale"),
     (json.dumps({"prompt": "x", "loras": [{"path": "/a", "scale": 1e9}]}).encode(), "invalid_request", "loras.0.scale"),
     (json.dumps({"prompt": "x", "steps": -3}).encode(), "invalid_request", "steps"),
-    (json.dumps({"prompt": "x", "steps": 101}).encode(), "invalid_request", "steps 101 is more than this server runs for one request (100)"),
+    (json.dumps({"prompt": "x", "steps": 5001}).encode(), "invalid_request", "steps 5001 is more than this server runs for one request (5000)"),
     (json.dumps({"prompt": "x", "frames": 500}).encode(), "invalid_request", "frames"),
     (json.dumps({"prompt": "x", "frames": 10**12}).encode(), "invalid_request", "frames"),
     (json.dumps({"prompt": "x", "seconds": 3600}).encode(), "invalid_request", "more than this server makes for one request (481)"),
