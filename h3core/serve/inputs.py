@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -60,14 +61,17 @@ def check_image(data: bytes, what: str) -> str:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as image:  # reads the header only
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the cap below is lower, and a 400
+            opened = Image.open(io.BytesIO(data))  # reads the header only
+        with opened as image:
             width, height, kind = image.width, image.height, image.format
             if width * height > MAX_IMAGE_PIXELS:
                 raise ApiError(400, f"{what} is {width}x{height} pixels; at most {MAX_IMAGE_PIXELS:,} pixels are taken: send a smaller image", "image_too_large", what)
             if kind not in IMAGE_FORMATS:
                 raise ApiError(400, f"{what} is a {kind} image; send a PNG, JPEG or WebP", "invalid_image", what)
             image.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError):
         raise ApiError(400, f"{what} is not an image h3 can read; send a PNG, JPEG or WebP", "invalid_image", what) from None
     return IMAGE_FORMATS[kind]
 

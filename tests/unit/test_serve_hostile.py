@@ -8,8 +8,11 @@ from __future__ import annotations
 import os
 import socket
 import sqlite3
+import struct
 import threading
 import time
+import warnings
+import zlib
 from pathlib import Path
 
 import pytest
@@ -300,3 +303,28 @@ def test_an_empty_file_is_an_empty_queue_and_a_good_one_keeps_its_jobs(tmp_path)
     other.mkdir()
     _queue_with_a_job(other)
     assert JobQueue(other).counts()["queued"] == 1
+
+
+# --- uploaded images: the header's verdict, silently -------------------------------------------------------------
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+@pytest.mark.parametrize(
+    "chunks, code",
+    [
+        ([(b"IHDR", (10000, 10000))], "image_too_large"),  # past Pillow's warning threshold: no warning printed
+        ([(b"IHDR", (30000, 30000))], "invalid_image"),  # past Pillow's own error threshold
+        ([(b"IHDR", (16, 16)), (b"zTXt", b"k\x00\x00" + zlib.compress(b"\x00" * (64 << 20)))], "invalid_image"),
+        ([(b"IHDR", (16, 16)), (b"iCCP", b"p\x00\x00" + zlib.compress(b"\x00" * (64 << 20)))], "invalid_image"),
+    ],
+)
+def test_an_upload_whose_header_is_a_bomb_is_a_quiet_400(chunks, code):
+    from h3core.serve.inputs import check_image
+
+    body = b"".join(_png_chunk(kind, struct.pack(">IIBBBBB", *data, 8, 2, 0, 0, 0) if kind == b"IHDR" else data) for kind, data in chunks)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning would be printed on the server's terminal per request
+        assert _code(lambda: check_image(b"\x89PNG\r\n\x1a\n" + body + _png_chunk(b"IEND", b""), "input_reference")) == (400, code)
