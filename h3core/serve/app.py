@@ -16,7 +16,8 @@ of its numbers) and validated strictly (`"steps": "5"` or `true` is a 400, not a
 fields are text by nature and are converted as pydantic's lax mode does. A request may ask for at
 most `Limits.steps` sigma points and `Limits.frames` frames. Every error is OpenAI's shape
 (`ApiError.body`); an unexpected one is a 500 that says only that (its traceback goes to the server's
-stderr with H3_DEBUG=1), never a traceback to a client.
+stderr with H3_DEBUG=1), never a traceback to a client. A failure of the job queue's SQLite file at run
+time (a full disk) is a 503 naming it, with the request's saved inputs removed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import secrets
+import sqlite3
 import sys
 import time
 import traceback
@@ -158,6 +160,13 @@ def _errors(app: FastAPI) -> None:
     async def stalled(request: Request, exc: BodyStalled) -> JSONResponse:
         error = ApiError(408, "the request body stopped arriving; send it again", "request_timeout")
         return JSONResponse(error.body(), status_code=408, headers={"connection": "close"})
+
+    @app.exception_handler(sqlite3.Error)
+    async def queue_failed(request: Request, exc: sqlite3.Error) -> JSONResponse:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"h3 serve: the job queue failed on {request.method} {request.url.path}: {reason}", file=sys.stderr)
+        error = ApiError(503, f"the server cannot use its job queue now ({reason}); nothing was kept: try again later", "queue_unavailable")
+        return JSONResponse(error.body(), status_code=503)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -40,6 +40,10 @@ def _echo_app():
     async def echo(request: Request) -> PlainTextResponse:
         return PlainTextResponse(str(len(await request.body())))
 
+    @app.post("/full")
+    def full() -> None:
+        raise sqlite3.OperationalError("database or disk is full")  # what SQLite raises on a full disk
+
     return app
 
 
@@ -142,6 +146,11 @@ def test_headers_past_the_bound_are_a_400_and_the_server_goes_on(server):  # (h1
     assert _answer(big).startswith(b"HTTP/1.1 400")
     big.close()
     assert b"200 OK" in _answer(_connect(server, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+
+
+def test_a_failing_job_queue_is_a_503_naming_it_not_a_500(server):
+    answer = _answer(_connect(server, b"POST /full HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"))
+    assert answer.startswith(b"HTTP/1.1 503") and b'"code":"queue_unavailable"' in answer and b"database or disk is full" in answer, answer
 
 
 # --- allowed server-local files -----------------------------------------------------------------------------
