@@ -287,6 +287,10 @@ def _is_number(value: object) -> bool:
 MAX_PATTERN_CHARS = 1000
 """The longest peft `rank_pattern` / `alpha_pattern` key read (a module name or a short regex)."""
 
+QUANTIFIED_GROUP = re.compile(r"\)(?:[*+?]|\{\d)")
+"""A group with a quantifier, `(a+)+` or `(a|b){9}`: where Python's backtracking regex engine can take
+exponential time (it has no timeout). peft's patterns are module names, with `.*` at most."""
+
 
 def _check_patterns(patterns: object, where: str) -> None:
     """peft's per-module overrides: an object of regex -> a finite number, each regex one Python compiles."""
@@ -300,6 +304,8 @@ def _check_patterns(patterns: object, where: str) -> None:
         try:
             if len(pattern) > MAX_PATTERN_CHARS:
                 raise re.error(f"longer than {MAX_PATTERN_CHARS} characters")
+            if QUANTIFIED_GROUP.search(pattern):
+                raise re.error("a repeated group, which can take exponential time to match")
             re.compile(pattern)
         except re.error as err:
             raise AdapterError(f"{where} key {pattern[:80]!r} is not a regular expression h3 reads ({err}); the file is damaged") from None

@@ -189,12 +189,21 @@ def _peft_meta(**config) -> dict[str, str]:
         (_peft_meta(alpha_pattern={"blocks": "x"}), "alpha_pattern['blocks'] is 'x', not a finite number"),
         (_peft_meta(alpha_pattern=["blocks"]), "alpha_pattern is a JSON list"),
         (_peft_meta(rank_pattern={"a" * 2000: 3}), "longer than 1000 characters"),
+        (_peft_meta(alpha_pattern={"(.*a)+$": 3}), "a repeated group, which can take exponential time"),
+        (_peft_meta(rank_pattern={"(\\w|\\w){30}x": 3}), "a repeated group"),
         (_peft_meta(lora_alpha=1e9), "outside ±100"),
         ({"h3.video_sigmas": "[" * 50_000 + "]" * 50_000}, "h3.video_sigmas must be a JSON list"),
     ],
 )
 def test_malformed_metadata_is_one_line(tmp_path, peft, metadata, needle):
     _refused(_edited(peft, tmp_path / "meta.safetensors", metadata=metadata), needle)
+
+
+def test_module_patterns_as_peft_writes_them_still_apply(tmp_path, peft):
+    meta = _peft_meta(rank_pattern={"transformer_blocks.0.attn.to_out.0": 4}, alpha_pattern={"transformer_blocks\\.1.*": 8, "to_(q|k|v)": 2})
+    scales = {p.keys.module: p.scale for p in open_adapter(_edited(peft, tmp_path / "patterns.safetensors", metadata=meta), CFG).pairs}
+    assert scales["transformer_blocks.1.ff.net.2"] == 2.0 and scales["transformer_blocks.0.attn.to_q"] == 0.5
+    assert scales["transformer_blocks.0.ff.net.2"] == 1.0
 
 
 def test_a_file_wide_alpha_that_is_absurd_is_refused(tmp_path, peft):
