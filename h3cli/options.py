@@ -64,7 +64,7 @@ PANELS: dict[str, tuple[str, ...]] = {
                          "--preset", "--width", "--height", "--frames", "--steps", "--video-shift", "--audio-shift"),
     "Model files": ("--model", "--text-encoder", "--video-vae", "--audio-vae", "--dtype"),
     "Distributed": ("--mode", "--gpus", "--counts", "--modes", "--replicas", "--cfg-parallel", "--device"),
-    "Server": ("--host", "--port", "--api-key", "--state-dir", "--allow-path", "--max-queue", "--max-body-mb", "--max-image-mb", "--served-model-name"),
+    "Server": ("--host", "--port", "--api-key", "--state-dir", "--allow-path", "--max-queue", "--max-body-mb", "--max-image-mb", "--max-steps", "--max-frames", "--served-model-name"),
     "Output": ("--output", "--overwrite", "--save-latents", "--decode", "--benchmark", "--parity", "--json"),
     "Speed": ("--attention", "--decoded-weights", "--profile", "--compile", "--cache", "--ulysses-overlap"),
 }
