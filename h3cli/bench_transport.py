@@ -36,8 +36,10 @@ def _render(report: Any, console: Console) -> None:
         gbps = f"{phase.gb_per_s:.2f}" if phase.gb_per_s is not None else "-"
         table.add_row(label, f"{phase.median_s * 1e3:.3f}", format_bytes(max(phase.bytes_sent_per_rank)), gbps)
     console.print(table)
-    exact = styled("exact") if report.identity_exact and report.blocks_exact else styled("NOT EXACT", "red")
-    console.print(line("seq->head->seq identity and RoPE-into-blocks vs seq->head of finished q|k|v: ", exact))
+    exact = styled("exact") if report.identity_exact and report.blocks_exact and report.overlap_exact else styled("NOT EXACT", "red")
+    console.print(line("seq->head->seq identity, RoPE-into-blocks vs seq->head of finished q|k|v, overlapped vs whole attention: ", exact))
+    if report.overlap is not None:
+        _render_overlap(report.overlap, console)
     if report.config.time_attention:
         console.print(f"attention kernel that ran: {per_rank_summary(report.attention_kernels)}")
     if report.ratio is None:
@@ -59,6 +61,17 @@ def _render(report: Any, console: Console) -> None:
         console.print(f"CPU allocator of the ranks: {report.cpu_allocator} (H3_CPU_ALLOCATOR)")
     if cfg.report_file is not None:
         console.print(f"report: {cfg.report_file}")
+
+
+def _render_overlap(o: Any, console: Console) -> None:
+    """Whole vs overlapped Ulysses attention, and how much of the overlapped all-to-alls stayed exposed."""
+    in_flight = f", {o.comm_in_flight_s * 1e3:.2f} ms in flight" if o.comm_in_flight_s is not None else " (time in flight: not timed on CUDA)"
+    console.print(
+        f"overlap ({o.groups} head groups): attention path {o.overlapped_s * 1e3:.2f} ms overlapped vs {o.whole_s * 1e3:.2f} ms whole "
+        f"(median of per-iteration ratios {o.ratio:.2f} x, {o.ratio_range[0]:.2f}-{o.ratio_range[1]:.2f}); all-to-alls {o.comm_exposed_s * 1e3:.2f} ms exposed{in_flight}, against the whole path's "
+        f"{o.comm_whole_s * 1e3:.2f} ms: {o.hidden_s * 1e3:.2f} ms hidden",
+        soft_wrap=True,
+    )
 
 
 @contextmanager
@@ -86,6 +99,7 @@ def bench_transport(
     iters: Annotated[int, typer.Option("--iters", help="Timed iterations (the median is reported).")] = 20,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed iterations first.")] = 3,
     skip_attention: Annotated[bool, typer.Option("--skip-attention", help="Time the transport only (attention at H3 sizes takes minutes on a CPU).")] = False,
+    overlap_groups: Annotated[int, typer.Option("--overlap-groups", help="Head groups of the overlapped attention path timed beside the whole one (--ulysses-overlap).")] = 2,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
     output: Annotated[Optional[Path], typer.Option("--output", help="Report file (*.json) or folder. Default: H3_DISTRIBUTED_BENCHMARK, else none.", show_default=False)] = None,
     json: options.Json = False,
@@ -95,7 +109,7 @@ def bench_transport(
 
     cfg = TransportBenchConfig.build(
         world_size=count, attention=attention, tokens=tokens, width=width, height=height, frames=frames, heads=heads,
-        head_dim=head_dim, device=device, dtype=dtype, iters=iters, warmup=warmup, time_attention=not skip_attention, output=output,
+        head_dim=head_dim, device=device, dtype=dtype, iters=iters, warmup=warmup, time_attention=not skip_attention, overlap_groups=overlap_groups, output=output,
     )
     with _progress(f"bench-transport {cfg.world_size}x") as on_progress:
         report = run_transport_benchmark(cfg, on_progress)

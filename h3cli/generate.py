@@ -44,6 +44,9 @@ def render_run(report, console: Console) -> None:
     table.add_row("sequence", f"{report.num_tokens} rows · " + ", ".join(f"{kind} {rows}" for kind, rows in report.rows.items() if rows))
     table.add_row("layout", layout_line(report.partition.layout))
     table.add_row("partition", f"heads {report.partition.heads} · tokens {report.partition.tokens}" + (" (each group)" if len(report.partition.layout.groups) > 1 else ""))
+    if report.partition.overlap is not None and report.world_size > 1:
+        o = report.partition.overlap
+        table.add_row("ulysses overlap", f"{o.groups} head groups per all-to-all: {o.reason}" if o.on else f"off: {o.reason}")
     table.add_row("compute", f"{report.device_name} · {report.dtype} · attention {report.attention_kernel} · NVFP4 {report.nvfp4_path}")
     if report.fp4_selftest:
         verdicts = sorted({r.reason for r in report.fp4_selftest.values()})
@@ -129,6 +132,8 @@ def render_profile(profile, console: Console) -> None:
         table.add_row(name.replace("_", " "), *(f"{m.get(name, 0.0):.4f}" for m in per_rank), f"{seconds:.4f}", f"{share:.0%}")
     table.add_row("step", *(f"{m.get('step', 0.0):.4f}" for m in per_rank), f"{profile.mean.get('step', 0.0):.4f}", "100%", style="bold")
     console.print(table)
+    if profile.overlap_line() is not None:
+        console.print(profile.overlap_line())
 
 
 def _pick(positional, flag, what: str):
@@ -171,6 +176,7 @@ def generate(
     overwrite: options.Overwrite = False,
     profile: options.Profile = False,
     cache: options.Cache = "off",
+    ulysses_overlap: options.UlyssesOverlap = "auto",
     compile_blocks: options.Compile = False,
     decoded_weights: options.DecodedWeights = "auto",
     decode: Annotated[bool, typer.Option("--decode/--no-decode", help="Decode the latents into video.mp4 (H.264 + AAC) once the ranks are done; --no-decode: latents only (then `h3 decode`).")] = True,
@@ -197,6 +203,7 @@ def generate(
         device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile, decoded_weights=decoded_weights,
         keyframes=parse_keyframe_flags(keyframe or []), noise_recipe=noise_recipe,
         video_shift=video_shift, audio_shift=audio_shift, loras=tuple(parse_lora(text) for text in lora or ()), cache=cache,
+        ulysses_overlap=ulysses_overlap,
         compile=compile_blocks,
     )
     job = GenerateJob.from_flags(

@@ -85,6 +85,7 @@ def matrix(
     benchmark: options.Benchmark = None,
     overwrite: options.Overwrite = False,
     profile: options.Profile = True,
+    repeat: Annotated[int, typer.Option("--repeat", help="Times each cell runs, in rounds interleaved across the cells; the step time is the median (min-max), and a speedup above the ideal by more than its spread is flagged as noise.")] = 3,
     compile_blocks: options.Compile = False,
     json: options.Json = False,
 ) -> None:
@@ -99,7 +100,7 @@ def matrix(
         device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile and not compile_blocks,  # the profiler times eager modules only
         compile=compile_blocks,
     )
-    request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark, overwrite=overwrite, cfg_parallel=cfg_parallel)
+    request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark, overwrite=overwrite, cfg_parallel=cfg_parallel, repeat=repeat)
     out = Output(json)
     columns = (text_column("matrix", "bold"), text_column("{task.description}"), BarColumn(), MofNCompleteColumn(), text_column("steps"), TimeElapsedColumn(), TimeRemainingColumn())
     with progress_bar(out.err if json else out.console, *columns) as update:

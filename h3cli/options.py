@@ -41,6 +41,7 @@ DecodedWeights = Annotated[str, typer.Option("--decoded-weights", help="Hold the
 Attention = Annotated[Optional[str], typer.Option("--attention", help="Attention backend: sdpa, math, sage2 or flash.", show_default="sdpa")]
 SaveLatents = Annotated[Optional[bool], typer.Option("--save-latents/--no-save-latents", help=f"Write the latents (h3 matrix: each cell's). Default: {settings.SAVE_LATENTS} (0 = reports only), else yes.", show_default=False)]
 Benchmark = Annotated[Optional[Path], typer.Option("--benchmark", help=f"Also write the result's JSON here (h3 generate: the report; h3 matrix: the matrix). Default: {settings.BENCHMARK}.", show_default=False)]
+UlyssesOverlap = Annotated[str, typer.Option("--ulysses-overlap", help="Ulysses mode: split each all-to-all by head groups and run attention on one group while the next is in flight (bitwise the same outputs): auto (only where it has measured faster: not on Gloo/CPU), on, off. docs/overlap.md")]
 Cache = Annotated[str, typer.Option("--cache", help="Step cache: off, or fbcache:THRESHOLD (First-Block Cache: a step whose first block's residual moved less than THRESHOLD since the last full step reuses the other blocks' residual; 0 never skips; the report counts the steps skipped). docs/cache.md")]
 Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the repeated transformer block once for all blocks (regional; needs a C++ compiler on the CPU); collectives stay outside the compiled pieces; compile time is reported apart from the step times; not with --profile (h3 matrix: turns its profiling off). docs/compile.md")]
 Profile = Annotated[bool, typer.Option("--profile/--no-profile", help="Split every step's time per rank: attention, NVFP4 linears, each collective and the rest (table and report; costs <= 3%).")]
@@ -64,9 +65,9 @@ PANELS: dict[str, tuple[str, ...]] = {
                          "--preset", "--width", "--height", "--frames", "--steps", "--video-shift", "--audio-shift"),
     "Model files": ("--model", "--text-encoder", "--video-vae", "--audio-vae", "--dtype"),
     "Distributed": ("--mode", "--gpus", "--counts", "--modes", "--replicas", "--cfg-parallel", "--device"),
-    "Server": ("--host", "--port", "--api-key", "--state-dir", "--allow-path", "--max-queue", "--max-body-mb", "--max-image-mb", "--served-model-name"),
+    "Server": ("--host", "--port", "--api-key", "--state-dir", "--allow-path", "--max-queue", "--max-body-mb", "--max-image-mb", "--max-steps", "--max-frames", "--served-model-name"),
     "Output": ("--output", "--overwrite", "--save-latents", "--decode", "--benchmark", "--parity", "--json"),
-    "Speed": ("--attention", "--decoded-weights", "--profile", "--compile", "--cache"),
+    "Speed": ("--attention", "--decoded-weights", "--profile", "--compile", "--cache", "--ulysses-overlap"),
 }
 """Where each run flag's help goes in `h3 generate`, `h3 serve` and `h3 matrix` (`PANELLED`)."""
 PANELLED = ("generate", "serve", "matrix")

@@ -28,6 +28,8 @@ def serve(
     max_queue: Annotated[int, typer.Option("--max-queue", min=1, help="Jobs waiting at once; more is 429.")] = 64,
     max_body_mb: Annotated[int, typer.Option("--max-body-mb", min=1, help="The largest request body (uploads included); more is 413.")] = 32,
     max_image_mb: Annotated[int, typer.Option("--max-image-mb", min=1, help="The largest keyframe image file.")] = 16,
+    max_steps: Annotated[int, typer.Option("--max-steps", min=2, help="The most sigma points a request may ask for (the server's own --steps is not bound).")] = 100,
+    max_frames: Annotated[int, typer.Option("--max-frames", min=1, help="The most frames a request may ask for, after snapping to 17n+5 (481: 20 s).")] = 481,
     served_model_name: Annotated[str, typer.Option("--served-model-name", help="The model name jobs carry and requests may give.")] = "h3",
     negative_prompt: options.NegativePrompt = "",
     guidance: options.Guidance = 1.0,
@@ -71,7 +73,7 @@ def serve(
     allowed = [_allowed_dir(p) for p in allow_path or []]
     job = ServeJob(
         template=generate.request, state_dir=state_dir, host=host, port=port, api_key=settings.api_key(api_key), allow_paths=allowed,
-        limits=Limits(body_bytes=max_body_mb << 20, image_bytes=max_image_mb << 20, queue=max_queue), served_model=served_model_name,
+        limits=Limits(body_bytes=max_body_mb << 20, image_bytes=max_image_mb << 20, queue=max_queue, steps=max_steps, frames=max_frames), served_model=served_model_name,
         save_latents=generate.save_latents, video_vae=video_vae, audio_vae=audio_vae,
     )
     out = Output(False)

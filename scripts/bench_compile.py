@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from h3core.bench.alternate import Spread, alternate, ratios
 from h3core.generate.pipeline import RankPipeline, encode_prompts, new_record, rank_runtime
 from h3core.generate.request import GenerateRequest, resolve
 from h3core.model.compiled import CompiledBlocks
@@ -74,28 +75,27 @@ def main() -> int:
     eager, compiled = loaded(request, compiled=False), loaded(request, compiled=True)
     first_latents, _, compile_seconds = denoised(compiled)  # compiles every shape of the request
     reference, _, _ = denoised(eager)
-    steps: dict[str, list[float]] = {"eager": [], "compiled": []}
-    ratios, recompiled = [], 0.0
-    for i in range(args.repeat):
-        pair = {}
-        for label in ("eager", "compiled") if i % 2 == 0 else ("compiled", "eager"):
-            _, seconds, spent = denoised(eager if label == "eager" else compiled)
-            recompiled += spent
-            pair[label] = statistics.median(seconds)
-            steps[label].append(pair[label])
-        ratios.append(pair["compiled"] / pair["eager"])
+    recompiled = [0.0]
+
+    def median_step(arm) -> float:  # noqa: ANN001 - what `loaded` returns
+        _, seconds, spent = denoised(arm)
+        recompiled[0] += spent
+        return statistics.median(seconds)
+
+    steps = alternate({"eager": lambda: median_step(eager), "compiled": lambda: median_step(compiled)}, args.repeat, warmup=0)
+    pair_ratios = ratios(steps["compiled"], steps["eager"])
     result = {
         "preset": args.preset, "device": args.device, "dtype": str(eager[3].dtype), "threads": torch.get_num_threads(), "steps": args.steps,
-        "repeat": args.repeat, "compile_seconds": compile_seconds, "compile_seconds_in_timed_runs": recompiled,
+        "repeat": args.repeat, "compile_seconds": compile_seconds, "compile_seconds_in_timed_runs": recompiled[0],
         "median_step_eager": statistics.median(steps["eager"]), "median_step_compiled": statistics.median(steps["compiled"]),
-        "ratio_compiled_over_eager": statistics.median(ratios), "ratios": ratios, "runs": steps,
+        "ratio_compiled_over_eager": statistics.median(pair_ratios), "ratio_spread": Spread.of(pair_ratios).model_dump(), "ratios": pair_ratios, "runs": steps,
         "relative_difference": relative(first_latents, reference), "fullgraph": compiled[3].compiled.fullgraph,
     }
     print(f"--compile on {args.preset}, 1 {args.device} rank, {result['dtype']}, {result['threads']} thread(s), {args.steps - 1} forwards per run, "
           f"median of {args.repeat} runs per arm, alternating")
-    print(f"compile: {compile_seconds:.1f}s once (the first run, not timed; {recompiled:.1f}s more in the timed runs)")
+    print(f"compile: {compile_seconds:.1f}s once (the first run, not timed; {recompiled[0]:.1f}s more in the timed runs)")
     print(f"median step: eager {result['median_step_eager']:.4f}s · compiled {result['median_step_compiled']:.4f}s · "
-          f"compiled / eager {result['ratio_compiled_over_eager']:.3f} (pairs: {' '.join(f'{r:.3f}' for r in ratios)})")
+          f"compiled / eager {result['ratio_compiled_over_eager']:.3f} (pairs: {' '.join(f'{r:.3f}' for r in pair_ratios)})")
     print(f"latents: compiled vs eager relative {result['relative_difference']:.3g}")
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))

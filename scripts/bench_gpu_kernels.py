@@ -13,8 +13,11 @@
    qkv_proj, out_proj, fc1 and fc2. On a GPU without an fp4 GEMM (before Blackwell) the fp4 columns
    are left out and the quantizer is still timed (tensor mode's codes-first gather uses it).
 
-Every time is the median of `--repeat` CUDA-event-timed calls after one warm-up; ratios are of
-times measured in this run. Against the physical limit, each row also gives what it achieved: the
+Every time is the median of `--repeat` CUDA-event-timed calls after one warm-up; what a row compares
+runs in alternating rounds (`h3core.bench.alternate.rounds`: h3's attention and each fused kernel
+alone; the bf16 GEMM, the quantizers, the fp4 GEMM and the fp4 forward), so the fastest fused kernel,
+the ceiling h3's choice is held against, is measured in the same rounds; ratios are medians of the
+per-round ratios. Against the physical limit, each row also gives what it achieved: the
 attention's and the GEMMs' TFLOP/s (4 S^2 H Dh and 2 M N K multiply-adds counted as 2 FLOPs) and
 the quantizer's GB/s (bf16 read, codes and scales written), to hold against the GPU's datasheet
 peaks. `--json FILE` writes the rows.
@@ -39,19 +42,32 @@ TEXT_ROWS = 128
 LENGTHS = {"864x480x141": (864, 480, 141), "1344x768x243": (1344, 768, 243)}
 
 
-def cuda_median(fn: Callable[[], object], repeat: int) -> float:
-    """Median seconds of `fn` over `repeat` calls, each timed by CUDA events, after one warm-up."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
+def cuda_seconds(fn: Callable[[], object]) -> Callable[[], float]:
+    """One call of `fn` timed by CUDA events, in seconds (an arm of `alternate`)."""
+
+    def run() -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1000)
-    return statistics.median(times)
+        return start.elapsed_time(end) / 1000
+
+    return run
+
+
+def alternating_medians(arms: dict[str, Callable[[], object]], repeat: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Each arm's median seconds over `repeat` alternating rounds after one warm-up round, and the times."""
+    from h3core.bench.alternate import alternate
+
+    times = alternate({name: cuda_seconds(fn) for name, fn in arms.items()}, repeat)
+    return {name: statistics.median(t) for name, t in times.items()}, times
+
+
+def median_ratio(times: dict[str, list[float]], numerator: str, denominator: str) -> float:
+    from h3core.bench.alternate import ratios
+
+    return statistics.median(ratios(times[numerator], times[denominator]))
 
 
 def attention_rows(repeat: int) -> list[dict]:
@@ -73,15 +89,20 @@ def attention_rows(repeat: int) -> list[dict]:
         for heads in (H3_HEADS, H3_HEADS // 8):
             q, k, v = (torch.randn(seq, heads, H3_HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             record: Counter[str] = Counter()
-            h3_s = cuda_median(lambda: attend(q, k, v, "sdpa", record), repeat)
-            alone = {}
-            for backend in choice.backends:
-                with sdpa_kernel([backends[backend]]):
-                    alone[backend] = cuda_median(lambda: attend(q, k, v, "sdpa"), repeat)
-            fastest = min(alone.values()) if alone else None
+
+            def alone(backend: str) -> Callable[[], object]:
+                def run() -> object:
+                    with sdpa_kernel([backends[backend]]):
+                        return attend(q, k, v, "sdpa")
+                return run
+
+            arms = {"h3": lambda: attend(q, k, v, "sdpa", record), **{b: alone(b) for b in choice.backends}}
+            medians, times = alternating_medians(arms, repeat)
+            h3_s = medians.pop("h3")
+            fastest = min(medians, key=medians.__getitem__) if medians else None
             rows.append({"what": "attention", "clip": name, "rows": seq, "heads": heads, "h3_seconds": h3_s, "h3_kernels": dict(record),
-                         "h3_tflops": 4 * seq * seq * heads * H3_HEAD_DIM / h3_s / 1e12,
-                         "rule": choice.reason, "alone_seconds": alone, "h3_over_fastest": h3_s / fastest if fastest else None})
+                         "h3_tflops": 4 * seq * seq * heads * H3_HEAD_DIM / h3_s / 1e12, "rule": choice.reason, "alone_seconds": medians,
+                         "h3_over_fastest": median_ratio(times, "h3", fastest) if fastest else None})
             del q, k, v
             torch.cuda.empty_cache()
     return rows
@@ -108,22 +129,25 @@ def linear_rows(repeat: int) -> list[dict]:
             gs = global_scale_for(x)
             row = {"what": "linear", "linear": name, "M": m, "N": out_features, "K": in_features, "path": linear.path}
             flops, quantizer_bytes = 2 * m * out_features * in_features, m * in_features * 2 + m * width // 2 + m * width // 16
-            row["bf16_gemm_seconds"] = cuda_median(lambda: F.linear(x, dense), repeat)
-            row["bf16_gemm_tflops"] = flops / row["bf16_gemm_seconds"] / 1e12
-            row["eager_quantizer_seconds"] = cuda_median(lambda: activation.eager_quantize_activation(x, gs, width), max(1, repeat // 4))
+            arms: dict[str, Callable[[], object]] = {"bf16_gemm": lambda: F.linear(x, dense),
+                                                     "eager_quantizer": lambda: activation.eager_quantize_activation(x, gs, width)}
             if activation.triton_available():
-                row["fused_quantizer_seconds"] = cuda_median(lambda: activation.fused_quantize_activation(x, gs, width), repeat)
-                row["fused_quantizer_gbps"] = quantizer_bytes / row["fused_quantizer_seconds"] / 1e9
+                arms["fused_quantizer"] = lambda: activation.fused_quantize_activation(x, gs, width)
             if fp4:
                 a_packed, a_scale = activation.quantize_activation(x, gs, width)
                 weight = linear.fp4_weight if linear.fp4_weight is not None else linear.weight
-                row["fp4_gemm_seconds"] = cuda_median(
-                    lambda: scaled_mm_fp4(a_packed, a_scale, weight, linear.swizzled_weight_scale, a_global=gs, b_global=linear.weight_scale_2), repeat)
+                arms["fp4_gemm"] = lambda: scaled_mm_fp4(a_packed, a_scale, weight, linear.swizzled_weight_scale, a_global=gs, b_global=linear.weight_scale_2)
+                arms["fp4_forward"] = lambda: linear(x)
+            medians, times = alternating_medians(arms, repeat)
+            row.update({f"{arm}_seconds": seconds for arm, seconds in medians.items()})
+            row["bf16_gemm_tflops"] = flops / row["bf16_gemm_seconds"] / 1e12
+            if "fused_quantizer_seconds" in row:
+                row["fused_quantizer_gbps"] = quantizer_bytes / row["fused_quantizer_seconds"] / 1e9
+            if fp4:
                 row["fp4_gemm_tflops"] = flops / row["fp4_gemm_seconds"] / 1e12
-                row["fp4_forward_seconds"] = cuda_median(lambda: linear(x), repeat)
-                quantizer = row.get("fused_quantizer_seconds", row["eager_quantizer_seconds"])
-                row["quantizer_over_fp4_gemm"] = quantizer / row["fp4_gemm_seconds"]
-                row["fp4_forward_over_bf16_gemm"] = row["fp4_forward_seconds"] / row["bf16_gemm_seconds"]
+                quantizer = "fused_quantizer" if "fused_quantizer" in arms else "eager_quantizer"
+                row["quantizer_over_fp4_gemm"] = median_ratio(times, quantizer, "fp4_gemm")
+                row["fp4_forward_over_bf16_gemm"] = median_ratio(times, "fp4_forward", "bf16_gemm")
             rows.append(row)
             del x
         del linear, dense, packed, scale

@@ -3,7 +3,9 @@
 
 Each row times, in one run and alternating, a dense `F.linear` (fp32 on the CPU; bf16 on CUDA)
 and `NVFP4Linear.forward` on the same weight (the dense one is the NVFP4 weight decoded, so both
-compute the same product), and prints the median of N repeats after one warm-up, with ratios.
+compute the same product): N rounds after one warm-up round, each round timing both, in the order
+dense, NVFP4, then NVFP4, dense (`h3core.bench.alternate.rounds`), so that load drifting on a shared
+machine falls on both. It prints each one's median and the median of the per-round ratios.
 The weight is random codes and scales (quantizing 154M elements would dominate the run). Weights
 are built under `torch.inference_mode()`, as in the pipeline; each linear is prepared for its path
 before timing (on Blackwell: the swizzled scales, counted in the NVFP4 bytes), as the loaders do.
@@ -25,6 +27,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from h3core.bench.alternate import alternate, ratios
 from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import NVFP4Weight, dequantize
 from h3core.nvfp4.linear import NVFP4Linear
@@ -47,18 +50,19 @@ def random_weight(out: int, inp: int, device: torch.device, seed: int) -> NVFP4W
     return NVFP4Weight(packed, scale, torch.tensor(2e-4)).to(device)
 
 
-def median_ms(fn: Callable[[], torch.Tensor], repeat: int, device: torch.device) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
+def timed_ms(fn: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], float]:
+    """One call of `fn`, timed to device completion, in milliseconds (an arm of `alternate`)."""
+
+    def run() -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
         fn()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        return (time.perf_counter() - start) * 1e3
+
+    return run
 
 
 def bench_shape(name: str, out: int, inp: int, args: argparse.Namespace, device: torch.device) -> dict[str, object]:
@@ -68,8 +72,8 @@ def bench_shape(name: str, out: int, inp: int, args: argparse.Namespace, device:
     linear.prepare()  # the fp4 GEMM's operands, built once as the loaders do (counted in nvfp4_mib)
     dense = dequantize(weight, dense_dtype)  # [out, in]
     x = torch.randn(args.tokens, inp, device=device, dtype=dense_dtype)
-    dense_ms = median_ms(lambda: F.linear(x, dense), args.repeat, device)
-    nvfp4_ms = median_ms(lambda: linear(x), args.repeat, device)
+    times = alternate({"dense": timed_ms(lambda: F.linear(x, dense), device), "nvfp4": timed_ms(lambda: linear(x), device)}, args.repeat)
+    dense_ms, nvfp4_ms = statistics.median(times["dense"]), statistics.median(times["nvfp4"])
     flops = 2 * args.tokens * inp * out
     return {
         "name": name,
@@ -77,6 +81,7 @@ def bench_shape(name: str, out: int, inp: int, args: argparse.Namespace, device:
         "tokens": args.tokens,
         "dense_ms": dense_ms,
         "nvfp4_ms": nvfp4_ms,
+        "ratio": statistics.median(ratios(times["nvfp4"], times["dense"])),
         "dense_tflops": flops / dense_ms / 1e9,
         "nvfp4_tflops": flops / nvfp4_ms / 1e9,
         "dense_mib": dense.numel() * dense.element_size() / 2**20,
@@ -88,7 +93,7 @@ def bench_shape(name: str, out: int, inp: int, args: argparse.Namespace, device:
 
 def print_table(rows: list[dict[str, object]], args: argparse.Namespace, device: torch.device) -> None:
     dtype = rows[0]["dense_dtype"]
-    print(f"device {device} | tokens {args.tokens} | median of {args.repeat} after 1 warm-up "
+    print(f"device {device} | tokens {args.tokens} | median of {args.repeat} alternating rounds after 1 warm-up round "
           f"| torch {torch.__version__} | threads {torch.get_num_threads()}")
     header = (f"{'layer':<10} {'in->out':<12} {'F.linear ' + dtype:>16} {'NVFP4Linear':>12} {'time x':>7} "
               f"{'TFLOP/s dense':>14} {'NVFP4':>7} {'weight ' + dtype:>14} {'NVFP4':>9} {'memory x':>9}  path")
@@ -96,10 +101,10 @@ def print_table(rows: list[dict[str, object]], args: argparse.Namespace, device:
     print("-" * len(header))
     for r in rows:
         print(f"{r['name']:<10} {r['shape']:<12} {r['dense_ms']:>13.1f} ms {r['nvfp4_ms']:>9.1f} ms "
-              f"{r['nvfp4_ms'] / r['dense_ms']:>7.2f} {r['dense_tflops']:>14.2f} {r['nvfp4_tflops']:>7.2f} "
+              f"{r['ratio']:>7.2f} {r['dense_tflops']:>14.2f} {r['nvfp4_tflops']:>7.2f} "
               f"{r['dense_mib']:>10.0f} MiB {r['nvfp4_mib']:>5.0f} MiB "
               f"{r['nvfp4_mib'] / r['dense_mib']:>9.3f}  {r['path']}")
-    print("time x = NVFP4Linear / F.linear (above 1: slower); memory x = resident NVFP4 bytes / dense weight bytes")
+    print("time x = NVFP4Linear / F.linear, the median of the per-round ratios (above 1: slower); memory x = resident NVFP4 bytes / dense weight bytes")
 
 
 def main() -> None:

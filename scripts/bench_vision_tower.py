@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from h3core.bench.alternate import alternate
 from h3core.runtime import cpu_memory
 from h3core.runtime import device as dev
 from h3core.text import load_text_encoder
@@ -66,10 +67,11 @@ def main() -> None:
         live = _live_bytes(device)
         tower(pixel_values, grids)
         peak = dev.peak_memory_bytes(device) - live
-        with_images, text_only = [], []
-        for _ in range(args.repeats):  # A and B alternate
-            with_images.append(_seconds(lambda: encoder.encode_prompt(PROMPT, images[:count]), device))
-            text_only.append(_seconds(lambda: encoder.encode_prompt(PROMPT), device))
+        times = alternate({  # A B, B A, A B, ...: drift falls on both
+            "images": lambda: _seconds(lambda: encoder.encode_prompt(PROMPT, images[:count]), device),
+            "text": lambda: _seconds(lambda: encoder.encode_prompt(PROMPT), device),
+        }, args.repeats, warmup=0)
+        with_images, text_only = times["images"], times["text"]
         rows = encoder.encode_prompt(PROMPT, images[:count])[0].shape[0]
         a, b = statistics.median(with_images), statistics.median(text_only)
         print(f"{count} keyframe(s) 864x480 ({pixel_values.shape[0]} patches, {rows} rows): tower forward {forward:.3f} s "

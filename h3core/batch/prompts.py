@@ -8,9 +8,10 @@ Two forms:
   `frames`, `steps`, `guidance`, `keyframes` (`{"first": PATH, "last": PATH}`, either or both;
   a relative path is relative to the prompt file's folder; `{}`: none, whatever the flags say),
   `name` (the output folder's name) and `loras` (a list of `{"path": ..., "scale": ...}`: this
-  prompt's LoRA adapters instead of the `--lora` flags', `[]` for none; paths relative to the
-  current folder, as the flags'; the ranks keep the base model and swap only the adapters between
-  prompts); blank and `#` lines are skipped here too.
+  prompt's LoRA adapters instead of the `--lora` flags', `[]` for none; a relative path is
+  relative to the prompt file's folder, as a keyframe's: the file means the same wherever it is run
+  from; the ranks keep the base model and swap only the adapters between prompts); blank and `#`
+  lines are skipped here too.
 
 What a line leaves out comes from the flags. A malformed file is one `ConfigError` naming the file
 and the line (exit 2), before any rank starts.
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from h3core.errors import ConfigError
 from h3core.files.text import BOM, parse_json, read_text
 from h3core.generate.prompt import PromptText
+from h3core.lora.spec import LoraScale
 
 MAX_SEED = 2**64 - 1
 MAX_FILE_BYTES = 64 << 20
@@ -38,7 +40,7 @@ class PromptLora(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     path: str = Field(min_length=1)
-    scale: float = Field(1.0, allow_inf_nan=False)
+    scale: LoraScale = 1.0
 
 
 class PromptEntry(BaseModel):
@@ -100,11 +102,20 @@ def _json_entry(path: Path, line: int, text: str) -> PromptEntry:
     if "keyframes" in data:
         data["keyframes"] = _keyframes(where, data["keyframes"], path.parent)
     try:
-        return PromptEntry(line=line, **data)
+        entry = PromptEntry(line=line, **data)
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"{where}: {field}: {first['msg']} (got {first.get('input')!r})") from None
+        raise ConfigError(f"{where}: {field}: {first['msg']} (got {repr(first.get('input'))[:200]})") from None
+    return _adapters_beside(entry, path.parent)
+
+
+def _adapters_beside(entry: PromptEntry, folder: Path) -> PromptEntry:
+    """A line's adapters with relative paths taken from the prompt file's `folder` (as its keyframes)."""
+    if not entry.loras:
+        return entry
+    loras = [lora.model_copy(update={"path": str(folder / lora.path)}) for lora in entry.loras]
+    return entry.model_copy(update={"loras": loras})
 
 
 def _keyframes(where: str, value: object, folder: Path) -> dict[str, Path]:

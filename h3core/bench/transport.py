@@ -21,6 +21,15 @@ h3 shards them (`token_spans`, `head_spans`), and times, per iteration and in th
 8. `fresh_qkv`, `fresh_out`: the same into a freshly allocated receive buffer (what the previous
    version of this benchmark used as its baseline: on a CPU its page faults cost more than the copy).
 
+9. `attend_whole`, `attend_overlapped` (with attention only): Ulysses attention whole, as the model runs
+   it (send blocks written, seq->head, attention, head->seq: `attend_whole`) and overlapped in
+   `--overlap-groups` head groups (`attend_in_groups`, `--ulysses-overlap`), in alternating order;
+   inside them `comm_whole` (the time in the whole path's two all-to-alls: all of it exposed),
+   `comm_exposed` (the overlapped path's time in its all-to-alls' own code: starting them, blocked
+   waiting, unpacking the returns) and, on the CPU, `comm_in_flight` (its all-to-alls' time from
+   start to arrival, summed). Hidden = comm_whole - comm_exposed (what overlap took off the rank's
+   path); overlap ratio = the median of the per-iteration overlapped / whole.
+
 h3's round trip, per iteration = (2) - (1) + (3) + (5): everything Ulysses adds to one rank's
 attention path; the wire = (7). (1) and (2) swap places every other iteration (`_iteration`). v's
 GEMM is in both (1) and (2), so only what Ulysses changes about it counts (per-peer GEMMs, strided
@@ -42,10 +51,12 @@ blocks written by RoPE arrive bit for bit as `seq_to_head` of the finished q|k|v
 from __future__ import annotations
 
 import statistics
+import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 import torch.distributed as dist
@@ -57,9 +68,10 @@ from h3core.model import attention
 from h3core.model.attention import SdpaChoices, attend, check_backend, scores_bytes
 from h3core.model.config import ModelConfig, preset
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.parallel.collectives import CommStats, Scratch, SendBlocks, exchange_blocks, head_to_seq, send_blocks, seq_to_head
-from h3core.parallel.modes.ulysses import LinearHeads, ProjectedQKV
-from h3core.parallel.partition import head_spans, token_spans
+from h3core.parallel import overlap
+from h3core.parallel.collectives import CommStats, FlightLog, Scratch, SendBlocks, exchange_blocks, head_to_seq, send_blocks, seq_to_head
+from h3core.parallel.modes.ulysses import Exchange, LinearHeads, ProjectedQKV, attend_in_groups, attend_whole
+from h3core.parallel.partition import head_groups, head_spans, token_spans
 from h3core.reports.outputs import Outputs
 from h3core.reports.schema import Versions, report_json
 from h3core.runtime import cpu_memory
@@ -74,7 +86,10 @@ from h3core.span import Span
 PHASES = (
     "finish_one_rank", "finish_into_blocks", "seq_to_head", "attention", "head_to_seq",
     "seq_to_head_packed", "wire_qkv", "wire_out", "fresh_qkv", "fresh_out",
+    "attend_whole", "attend_overlapped", "comm_whole", "comm_exposed", "comm_in_flight",
 )
+OVERLAP_PHASES = PHASES[-5:]
+"""Timed with attention only (overlap hides the all-to-alls behind it)."""
 ROUND_TRIP = {"finish_into_blocks": 1, "finish_one_rank": -1, "seq_to_head": 1, "head_to_seq": 1}
 """h3's round trip per iteration, as signed sums of phases: what Ulysses adds to one rank's attention."""
 PACKED_ROUND_TRIP = {"seq_to_head_packed": 1, "head_to_seq": 1}
@@ -121,6 +136,7 @@ class TransportBenchConfig(UserRequest):
     iters: int = Field(20, ge=1, description="Timed iterations per phase.")
     warmup: int = Field(3, ge=0, description="Untimed iterations before them.")
     time_attention: bool = Field(True, description="Run and time the attention phase (off: transport only).")
+    overlap_groups: int = Field(overlap.GROUPS, ge=2, description="Head groups of the overlapped path (attend_overlapped; h3core.parallel.overlap).")
     seed: int = Field(default=0, description="Seed of the random q|k|v (rank r uses seed + r).")
     report_file: Path | None = Field(None, description="Where the JSON report is written (--output, else H3_DISTRIBUTED_BENCHMARK; None: nowhere).")
 
@@ -141,6 +157,7 @@ class TransportBenchConfig(UserRequest):
         iters: int = 20,
         warmup: int = 3,
         time_attention: bool = True,
+        overlap_groups: int = overlap.GROUPS,
         output: Path | None = None,
     ) -> "TransportBenchConfig":
         """Resolve and check a request before any rank exists (each problem is one ConfigError).
@@ -157,6 +174,8 @@ class TransportBenchConfig(UserRequest):
             _check_heads(h3, heads, head_dim)
         if iters < 1 or warmup < 0:
             raise ConfigError(f"--iters must be at least 1 and --warmup at least 0 (got {iters}, {warmup})")
+        if overlap_groups < 2:
+            raise ConfigError(f"--overlap-groups must be at least 2 (got {overlap_groups}): one group is the whole all-to-all")
         check_world_size_fits(world_size, device_type)
         token_spans(tokens, world_size)  # raise PartitionError before spawning
         head_spans(heads, world_size)
@@ -165,7 +184,7 @@ class TransportBenchConfig(UserRequest):
         cfg = cls(
             world_size=world_size, attention=attention, tokens=tokens, heads=heads, head_dim=head_dim,
             device=device_type, dtype=dtype_name(compute_dtype(device_type, dtype)), iters=iters,
-            warmup=warmup, time_attention=time_attention,
+            warmup=warmup, time_attention=time_attention, overlap_groups=overlap_groups,
             report_file=report_file(settings.benchmark_path(output), world_size, attention if time_attention else "transport-only"),
         )
         cfg.check_memory()
@@ -187,6 +206,25 @@ class PhaseTiming(BaseModel):
     gb_per_s: float | None = Field(description="Largest per-rank bytes sent / median_s, in 1e9 B/s (None without traffic).")
 
 
+class OverlapTiming(BaseModel):
+    """Ulysses attention whole vs overlapped (`--overlap-groups` head groups), timed alternately in one run."""
+
+    groups: int = Field(description="Head groups the overlapped all-to-alls were split into (capped at the fewest heads a rank holds).")
+    whole_s: float = Field(description="attend_whole: median over iterations of the slowest rank.")
+    overlapped_s: float = Field(description="attend_overlapped: the same.")
+    ratio: float = Field(description="Median over iterations of overlapped / whole (slowest rank each; below 1: overlap is faster here).")
+    ratio_range: tuple[float, float] = Field(description="The least and greatest of those per-iteration ratios.")
+    comm_whole_s: float = Field(description="The whole path's two all-to-alls (all exposed).")
+    comm_exposed_s: float = Field(description="The overlapped path's time in its all-to-alls' own code: starting them, blocked waiting for them, unpacking the returns.")
+    comm_in_flight_s: float | None = Field(description="Its all-to-alls' time from start to arrival, summed (CPU; None on CUDA: their stream is not timed).")
+
+    @property
+    def hidden_s(self) -> float:
+        """Communication taken off the rank's path: the whole path's all-to-all time - the overlapped
+        path's exposed time, in the same iterations (negative: overlap costs more than it hides)."""
+        return self.comm_whole_s - self.comm_exposed_s
+
+
 class TransportReport(BaseModel):
     """The result of `h3 bench-transport`, as printed by --json and written to the report file."""
 
@@ -199,6 +237,7 @@ class TransportReport(BaseModel):
     qkv_fused: bool = Field(default=True, description="q|k|v travel in one all-to-all ([S_loc, 3, H, Dh]).")
     identity_exact: bool = Field(description="head_to_seq(seq_to_head(x)) == x bit for bit on every rank.")
     blocks_exact: bool = Field(True, description="RoPE and v's GEMM written into the send blocks arrive bit for bit as seq_to_head of the finished q|k|v.")
+    overlap_exact: bool = Field(True, description="Ulysses attention overlapped in head groups gives bit for bit the whole path's output (with attention).")
     v_gemm_input_width: int = Field(V_INPUT_WIDTH, description="Input width of the v GEMM timed in finish_one_rank and finish_into_blocks.")
     attention_kernels: list[dict[str, int]] = Field(default_factory=list, description="Per rank: the attention kernels its timed calls ran (kernel -> calls).")
     phases: dict[str, PhaseTiming]
@@ -210,6 +249,7 @@ class TransportReport(BaseModel):
     packed_ratio: float | None = Field(None, description="packed_round_trip_s / wire_s.")
     fresh_ratio: float | None = Field(None, description="fresh_s / wire_s: what fresh receive memory costs on this machine.")
     target_ratio: float = Field(description="The ratio h3 must stay within at this rank count.")
+    overlap: OverlapTiming | None = Field(None, description="Ulysses attention whole vs overlapped in head groups (with attention only).")
     timing: str = Field(
         default="barrier before each timed region; device-synchronised; a phase's time in an iteration is its "
         "slowest rank's; per-iteration sums of phases; median over timed iterations",
@@ -232,6 +272,7 @@ class _Inputs:
     stand_in_out: torch.Tensor  # [S, H_loc, Dh], what attention would return when it is not timed
     scratch: Scratch  # the collectives' CPU buffer, kept across calls as a rank's runtime keeps it
     choices: SdpaChoices  # the attention kernel's cached SDPA decisions, as the model's kernel keeps them
+    groups: list[list[Span]]  # the overlapped path's head groups
 
 
 def _inputs(ctx: RankContext, cfg: TransportBenchConfig) -> _Inputs:
@@ -248,7 +289,8 @@ def _inputs(ctx: RankContext, cfg: TransportBenchConfig) -> _Inputs:
     q, k, h = randn(local_tokens, cfg.heads, cfg.head_dim), randn(local_tokens, cfg.heads, cfg.head_dim), randn(local_tokens, V_INPUT_WIDTH)
     projected = ProjectedQKV(q, k, LinearHeads(_v_linear(ctx, cfg), h, 0, cfg.heads, cfg.head_dim), angles.cos(), angles.sin())
     qkv = torch.stack(projected.split(), dim=1)
-    return _Inputs(tokens, heads, projected, qkv, randn(cfg.tokens, local_heads, cfg.head_dim), Scratch(), SdpaChoices())
+    return _Inputs(tokens, heads, projected, qkv, randn(cfg.tokens, local_heads, cfg.head_dim), Scratch(), SdpaChoices(),
+                   head_groups(heads, cfg.overlap_groups))
 
 
 def _v_linear(ctx: RankContext, cfg: TransportBenchConfig) -> NVFP4Linear:
@@ -264,6 +306,15 @@ def _exactness(ctx: RankContext, x: _Inputs) -> tuple[bool, bool]:
     identity = bool(torch.equal(head_to_seq(by_head, x.tokens, x.heads, ctx.group), x.qkv))
     through_blocks = exchange_blocks(_write_blocks(x.projected, x.heads, x.scratch), x.tokens, x.heads, ctx.group)
     return identity, bool(torch.equal(through_blocks, by_head))
+
+
+def _overlap_exactness(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs) -> bool:
+    """Ulysses attention overlapped in head groups gives bit for bit the whole path's output."""
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attend(q, k, v, cfg.attention, None, x.choices)
+
+    via = Exchange(ctx.group, x.heads, None, x.scratch)
+    return bool(torch.equal(attend_in_groups(x.projected, x.tokens, kernel, via, x.groups), attend_whole(x.projected, x.tokens, kernel, via)))
 
 
 def _wire(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
@@ -295,6 +346,67 @@ def _iteration(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs, wire: di
     for name, (preallocated, fresh) in wire.items():
         timed(f"wire_{name}", preallocated)
         timed(f"fresh_{name}", fresh)
+    if cfg.time_attention:
+        _overlap_iteration(ctx, cfg, x, timed, step, kernels)
+
+
+def _overlap_iteration(ctx: RankContext, cfg: TransportBenchConfig, x: _Inputs, timed: Callable[..., Any], step: int, kernels: Counter[str]) -> None:
+    """Ulysses attention whole and overlapped, in alternating order (module docstring, 9), each with
+    its all-to-alls timed by a `CommClock` (and, overlapped, their time in flight on the CPU)."""
+    clock, flights = CommClock(ctx.device), FlightLog()
+    whole_stats, grouped_stats = CommStats(), CommStats()
+    whole_stats.timer = grouped_stats.timer = clock.region
+    grouped_stats.flights = flights
+
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attend(q, k, v, cfg.attention, kernels, x.choices)
+
+    def whole() -> None:
+        attend_whole(x.projected, x.tokens, kernel, Exchange(ctx.group, x.heads, whole_stats, x.scratch))
+        timed("comm_whole", lambda: None, clock.take())
+
+    def grouped() -> None:
+        attend_in_groups(x.projected, x.tokens, kernel, Exchange(ctx.group, x.heads, grouped_stats, x.scratch), x.groups)
+        timed("comm_exposed", lambda: None, clock.take())
+        if ctx.device.type == "cpu":
+            timed("comm_in_flight", lambda: None, sum(flights.take().values()))
+
+    for phase, run in (("attend_whole", whole), ("attend_overlapped", grouped))[:: -1 if step % 2 else 1]:
+        timed(phase, run)
+
+
+class CommClock:
+    """A `CommStats` timer that sums the seconds of the regions it times until `take()`: `perf_counter`
+    on the CPU; on CUDA events on the current stream, read at `take()` (after the timed phase has
+    synchronised), so timing does not stall the stream the way a synchronising stopwatch would."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._seconds = 0.0
+        self._pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextmanager
+    def region(self, name: str) -> Iterator[None]:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self._pairs.append((start, end))
+            return
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._seconds += time.perf_counter() - started
+
+    def take(self) -> float:
+        synchronize(torch.device("cuda") if self.cuda else torch.device("cpu"))
+        seconds = self._seconds + sum(start.elapsed_time(end) / 1000.0 for start, end in self._pairs)
+        self._seconds, self._pairs = 0.0, []
+        return seconds
 
 
 def _bench_rank(ctx: RankContext, cfg: TransportBenchConfig) -> dict[str, Any]:
@@ -308,12 +420,13 @@ def _bench_rank(ctx: RankContext, cfg: TransportBenchConfig) -> dict[str, Any]:
     for step in range(total):
         maybe_inject_fault("iter", ctx.rank, step)
         keep = step >= cfg.warmup
-        _iteration(ctx, cfg, x, wire, stats, lambda phase, work: _timed(ctx, samples[phase], keep, work), step, kernels)
+        _iteration(ctx, cfg, x, wire, stats, lambda phase, work, seconds=None: _timed(ctx, samples[phase], keep, work, seconds), step, kernels)
         ctx.report(("iter", step + 1, total))
     if not cfg.time_attention:
         samples["attention"] = []
+    overlap_exact = _overlap_exactness(ctx, cfg, x) if cfg.time_attention else True
     return {
-        "identity": identity, "blocks_exact": blocks_exact, "attention_kernels": dict(sorted(kernels.items())),
+        "identity": identity, "blocks_exact": blocks_exact, "overlap_exact": overlap_exact, "attention_kernels": dict(sorted(kernels.items())),
         "allocator": cpu_memory.policy() if ctx.device.type == "cpu" else "n/a", "samples": samples,
         "bytes": _bytes_per_call(stats, max(1, total)),
     }
@@ -364,8 +477,13 @@ def _all_to_all_of(ctx: RankContext, x: torch.Tensor, send_sizes: list[int], rec
     return (lambda: run(ready)), (lambda: run(flat.new_empty(sum(recv_sizes))))
 
 
-def _timed(ctx: RankContext, samples: list[float], keep: bool, work: Callable[[], Any]) -> Any:
-    """Barrier, then time `work` to device completion; the seconds go to `samples` when `keep`."""
+def _timed(ctx: RankContext, samples: list[float], keep: bool, work: Callable[[], Any], seconds: float | None = None) -> Any:
+    """Barrier, then time `work` to device completion; the seconds go to `samples` when `keep`.
+    `seconds` given: a figure measured inside another phase, kept as it is (nothing run or timed)."""
+    if seconds is not None:
+        if keep:
+            samples.append(seconds)
+        return None
     if ctx.group is not None:
         dist.barrier(group=ctx.group)
     synchronize(ctx.device)
@@ -413,10 +531,25 @@ def _summarise(cfg: TransportBenchConfig, backend: str, per_rank: list[dict[str,
         tokens_per_rank=[len(s) for s in token_spans(cfg.tokens, cfg.world_size)],
         heads_per_rank=[len(s) for s in head_spans(cfg.heads, cfg.world_size)],
         identity_exact=all(r["identity"] for r in per_rank), blocks_exact=all(r["blocks_exact"] for r in per_rank),
+        overlap_exact=all(r["overlap_exact"] for r in per_rank), overlap=_overlap_timing(cfg, per_rank),
         attention_kernels=[r.get("attention_kernels", {}) for r in per_rank], phases=_phases(cfg, per_rank),
         round_trip_s=round_trip, wire_s=wire, fresh_s=fresh, packed_round_trip_s=packed,
         ratio=over_wire(round_trip), packed_ratio=over_wire(packed), fresh_ratio=over_wire(fresh),
         target_ratio=target_ratio(cfg.world_size), versions=Versions.collect(),
+    )
+
+
+def _overlap_timing(cfg: TransportBenchConfig, per_rank: list[dict[str, Any]]) -> OverlapTiming | None:
+    """Whole vs overlapped Ulysses attention (None without attention: nothing to hide the all-to-alls behind)."""
+    if not cfg.time_attention:
+        return None
+    whole, grouped = combined(per_rank, {"attend_whole": 1}), combined(per_rank, {"attend_overlapped": 1})
+    ratios = [g / w for g, w in zip(slowest(per_rank, "attend_overlapped"), slowest(per_rank, "attend_whole")) if w > 0]
+    in_flight = combined(per_rank, {"comm_in_flight": 1}) if all(r["samples"]["comm_in_flight"] for r in per_rank) else None
+    return OverlapTiming(
+        groups=len(head_groups(head_spans(cfg.heads, cfg.world_size), cfg.overlap_groups)), whole_s=whole, overlapped_s=grouped,
+        ratio=statistics.median(ratios), ratio_range=(min(ratios), max(ratios)), comm_whole_s=combined(per_rank, {"comm_whole": 1}),
+        comm_exposed_s=combined(per_rank, {"comm_exposed": 1}), comm_in_flight_s=in_flight,
     )
 
 
@@ -425,7 +558,7 @@ def _phases(cfg: TransportBenchConfig, per_rank: list[dict[str, Any]]) -> dict[s
     each rank sent and the bandwidth."""
     phases: dict[str, PhaseTiming] = {}
     for phase in PHASES:
-        if phase == "attention" and not cfg.time_attention:
+        if not all(r["samples"][phase] for r in per_rank):  # not timed in this run (attention, overlap, CUDA's flights)
             continue
         medians = [statistics.median(r["samples"][phase]) for r in per_rank]
         sent = [int(r["bytes"].get(phase, 0)) for r in per_rank]
@@ -435,11 +568,15 @@ def _phases(cfg: TransportBenchConfig, per_rank: list[dict[str, Any]]) -> dict[s
     return phases
 
 
+def slowest(per_rank: list[dict[str, Any]], phase: str) -> list[float]:
+    """A phase's time in each timed iteration: its slowest rank's (the collective after it waits for that rank)."""
+    return [max(times) for times in zip(*(r["samples"][phase] for r in per_rank))]
+
+
 def combined(per_rank: list[dict[str, Any]], terms: dict[str, int]) -> float:
     """A signed sum of phases per iteration, each phase taking its slowest rank's time in that
-    iteration (the collective after it waits for that rank); the median over iterations."""
-    slowest = {phase: [max(times) for times in zip(*(r["samples"][phase] for r in per_rank))] for phase in terms}
-    per_iteration = zip(*(slowest[phase] for phase in terms))
+    iteration (`slowest`); the median over iterations."""
+    per_iteration = zip(*(slowest(per_rank, phase) for phase in terms))
     return statistics.median(sum(sign * t for sign, t in zip(terms.values(), row)) for row in per_iteration)
 
 

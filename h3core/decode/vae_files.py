@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal
 
 from h3core.errors import CheckpointError
-from h3core.files.paths import path_kind
+from h3core.files.paths import inside, path_kind
 from h3core.files.text import MAX_CONFIG_BYTES, read_json
 
 if TYPE_CHECKING:
@@ -127,10 +127,24 @@ def _folder(path: Path, role: Role, source: str) -> VaeFiles:
         raise CheckpointError(f"{source} {path} is the H3 {named_role} VAE, not the {role} VAE; pass it as {FLAGS[named_role]}")
     if name in DIFFUSERS_CLASSES:
         return VaeFiles(role=role, path=path, container="diffusers folder", key_layout="", weights=_diffusers_weights(path), config=config)
-    weights = path / str(config.get("source_path", ".")) / str(config.get("source_safetensors_path", "model.safetensors"))
+    weights = _source_weights(path, config, config_path)
     if not weights.is_file():
         raise CheckpointError(f"{config_path} names the weights {weights}, which {path_kind(weights, follow=True)}; download the folder again")
     return VaeFiles(role=role, path=path, container="MiniMax folder", key_layout="", weights=[weights], config=config)
+
+
+def _source_weights(folder: Path, config: dict, config_path: Path) -> Path:
+    """The weights a MiniMax folder's config names (`source_path` / `source_safetensors_path`): a file
+    in the folder, never outside it (an absolute path or a `..` is one line)."""
+    names = [config.get("source_path", "."), config.get("source_safetensors_path", "model.safetensors")]
+    for name in names:
+        if not isinstance(name, str):
+            raise CheckpointError(f"{config_path}: source_path and source_safetensors_path must be file names, got {name!r}; download the folder again")
+    weights = inside(folder, str(Path(*names)))
+    if weights is None:
+        raise CheckpointError(f"{config_path} names the weights {str(Path(*names))!r}, outside its folder; the config is corrupt or hostile: "
+                              "download the folder again")
+    return weights
 
 
 def _diffusers_weights(folder: Path) -> list[Path]:

@@ -56,7 +56,19 @@ def path_kind(path: Path, follow: bool = False) -> str:
         return "nothing"
     except OSError as err:
         return f"unreadable ({os_error_reason(err)})"
+    except ValueError:  # a NUL byte: no file system has such a name
+        return "not a valid path (it holds a NUL byte)"
     return next((words for test, words in _KINDS if test(mode)), "not a regular file")
+
+
+def inside(folder: Path, name: str) -> Path | None:
+    """`folder / name` when `name` is a relative path that stays in `folder` (not absolute, no `..`
+    part, no NUL byte), else None: how h3 takes a file name that a file it reads names (a shard
+    index's shards, a VAE config's `source_path`), so that no such name leads out of its folder."""
+    relative = Path(name)
+    if not name or "\x00" in name or relative.is_absolute() or ".." in relative.parts:
+        return None
+    return folder / relative
 
 
 def free_bytes(folder: Path) -> int:
@@ -86,6 +98,8 @@ def read_bounded(path: Path | str, what: str, limit: int, hint: str, error: type
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as err:
         raise refuse(os_error_reason(err)) from None
+    except ValueError:
+        raise refuse("the path holds a NUL byte") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

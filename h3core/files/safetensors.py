@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 
 from h3core.errors import CheckpointError
 from h3core.files.atomic import atomic_file
-from h3core.files.paths import path_kind
+from h3core.files.paths import inside, path_kind
 from h3core.files.text import MAX_CONFIG_BYTES, parse_json, read_json
 
 
@@ -352,12 +352,12 @@ def index_shards(index: Path) -> list[Path]:
         raise CheckpointError(f"{index} is not a valid safetensors index (its weight_map is not a map of tensor names to file names); {hint}")
     folder, files = index.parent, []
     for name in dict.fromkeys(weight_map.values()):
-        shard = Path(name)
-        if not name or shard.is_absolute() or ".." in shard.parts:
+        shard = inside(folder, name)
+        if shard is None:
             raise CheckpointError(f"{index} points at {name!r}, outside its folder; the index is corrupt or hostile: {hint}")
-        if not (folder / shard).is_file():
+        if not shard.is_file():
             raise CheckpointError(f"{index} names shard {name}, which is not in {folder}; the download is incomplete")
-        files.append(folder / shard)
+        files.append(shard)
     return files
 
 

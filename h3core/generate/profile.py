@@ -6,6 +6,13 @@ on the dequant paths), one per collective kind (`seq_to_head`, `head_to_seq`, `g
 `reduce_scatter_rows`, `repartition_rows`, `cfg_exchange`, `broadcast`; waiting for a late peer counts there), and
 `rest`: the step's time minus all of them (norms, RoPE, modulation, residuals, the sampler, Python).
 
+Overlapped collectives (`--ulysses-overlap`, `collectives.InFlight`) count in their category only the
+time this rank spent in their own code: starting them, blocked waiting for them, unpacking what
+arrived: the *exposed* communication. On the CPU each one's time from start to arrival is logged
+too (`in_flight`, per step and kind): about `in_flight - exposed` of it ran behind computation
+(about: the exposed time also holds the starting and unpacking). On CUDA the collectives' own
+stream is not timed: exposed only.
+
 How: forward hooks on those modules and the rank's `CommStats.timer`, applied to a finished model
 from outside (the model file stays as it is); nothing is registered when profiling is off. Regions
 nest (a collective inside a hooked module, a collective calling another): each region's time counts
@@ -29,7 +36,7 @@ from pydantic import BaseModel, Field
 from h3core.model.attention.dispatch import AttentionKernel
 from h3core.nvfp4.linear import NVFP4Linear
 from h3core.parallel import collectives
-from h3core.parallel.collectives import CommStats
+from h3core.parallel.collectives import CommStats, FlightLog
 
 ATTENTION, LINEARS, REST = "attention", "nvfp4_linears", "rest"
 COLLECTIVES = (
@@ -45,6 +52,7 @@ class RankProfile(BaseModel):
     rank: int
     clock: str = Field(description="'cuda events' or 'perf_counter'.")
     steps: list[dict[str, float]] = Field(description="Per denoising step: seconds per category, and 'step' (the total).")
+    in_flight: list[dict[str, float]] = Field(default_factory=list, description="Per step: seconds the overlapped collectives of each kind spent from start to arrival (CPU; empty when none ran).")
 
     @property
     def mean(self) -> dict[str, float]:
@@ -59,6 +67,7 @@ class RunProfile(BaseModel):
     ranks: list[RankProfile]
     mean: dict[str, float] = Field(description="Seconds per step per category: mean over steps, then over ranks.")
     steady_mean: dict[str, float] = Field(description="The same without the first step (one-time warm-up).")
+    in_flight_mean: dict[str, float] = Field(default_factory=dict, description="Overlapped collectives: seconds per step from start to arrival, per kind, mean over steps, then ranks (CPU).")
 
     @classmethod
     def of(cls, ranks: list[RankProfile]) -> "RunProfile":
@@ -66,7 +75,18 @@ class RunProfile(BaseModel):
             ranks=ranks,
             mean=mean_split([r.mean for r in ranks]),
             steady_mean=mean_split([mean_split(r.steps[1:] or r.steps) for r in ranks]),
+            in_flight_mean=mean_split([mean_split(r.in_flight) for r in ranks if r.in_flight]),
         )
+
+    def overlap_line(self) -> str | None:
+        """Exposed vs in-flight communication of the overlapped collectives, per step (None: none ran)."""
+        if not self.in_flight_mean:
+            return None
+        exposed = sum(self.mean.get(kind, 0.0) for kind in self.in_flight_mean)
+        whole = sum(self.in_flight_mean.values())
+        hidden = max(0.0, whole - exposed)
+        return (f"overlapped all-to-alls ({', '.join(k.replace('_', ' ') for k in self.in_flight_mean)}): {exposed * 1e3:.2f} ms exposed "
+                f"(starting, blocked, unpacking) against {whole * 1e3:.2f} ms in flight per step: about {hidden / whole if whole > 0 else 0.0:.0%} hidden")
 
 
 def mean_split(splits: list[dict[str, float]]) -> dict[str, float]:
@@ -104,6 +124,8 @@ class Profiler:
         self._handles: list[Any] = []
         self._events: list[torch.cuda.Event] = []
         self._used_events = 0
+        self._flights = FlightLog()
+        self.in_flight: list[dict[str, float]] = []
 
     # -- wiring -----------------------------------------------------------------------------------
 
@@ -118,6 +140,7 @@ class Profiler:
         self._stats = stats
         if stats is not None:
             stats.timer = self.region
+            stats.flights = self._flights
         return self
 
     def detach(self) -> None:
@@ -126,9 +149,11 @@ class Profiler:
         self._handles.clear()
         if getattr(self, "_stats", None) is not None:
             self._stats.timer = None
+            self._stats.flights = None
 
     def result(self) -> RankProfile:
-        return RankProfile(rank=self.rank, clock="cuda events" if self.cuda else "perf_counter", steps=self.steps)
+        in_flight = self.in_flight if any(self.in_flight) else []
+        return RankProfile(rank=self.rank, clock="cuda events" if self.cuda else "perf_counter", steps=self.steps, in_flight=in_flight)
 
     # -- regions ----------------------------------------------------------------------------------
 
@@ -145,6 +170,7 @@ class Profiler:
         if self.cuda:
             end.synchronize()
         self.steps.append(self._split(self._seconds(start, end)))
+        self.in_flight.append(self._flights.take())
 
     @contextmanager
     def region(self, name: str) -> Iterator[None]:

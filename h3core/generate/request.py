@@ -50,7 +50,7 @@ class GenerateRequest(UserRequest):
     FLAGS: ClassVar[dict[str, str]] = {
         "guidance_scale": "--guidance", "world_size": "--gpus", "model_path": "--model", "text_encoder_path": "--text-encoder",
         "cfg_parallel": "--cfg-parallel", "decoded_weights": "--decoded-weights", "keyframes": "--keyframe", "loras": "--lora",
-        "cache": "--cache", "compile": "--compile",
+        "cache": "--cache", "ulysses_overlap": "--ulysses-overlap", "compile": "--compile",
     }
 
     prompt: PromptText = Field(DEFAULT_PROMPT, description="What to generate (not empty or blank: `h3core.generate.prompt`).")
@@ -79,6 +79,7 @@ class GenerateRequest(UserRequest):
     loras: tuple[LoraSpec, ...] = Field((), description="LoRA adapters, each beside the linears it adapts at its scale (h3core.lora; docs/lora.md).")
     noise_recipe: NoiseRecipe = Field(NoiseRecipe.OFFICIAL, description="Whose noise the seed means: the official server's (default) or diffusers' (h3core.model.sampler).")
     cache: str = Field("off", description="The step cache: off, or fbcache:THRESHOLD (h3core.model.step_cache; 0 never skips).")
+    ulysses_overlap: Literal["auto", "on", "off"] = Field("auto", description="Ulysses' all-to-alls in head groups overlapped with attention: auto where measured faster (h3core.parallel.overlap).")
     compile: bool = Field(False, description="torch.compile the repeated transformer block, collectives outside the compiled pieces (h3core.model.compiled).")
 
     @field_validator("cache")
@@ -231,6 +232,7 @@ def resolve(request: GenerateRequest, video_vae: Path | None = None, *, check_gp
     elements = shape.latent_elements
     dtype = compute_dtype(request.device, request.dtype)
     plan = _with_decoded_weights(request, config, plan, specs, elements, shape.steps, dtype)
+    plan = with_overlap(plan, request.ulysses_overlap, request.device)
     records = adapter_records(adapters, config, plan, dtype)
     check_limits(config, plan, elements, shape.steps, request.device, dtype, request.attention,
                  adapter_bytes=max(adapter_bytes_per_rank(records, len(plan.ranks)), default=0), device_part=check_gpus is None)
@@ -277,6 +279,15 @@ def _with_decoded_weights(request: GenerateRequest, config: ModelConfig, plan: P
     prefixes = sorted({s.prefix for s in (specs or synthetic_specs(config)) if s.name.endswith(".weight_scale")})
     return plan_decoded_weights(plan, config, request.decoded_weights, prefixes, capability=capability, gpu_bytes=gpu_bytes,  # type: ignore[arg-type]
                                 latent_elements=elements, steps=steps, dtype=dtype, attention=request.attention)
+
+
+def with_overlap(plan: ParallelPlan, choice: str, device: str) -> ParallelPlan:
+    """The plan with its Ulysses overlap record (`h3core.parallel.overlap`); tensor mode has none."""
+    from h3core.parallel import overlap
+
+    if plan.mode is not Mode.ULYSSES:
+        return plan
+    return plan.model_copy(update={"overlap": overlap.choose(choice, backend=overlap.backend_of(device), heads_per_rank=plan.heads)})
 
 
 def _check_backends(request: GenerateRequest, config: ModelConfig) -> None:

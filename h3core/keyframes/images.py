@@ -9,8 +9,13 @@ Opening follows what H3's references do with a file (diffusers' `load_image`, SG
 composited), CMYK, grayscale, bilevel and palette images take Pillow's conversion, a 16-bit RGB PNG
 keeps its high bytes (Pillow decodes it so), and a 16-bit *grayscale* PNG (`I;16`) is clipped to
 255 by that conversion, exactly as the references clip it (docs/keyframes.md). Before a pixel is
-decoded the header must say PNG, JPEG or WebP, at most `MAX_KEYFRAME_PIXELS` pixels, and an aspect
-ratio within 1:4..4:1 (the ratios MiniMax-H3 was trained over).
+decoded the file must be a regular file of at most `MAX_KEYFRAME_BYTES`, and its header must say PNG,
+JPEG or WebP, at most `MAX_KEYFRAME_PIXELS` pixels, and an aspect ratio within 1:4..4:1 (the ratios
+MiniMax-H3 was trained over). An animated PNG or WebP gives its first frame, as the references'
+`Image.open` does (`image.info[FRAMES]` says how many it had); an animated GIF is refused as a GIF.
+Pillow's own limits on what its header parser inflates (text and ICC chunks past
+`PngImagePlugin.MAX_TEXT_CHUNK`) are the same one line as a corrupt file, and its warnings about a
+conversion (a palette's transparency given as bytes) are not printed: the conversion is the reference's.
 
 The canvas and the preparation are diffusers 0.42.1's `resolve_canvas_size` and
 `MiniMaxH3ResizeStep`: the first image in packed order (first, then last) is stretched onto the
@@ -40,6 +45,11 @@ MAX_KEYFRAME_PIXELS = 8192 * 8192
 """The most pixels a keyframe may have (67,108,864; checked from the header before decoding): 192 MiB
 decoded as RGB, where the largest canvas is about a million pixels."""
 
+MAX_KEYFRAME_BYTES = 256 << 20
+"""The largest keyframe file opened (checked from its size before a byte is read): an 8192 x 8192 RGB
+image stored uncompressed is 192 MiB. What Pillow's header parser holds in memory (ancillary chunks
+it reads whole) is bounded by this."""
+
 MIN_ASPECT, MAX_ASPECT = 1 / 4, 4.0
 """Width / height ratios MiniMax-H3 was trained over (diffusers' MINIMAX_H3_{MIN,MAX}_ASPECT_RATIO)."""
 
@@ -49,6 +59,9 @@ CANVAS_MULTIPLE = 32
 SOURCE_MODE = "h3_source_mode"
 """`image.info` key of an opened keyframe: the Pillow mode of the file before the RGB conversion."""
 
+FRAMES = "h3_source_frames"
+"""`image.info` key of an opened keyframe: how many frames the file held (the first is the keyframe)."""
+
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, MemoryError)
 """What Pillow raises on a truncated or corrupt image body (`image file is truncated`, broken chunks)."""
 
@@ -56,19 +69,31 @@ _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, Memory
 def open_keyframe(path: str | Path) -> Image.Image:
     """The keyframe at `path` as an upright RGB image, decoded only after its header passed every check."""
     path = Path(path)
+    _check_file(path)
+    with _open(path) as image:
+        _check_header(image, path)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Pillow's advice on a conversion that is the reference's own
+                upright = ImageOps.exif_transpose(image)  # decodes (the first frame): after the checks
+                rgb = upright.convert("RGB")
+        except _DECODE_ERRORS as err:
+            raise KeyframeError(_corrupt(path, f"{image.format} file", err)) from None
+        rgb.info[SOURCE_MODE] = image.mode
+        rgb.info[FRAMES] = getattr(image, "n_frames", 1)
+    return rgb
+
+
+def _check_file(path: Path) -> None:
+    """A regular file of at most `MAX_KEYFRAME_BYTES`, told from its metadata (a FIFO is never opened)."""
     kind = path_kind(path, follow=True)
     if kind != "a file":
         what = "does not exist" if kind == "nothing" else f"is {kind}"
         raise KeyframeError(f"keyframe {path} {what}; pass the path of a PNG, JPEG or WebP image")
-    with _open(path) as image:
-        _check_header(image, path)
-        try:
-            upright = ImageOps.exif_transpose(image)  # decodes: after the checks
-            rgb = upright.convert("RGB")
-        except _DECODE_ERRORS as err:
-            raise KeyframeError(_corrupt(path, f"{image.format} file", err)) from None
-    rgb.info[SOURCE_MODE] = image.mode
-    return rgb
+    size = path.stat().st_size
+    if size > MAX_KEYFRAME_BYTES:
+        raise KeyframeError(f"keyframe {path} is {size:,} bytes, more than the {MAX_KEYFRAME_BYTES:,} a keyframe may be; "
+                            "save it smaller (a canvas is about a million pixels)")
 
 
 def _open(path: Path) -> Image.Image:
@@ -81,6 +106,8 @@ def _open(path: Path) -> Image.Image:
         raise KeyframeError(_too_many_pixels(path, None)) from None
     except UnidentifiedImageError:
         raise KeyframeError(f"keyframe {path} is not an image Pillow can read; pass a PNG, JPEG or WebP image") from None
+    except (SyntaxError, ValueError, EOFError) as err:  # a header Pillow parsed and refused (a text chunk past its limit)
+        raise KeyframeError(_corrupt(path, "image", err)) from None
     except OSError as err:
         if err.errno is None:  # raised by a decoder that reads ahead (WebP), not by the file system
             raise KeyframeError(_corrupt(path, "image", err)) from None

@@ -25,7 +25,6 @@ The scale of a pair (`Pair.scale`, the adapter's own, before the user's `--lora 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import re
@@ -38,8 +37,10 @@ import torch
 from h3core.errors import AdapterError, CheckpointError
 from h3core.files.paths import path_kind
 from h3core.files.safetensors import FLOAT_DTYPE_NAMES, SafetensorsReader
+from h3core.files.text import parse_json
 from h3core.lora.keys import Format, KeyMap, PairKeys, RowOrder, map_keys
 from h3core.lora.schedule import AdapterSchedule, read_schedule
+from h3core.lora.spec import MAX_SCALE
 from h3core.model.config import ModelConfig
 from h3core.nvfp4.linear import DenseLinear
 
@@ -190,6 +191,9 @@ def _checked_pair(reader: SafetensorsReader, keys: PairKeys, linears: dict[str, 
     if up[1] != rank:
         raise AdapterError(f"{what}: rank mismatch on {keys.module}: lora_A/lora_down has rank {rank} but lora_B/lora_up {up[1]} "
                            f"({keys.down} {list(down)}, {keys.up} {list(up)}); the file is damaged")
+    if rank > min(in_features, len(keys.rows)):
+        raise AdapterError(f"{what}: {keys.module} has rank {rank}, more than its {in_features} inputs or {len(keys.rows)} outputs: "
+                           "that is no low-rank pair (a full weight difference is smaller); the file is damaged")
     if up[0] != len(keys.rows):
         raise AdapterError(f"{what}: {keys.up} has {up[0]} rows but {keys.target} needs {len(keys.rows)} there "
                            f"(its output is {linears[keys.target][0]} wide); an adapter for another model size")
@@ -217,6 +221,16 @@ def _check_finite(reader: SafetensorsReader, pairs: list[Pair], what: str) -> No
 
 
 def _with_scales(pairs: list[Pair], reader: SafetensorsReader, keymap: KeyMap, metadata: dict[str, str], what: str) -> list[Pair]:
+    """Each pair with its own scale (module docstring), a finite number within ±`MAX_SCALE`."""
+    scaled = _alpha_scales(pairs, reader, keymap, metadata, what)
+    for pair in scaled:
+        if not math.isfinite(pair.scale) or abs(pair.scale) > MAX_SCALE:
+            raise AdapterError(f"{what}: {pair.keys.module} has alpha / rank = {pair.scale:.4g} (rank {pair.rank}), outside ±{MAX_SCALE:g}; "
+                               "its alpha is damaged (an adapter's own scale is about 1)")
+    return scaled
+
+
+def _alpha_scales(pairs: list[Pair], reader: SafetensorsReader, keymap: KeyMap, metadata: dict[str, str], what: str) -> list[Pair]:
     if any(p.keys.alpha is not None for p in pairs):
         return [_scaled(p, _alpha_tensor(reader, p, what) if p.keys.alpha else float(p.rank)) for p in pairs]
     if PEFT_METADATA in metadata:
@@ -249,22 +263,52 @@ def _alpha_tensor(reader: SafetensorsReader, pair: Pair, what: str) -> float:
 
 
 def _peft_config(text: str, what: str) -> dict:
-    """The peft LoraConfig fields of diffusers' metadata, without its component prefix (`transformer.`)."""
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError:
-        raise AdapterError(f"{what}: its __metadata__ {PEFT_METADATA} is not JSON; the file is damaged") from None
-    if not isinstance(raw, dict):
-        raise AdapterError(f"{what}: its __metadata__ {PEFT_METADATA} is not a JSON object")
+    """The peft LoraConfig fields of diffusers' metadata, without its component prefix (`transformer.`):
+    read by h3's one JSON reader (bounded in depth and numbers), its numbers and patterns checked."""
+    raw = parse_json(text, f"{what}: its __metadata__ {PEFT_METADATA}", "the file is damaged: save the adapter again",
+                     error=AdapterError, want=dict)
     if any(k.startswith("transformer_ref.") for k in raw):
         raise AdapterError(f"{what}: its metadata describes diffusers' transformer_ref (Ref2VA) partition; h3 runs the FL2VA transformer")
     config = {k.removeprefix("transformer."): v for k, v in raw.items()}
     if config.get("use_dora"):
         raise AdapterError(f"{what}: DoRA adapters (use_dora in its peft config) are not supported; h3 applies plain LoRA pairs")
     for name in ("r", "lora_alpha"):
-        if not isinstance(config.get(name), (int, float)) or isinstance(config.get(name), bool):
-            raise AdapterError(f"{what}: its peft config (__metadata__ {PEFT_METADATA}) has no numeric {name!r}")
+        if not _is_number(config.get(name)):
+            raise AdapterError(f"{what}: its peft config (__metadata__ {PEFT_METADATA}) has no finite numeric {name!r}")
+    for name in ("rank_pattern", "alpha_pattern"):
+        _check_patterns(config.get(name), f"{what}: its peft config's {name}")
     return config
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+MAX_PATTERN_CHARS = 1000
+"""The longest peft `rank_pattern` / `alpha_pattern` key read (a module name or a short regex)."""
+
+QUANTIFIED_GROUP = re.compile(r"\)(?:[*+?]|\{\d)")
+"""A group with a quantifier, `(a+)+` or `(a|b){9}`: where Python's backtracking regex engine can take
+exponential time (it has no timeout). peft's patterns are module names, with `.*` at most."""
+
+
+def _check_patterns(patterns: object, where: str) -> None:
+    """peft's per-module overrides: an object of regex -> a finite number, each regex one Python compiles."""
+    if patterns is None:
+        return
+    if not isinstance(patterns, dict):
+        raise AdapterError(f"{where} is a JSON {type(patterns).__name__}, not an object of module pattern -> number; the file is damaged")
+    for pattern, value in patterns.items():
+        if not _is_number(value):
+            raise AdapterError(f"{where}[{pattern[:80]!r}] is {str(value)[:40]!r}, not a finite number; the file is damaged")
+        try:
+            if len(pattern) > MAX_PATTERN_CHARS:
+                raise re.error(f"longer than {MAX_PATTERN_CHARS} characters")
+            if QUANTIFIED_GROUP.search(pattern):
+                raise re.error("a repeated group, which can take exponential time to match")
+            re.compile(pattern)
+        except re.error as err:
+            raise AdapterError(f"{where} key {pattern[:80]!r} is not a regular expression h3 reads ({err}); the file is damaged") from None
 
 
 def _pattern(patterns: object, module: str) -> object | None:

@@ -197,11 +197,19 @@ def _refuse_unmatched(keys: list[str], unmatched: list[str], what: str) -> None:
     if not unmatched:
         return
     if len(unmatched) == len(keys):
-        shown = ", ".join(repr(k) for k in keys[:3])
-        raise AdapterError(f"{what}: no key names a linear of the MiniMax-H3 transformer (e.g. {shown}); it is not an H3 LoRA "
+        raise AdapterError(f"{what}: no key names a linear of the MiniMax-H3 transformer (e.g. {_first_keys(keys)}); it is not an H3 LoRA "
                            "(an adapter for another model, or a format h3 does not know)")
     raise AdapterError(f"{what}: {len(unmatched)} of its {len(keys)} keys match no linear of this MiniMax-H3 transformer, the first "
-                       f"{unmatched[0]!r}; h3 refuses a partially matching adapter (a LoRA for another model version, or a damaged file)")
+                       f"{_first_keys(unmatched)}; h3 refuses a partially matching adapter (a LoRA for another model version, or a damaged file)")
+
+
+SHOWN_KEYS, SHOWN_KEY_CHARS = 3, 120
+"""How many keys a refusal names, and how much of each (a hostile key can be megabytes long)."""
+
+
+def _first_keys(keys: list[str]) -> str:
+    shown = [repr(k if len(k) <= SHOWN_KEY_CHARS else k[:SHOWN_KEY_CHARS] + "...") for k in keys[:SHOWN_KEYS]]
+    return ", ".join(shown) + (f" (and {len(keys) - SHOWN_KEYS} more)" if len(keys) > SHOWN_KEYS else "")
 
 
 def _pairs(resolved: dict, linears: dict[str, tuple[int, int]], *, prefixes: list[str], what: str) -> KeyMap:

@@ -21,12 +21,12 @@ contradicts the adapter's is refused, naming both.
 
 from __future__ import annotations
 
-import json
 import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from h3core.errors import AdapterError
+from h3core.files.text import parse_json
 
 STEPS = "h3.steps"
 VIDEO_SHIFT = "h3.video_shift"
@@ -86,8 +86,8 @@ def _number(metadata: dict[str, str], key: str, kind: type, what: str, low: floa
 
 def _sigmas(text: str, key: str, what: str) -> list[float]:
     try:
-        values = json.loads(text)
-    except json.JSONDecodeError:
+        values = parse_json(text, what, "", error=AdapterError)  # bounded in depth and numbers (h3's one JSON reader)
+    except AdapterError:
         values = None
     ok = isinstance(values, list) and len(values) >= 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     if ok:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+from h3core.bench.alternate import NOISE, Spread, beyond_ideal
 from h3core.generate.profile import COLLECTIVES
 from h3core.matrix.report import CHART_NAME, CellStatus, MatrixCell, MatrixReport, cell_name, mode_label
 from h3core.parallel.modes import Mode
@@ -23,6 +24,23 @@ def _number(value: float | None, fmt: str) -> str:
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g} s"
+
+
+def _step(cell: MatrixCell) -> str:
+    """The median step time, with its spread over the runs when there were several."""
+    s = cell.step_spread
+    if s is None or len(cell.step_seconds_runs) < 2:
+        return _seconds(cell.step_seconds)
+    return f"{s.median:.3g} s ({s.min:.3g}-{s.max:.3g})"
+
+
+def _speedup(cell: MatrixCell) -> str:
+    """The speedup, with its spread, and the flag where it is above the ideal by more than that spread."""
+    s = cell.speedup_spread
+    if s is None or cell.count == 1:
+        return _number(cell.speedup, ".2f")
+    text = f"{s.median:.2f} ({s.min:.2f}-{s.max:.2f})" if len(cell.step_seconds_runs) > 1 else f"{s.median:.2f}"
+    return f"{text} {NOISE}" if cell.noise else text
 
 
 def _status(cell: MatrixCell) -> str:
@@ -48,8 +66,8 @@ def summary_rows(report: MatrixReport) -> list[list[str]]:
     rows = []
     for c in report.cells:
         rows.append([
-            mode_label(c.mode, c.cfg_parallel), str(c.count), _status(c), _seconds(c.sampling_seconds), _seconds(c.step_seconds), _number(c.speedup, ".2f"),
-            _number(c.efficiency, ".0%"), format_bytes(c.peak_memory_bytes), format_bytes(c.weight_bytes_per_rank),
+            mode_label(c.mode, c.cfg_parallel), str(c.count), _status(c), _seconds(c.sampling_seconds), _step(c), _speedup(c),
+            _number(c.efficiency, ".0%") + (" !" if c.noise else ""), format_bytes(c.peak_memory_bytes), format_bytes(c.weight_bytes_per_rank),
             format_bytes(c.comm_bytes), *_parity_columns(c),
         ])
     return rows
@@ -61,7 +79,8 @@ SPLIT_COLUMNS = (
 )
 """Where a cell's step goes (profiled cells): seconds per step (share) by category, mean over ranks.
 `compute speedup` = the mode's 1-rank attention + linears time / this cell's: how the compute alone
-scales; the gap to the cell's speedup is what collectives and the rest cost."""
+scales; the gap to the cell's speedup is what collectives and the rest cost. It comes from one
+(profiled) run, so it has no spread: above the ideal at all, it is flagged as noise."""
 
 _SPLIT_KINDS = ("attention", "nvfp4_linears", "seq_to_head", "head_to_seq", "gather_rows", "reduce_scatter_rows")
 """Categories with a column of their own; the other collectives (repartition, cfg_exchange, broadcast) add up in `other coll.`."""
@@ -86,9 +105,10 @@ def split_rows(report: MatrixReport) -> list[list[str]]:
         other = sum(c.split.get(k, 0.0) for k in COLLECTIVES if k not in _SPLIT_KINDS)
         compute = _compute_seconds(c.split)
         speedup = baseline[c.mode] / compute if baseline.get(c.mode) and compute > 0 else None
+        flag = f" {NOISE}" if speedup is not None and beyond_ideal(Spread(min=speedup, median=speedup, max=speedup), c.count) else ""
         rows.append([
             mode_label(c.mode, c.cfg_parallel), str(c.count), _seconds(step), *(cell(c.split.get(k, 0.0)) for k in _SPLIT_KINDS),
-            cell(other), cell(c.split.get("rest", 0.0)), _number(speedup, ".2f"),
+            cell(other), cell(c.split.get("rest", 0.0)), _number(speedup, ".2f") + flag,
         ])
     return rows
 
@@ -104,6 +124,9 @@ def caption(report: MatrixReport) -> list[str]:
         "sampling = all steps; step = median step after the first (warm-up); speedup = the mode's 1-rank step / the cell's; "
         "efficiency = speedup / ranks; "
         f"peak memory = {report.peak_memory_kind}, largest rank",
+        f"each cell ran {report.request.repeat} time(s), in rounds interleaved across the cells: step = the median of its runs (min-max); "
+        f"speedup (slowest-fastest baseline over fastest-slowest run); a speedup above the ideal by more than that spread is marked "
+        f"'{NOISE}' (!): the baseline was slowed, the cell did not scale",
     ]
     if report.device == "cpu":
         threads = {c.count: c.threads_per_rank for c in report.cells if c.threads_per_rank}
@@ -182,7 +205,12 @@ _MARKERS = ("o", "s", "^", "D")
 def _speedup_panel(ax, report: MatrixReport, counts: list[int]) -> None:
     ax.plot(counts, counts, linestyle="--", color="grey", label="ideal (linear)")
     for (mode, cfg), marker in zip(_lines(report), _MARKERS * 2):
-        ax.plot(*_series(report, mode, lambda c: c.speedup, cfg), marker=marker, linestyle=":" if cfg else "-", label=mode_label(mode, cfg))
+        line, = ax.plot(*_series(report, mode, lambda c: c.speedup, cfg), marker=marker, linestyle=":" if cfg else "-", label=mode_label(mode, cfg))
+        spread = [c for c in report.cells if c.mode == mode and c.cfg_parallel == cfg and c.speedup_spread is not None and c.status is CellStatus.OK]
+        ax.vlines([c.count for c in spread], [c.speedup_spread.min for c in spread], [c.speedup_spread.max for c in spread], color=line.get_color())
+    noisy = [c for c in report.cells if c.noise and c.speedup is not None]
+    if noisy:
+        ax.scatter([c.count for c in noisy], [c.speedup for c in noisy], s=160, facecolors="none", edgecolors="red", label=NOISE)
     ax.set(title="speedup vs the mode's 1-rank run", xlabel="ranks", ylabel="speedup (x)", xticks=counts)
     _finish(ax)
 

@@ -7,6 +7,7 @@ from typing import Callable
 
 from pydantic import BaseModel, Field
 
+from h3core.bench.alternate import Spread
 from h3core.errors import CheckFailed
 from h3core.generate.parity import LatentParity
 from h3core.generate.request import RunShape
@@ -42,8 +43,12 @@ class MatrixCell(BaseModel):
     threads_per_rank: int | None = Field(None, description="CPU: intra-op threads of each rank (None on CUDA).")
     sampling_seconds: float | None = Field(None, description="All denoising steps, slowest rank.")
     step_seconds: float | None = Field(None, description="Median denoising step after the first (slowest rank); the only step when there is one.")
-    speedup: float | None = Field(None, description="The mode's 1-rank step time / this cell's.")
+    speedup: float | None = Field(None, description="The mode's 1-rank step time / this cell's (medians over the runs).")
     efficiency: float | None = Field(None, description="speedup / count.")
+    step_seconds_runs: list[float] = Field(default_factory=list, description="The step time of each run of the cell (--repeat), in the order they ran.")
+    step_spread: Spread | None = Field(None, description="min / median / max of step_seconds_runs.")
+    speedup_spread: Spread | None = Field(None, description="The speedup's extremes: slowest baseline / fastest run, median / median, fastest baseline / slowest run.")
+    noise: bool = Field(False, description="The speedup is above the ideal (count) by more than its spread: the baseline was slowed (load), it did not scale.")
     peak_memory_bytes: int | None = Field(None, description="Sampling-phase peak of the largest rank.")
     weight_bytes_per_rank: int | None = Field(None, description="Resident weight bytes of the largest rank.")
     comm_bytes: int | None = Field(None, description="Bytes sent through collectives, all ranks together.")

@@ -1,14 +1,17 @@
-"""Running the matrix: the cells in order (a fresh World each), one progress bar, the 1-rank results
-kept for speedups and parity, the report and files rewritten after every cell (see the package
-docstring for what runs and how the figures are taken)."""
+"""Running the matrix: `--repeat` rounds of the cells, interleaved (forward, then backward: a fresh
+World each run), one progress bar, the 1-rank results kept for speedups and parity, the report and
+files rewritten after every run (see the package docstring for what runs and how the figures are
+taken). A cell's first run writes its files and measures its parity; later runs add a step time."""
 
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 
 from h3core import settings
+from h3core.bench.alternate import rounds
 from h3core.errors import ConfigError, H3Error
 from h3core.generate.files import output_bytes, write_outputs
 from h3core.generate.parity import LatentParity, latent_parity, run_tolerance
@@ -19,7 +22,7 @@ from h3core.matrix.cells import PlannedCell, plan_cells
 from h3core.matrix.files import write_matrix_files
 from h3core.matrix.report import REPORT_NAME, SINGLE_STEP_NOTE, CellStatus, cell_name, MatrixCell, MatrixProgress, MatrixReport, ProgressCallback
 from h3core.matrix.request import MatrixRequest
-from h3core.matrix.summary import initial_cell, ranks_note, steady_step_seconds, summarise
+from h3core.matrix.summary import initial_cell, ranks_note, rescale, steady_step_seconds, summarise
 from h3core.parallel.modes import Mode
 from h3core.reports.outputs import FileInFolder, OutputFile, OutputFolder, Outputs, publish_on_interrupt
 from h3core.reports.schema import Versions, timestamp
@@ -69,7 +72,8 @@ class _Matrix:
         runnable = [p.run for p in planned if p.run is not None]
         first = runnable[0] if runnable else None
         self.steps = first.shape.steps if first else 0
-        self.bar = _Bar(self.steps * (len(runnable) + self._expected_references()), on_progress)
+        self.bar = _Bar(self.steps * (len(runnable) * request.repeat + self._expected_references()), on_progress)
+        self.runs: dict[int, list[float]] = {}  # cell index -> the steady step time of each of its runs
         self.baseline_seconds: dict[Mode, float | None] = {}  # the 1-rank cell's step time
         self.references: dict[tuple[Mode, int | None], Latents | str] = {}  # 1-rank latents, or why there are none
         self.report = MatrixReport(
@@ -90,10 +94,18 @@ class _Matrix:
         )
 
     def run(self) -> MatrixReport:
-        for index, planned in enumerate(self.planned):
-            if planned.run is not None:
-                self.report.cells[index] = self._run_cell(planned, planned.run)
-                self._write(final=False)
+        runnable = [index for index, planned in enumerate(self.planned) if planned.run is not None]
+        for index in rounds(runnable, self.request.repeat):  # 1-rank cells first in the first round: parity's references
+            planned, run = self.planned[index], self.planned[index].run
+            assert run is not None
+            if index not in self.runs:
+                self.runs[index] = []
+                self.report.cells[index] = self._run_cell(planned, run)
+                self._add_time(index, self.report.cells[index].step_seconds)
+            elif self.report.cells[index].status is CellStatus.OK:
+                self._run_again(index, planned, run)
+            rescale(self.report.cells, self.runs)
+            self._write(final=False)
         self.report.identity = self._identity()
         self.report.complete = True
         self.bar.close()
@@ -106,20 +118,41 @@ class _Matrix:
         """Intra-op threads of each rank of a CPU cell (what launch gives spawned ranks); None on CUDA."""
         return dev.cpu_threads_per_rank(count) if self.device == "cpu" else None
 
+    def _execute(self, planned: PlannedCell, run: ResolvedRun, label: str) -> list[Any]:
+        """One run of a cell (a fresh World; one rank runs in this process, at the thread count launch
+        gives a lone rank), its steps counted on the bar."""
+        threads = self._threads(planned.count)
+        self.bar.start(label)
+        try:
+            with dev.cpu_threads(threads) if threads and planned.count == 1 else nullcontext():
+                return execute(run, self.bar.step)
+        finally:
+            self.bar.finish(self.steps)
+
+    def _add_time(self, index: int, seconds: float | None) -> None:
+        if seconds is not None:  # (None: one step, no steady step time)
+            self.runs[index].append(seconds)
+
+    def _run_again(self, index: int, planned: PlannedCell, run: ResolvedRun) -> None:
+        """A later run of a finished cell: one more step time (a failure fails the cell)."""
+        cell = self.report.cells[index]
+        label = f"{cell_name(cell)} (run {len(self.runs[index]) + 1} of {self.request.repeat})"
+        try:
+            outcomes = self._execute(planned, run, label)
+        except H3Error as err:
+            self.report.cells[index] = cell.model_copy(update={"status": CellStatus.FAILED, "reason": f"{label}: {err}"})
+            return
+        self._add_time(index, steady_step_seconds(build_report(run, outcomes).step_seconds))
+
     def _run_cell(self, planned: PlannedCell, run: ResolvedRun) -> MatrixCell:
         mode, count, threads = planned.mode, planned.count, self._threads(planned.count)
         name = cell_name(initial_cell(planned))
-        self.bar.start(name)
         try:
-            # One rank runs in this process: give it the thread count launch gives a lone rank.
-            with dev.cpu_threads(threads) if threads and count == 1 else nullcontext():
-                outcomes = execute(run, self.bar.step)
+            outcomes = self._execute(planned, run, name)
         except H3Error as err:
             if count == 1:
                 self.references[(mode, threads)] = f"the 1-rank cell failed: {err}"
             return initial_cell(planned).model_copy(update={"status": CellStatus.FAILED, "reason": str(err)})
-        finally:
-            self.bar.finish(self.steps)
         report = build_report(run, outcomes)
         latents = outcomes[0].latents
         if count == 1:

@@ -5,10 +5,28 @@ from __future__ import annotations
 
 from statistics import median
 
+from h3core.bench.alternate import Spread, beyond_ideal
 from h3core.generate.report import RunReport
 from h3core.matrix.cells import PlannedCell
 from h3core.matrix.report import CellStatus, MatrixCell
 from h3core.runtime import device as dev
+
+
+def rescale(cells: list[MatrixCell], runs: dict[int, list[float]]) -> None:
+    """Every finished cell's step time, speedup and efficiency from the step times of all its runs so
+    far (`runs`: cell index -> seconds), against its mode's 1-rank cell; flag speedups above the ideal
+    by more than their spread (`beyond_ideal`)."""
+    baselines = {c.mode: Spread.of(runs[i]) for i, c in enumerate(cells) if c.count == 1 and not c.cfg_parallel and runs.get(i)}
+    for index, cell in enumerate(cells):
+        if cell.status is not CellStatus.OK or not runs.get(index):
+            continue
+        spread, baseline = Spread.of(runs[index]), baselines.get(cell.mode)
+        speedup = spread.scaled_against(baseline) if baseline is not None else None
+        cells[index] = cell.model_copy(update={
+            "step_seconds_runs": list(runs[index]), "step_spread": spread, "step_seconds": spread.median, "speedup_spread": speedup,
+            "speedup": speedup.median if speedup else None, "efficiency": speedup.median / cell.count if speedup else None,
+            "noise": beyond_ideal(speedup, cell.count),
+        })
 
 
 def steady_step_seconds(step_seconds: list[float]) -> float | None:

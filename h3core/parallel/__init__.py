@@ -7,6 +7,7 @@ Planning (torch-free: the launcher, `h3 plan`, the memory check):
 - `modes`        the modes' names (`Mode`) and planning objects (`MODES`): what each rank holds,
                  its memory and rounding; `modes.tensor_shards` declares what tensor mode splits
 - `plan`         `ParallelPlan`: that contract applied to one run, built once, consumed by every rank
+- `overlap`      Ulysses overlap (`--ulysses-overlap`): the all-to-alls' head groups, and when auto turns it on
 
 Applying (torch, on every rank):
 

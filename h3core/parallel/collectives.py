@@ -12,6 +12,9 @@ balanced row split); index `i` of a spans list belongs to rank `i` of `group`. `
   The pack can be skipped: `send_blocks` hands out the send buffer as views in the input's
   layout, a producer writes into them directly (Ulysses attention: the model's RoPE writes q
   and k there, v's GEMM writes v) and `exchange_blocks` sends them.
+- `start_exchange_blocks` / `start_head_to_seq`: the same two all-to-alls for one head group
+  (`partition.head_groups`), started with `async_op=True` and returned as `InFlight` (Ulysses
+  overlap: attention on one group while the next travels; `h3core.parallel.overlap`).
 - `gather_rows`: ragged all-gather. Gloo and NCCL gather equal sizes only, so every rank pads its
   rows to the longest share; the padding is cut off before the result is returned.
 - `exchange_halves`: CFG parallel's one exchange per step between the two halves of a group (each
@@ -40,8 +43,11 @@ since it travels).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterable, Sequence, TypeVar
 
@@ -74,6 +80,7 @@ class CommStats(BaseModel):
 
     kinds: dict[str, CollectiveCounts] = Field(default_factory=dict, description="Counts by collective kind.")
     _timer: "RegionTimer | None" = PrivateAttr(default=None)
+    _flights: "FlightLog | None" = PrivateAttr(default=None)
 
     @property
     def timer(self) -> "RegionTimer | None":
@@ -82,6 +89,15 @@ class CommStats(BaseModel):
     @timer.setter
     def timer(self, timer: "RegionTimer | None") -> None:
         self._timer = timer
+
+    @property
+    def flights(self) -> "FlightLog | None":
+        """Where collectives started in flight (`InFlight`) log their time to arrival; None: not logged."""
+        return self._flights
+
+    @flights.setter
+    def flights(self, log: "FlightLog | None") -> None:
+        self._flights = log
 
     def record(self, kind: str, bytes_sent: int, bytes_received: int) -> None:
         counts = self.kinds.setdefault(kind, CollectiveCounts())
@@ -190,10 +206,12 @@ def _record(stats: CommStats | None, kind: str, sent: Sequence[int], received: S
         stats.record(kind, others_sent * itemsize, others_received * itemsize)
 
 
-def _all_to_all(recv: torch.Tensor, send: torch.Tensor, recv_sizes: list[int], send_sizes: list[int], group: dist.ProcessGroup | None) -> None:
-    """`all_to_all_single` on flat buffers; equal splits take the library's even-split path."""
+def _all_to_all(recv: torch.Tensor, send: torch.Tensor, recv_sizes: list[int], send_sizes: list[int], group: dist.ProcessGroup | None,
+                async_op: bool = False) -> Any:
+    """`all_to_all_single` on flat buffers; equal splits take the library's even-split path. With
+    `async_op` it returns the started work (`InFlight`), else None once the data has arrived."""
     even = len(set(send_sizes)) == 1 and len(set(recv_sizes)) == 1
-    dist.all_to_all_single(recv, send, None if even else recv_sizes, None if even else send_sizes, group=group)
+    return dist.all_to_all_single(recv, send, None if even else recv_sizes, None if even else send_sizes, group=group, async_op=async_op)
 
 
 class Scratch:
@@ -218,20 +236,21 @@ class Scratch:
         self._bytes = None
 
 
-def _transient(numel: int, like: torch.Tensor, scratch: Scratch | None) -> torch.Tensor:
+def transient(numel: int, like: torch.Tensor, scratch: Scratch | None) -> torch.Tensor:
     """A transient 1-D buffer: from `scratch` when given, else a plain allocation."""
     return scratch.take(numel, like) if scratch is not None else like.new_empty(numel)
 
 
 def _uniform_runs(spans: Sequence[Span]) -> list[tuple[int, int, int, int]]:
-    """Consecutive spans of equal width, as `(first_index, count, width, start)`.
+    """Consecutive, adjacent spans of equal width, as `(first_index, count, width, start)`.
 
     A balanced split has at most two runs (the `q + 1` ranks, then the `q` ranks), so a pack
-    or unpack over all ranks takes at most two strided copies.
+    or unpack over all ranks takes at most two strided copies. The spans of one head group
+    (`partition.head_groups`) are not adjacent: one run each.
     """
     runs: list[tuple[int, int, int, int]] = []
     for index, span in enumerate(spans):
-        if runs and runs[-1][2] == len(span):
+        if runs and runs[-1][2] == len(span) and span.start == runs[-1][3] + runs[-1][1] * runs[-1][2]:
             first, count, width, start = runs[-1]
             runs[-1] = (first, count + 1, width, start)
         else:
@@ -287,13 +306,16 @@ class SendBlocks:
 
 
 def send_blocks(local_tokens: int, mid: tuple[int, ...], head_dim: int, heads: Sequence[Span], like: torch.Tensor,
-                scratch: Scratch | None = None) -> SendBlocks:
+                scratch: Scratch | None = None, into: torch.Tensor | None = None) -> SendBlocks:
     """An (uninitialised) send buffer for `seq_to_head` of `[local_tokens, *mid, H, Dh]` in `like`'s dtype.
 
-    With `scratch` it is the scratch buffer on the CPU (valid until the next collective that takes it).
+    With `scratch` it is the scratch buffer on the CPU (valid until the next collective that takes it);
+    `into`: a flat buffer to use instead (its first elements), e.g. one head group's part of a larger one.
+    `heads` may be one head group's spans (`partition.head_groups`): then H counts the group's heads.
     """
     inner = math.prod(mid)
-    buffer = _transient(local_tokens * inner * sum(len(h) for h in heads) * head_dim, like, scratch)
+    numel = local_tokens * inner * sum(len(h) for h in heads) * head_dim
+    buffer = into[:numel] if into is not None else transient(numel, like, scratch)
     # view of one run: [count, S_loc, *mid, w, Dh] -> [S_loc, *mid, count, w, Dh]
     order = (1, *range(2, 2 + len(mid)), 0, 2 + len(mid), 3 + len(mid))
     pieces = []
@@ -332,7 +354,7 @@ def exchange_blocks(
 
 def _offset(spans: Sequence[Span], index: int, per_item: int) -> int:
     """Elements before block `index` of a buffer whose block `j` holds `len(spans[j]) * per_item`."""
-    return spans[index].start * per_item
+    return sum(len(span) for span in spans[:index]) * per_item
 
 
 @_timed_as(HEAD_TO_SEQ)
@@ -358,16 +380,143 @@ def head_to_seq(
     send = x.contiguous().view(-1)
     send_sizes = [len(t) * inner * local_heads * head_dim for t in tokens]
     recv_sizes = [local_tokens * inner * len(h) * head_dim for h in heads]
-    recv = _transient(sum(recv_sizes), x, scratch)
+    recv = transient(sum(recv_sizes), x, scratch)
     _all_to_all(recv, send, recv_sizes, send_sizes, group)
     _record(stats, HEAD_TO_SEQ, send_sizes, recv_sizes, rank, x.element_size())
-    # Peer j's block is [S_loc, inner, H_j, Dh]; place it at heads[j] of out: [S_loc, inner, H, Dh].
     out = x.new_empty(local_tokens, inner, num_heads, head_dim)
+    _unpack_heads(recv, heads, out)
+    return out.view(local_tokens, *mid, num_heads, head_dim)
+
+
+def _unpack_heads(recv: torch.Tensor, heads: Sequence[Span], out: torch.Tensor) -> None:
+    """Peer j's received block [S_loc, inner, H_j, Dh] (in rank order in the flat `recv`) into heads
+    `heads[j]` of out: [S_loc, inner, H, Dh]; one strided copy per run of adjacent equal spans."""
+    local_tokens, inner, _, head_dim = out.shape
     for first, count, width, start in _uniform_runs(heads):
         begin = _offset(heads, first, local_tokens * inner * head_dim)
         src = recv[begin : begin + count * local_tokens * inner * width * head_dim].view(count, local_tokens, inner, width, head_dim)
         out[:, :, start : start + count * width].unflatten(2, (count, width)).copy_(src.permute(1, 2, 0, 3, 4))
-    return out.view(local_tokens, *mid, num_heads, head_dim)
+
+
+# --- Ulysses all-to-all in head groups, in flight (overlap) -----------------------------------------
+
+
+def _region(stats: CommStats | None, kind: str) -> ContextManager[Any]:
+    """The stats' timer's region `kind` (`--profile`), or nothing."""
+    timer = stats.timer if stats is not None else None
+    return timer(kind) if timer is not None else contextlib.nullcontext()
+
+
+class InFlight:
+    """One all-to-all of a head group started with `async_op=True` (Gloo runs it on its own threads,
+    NCCL on its own stream, while this rank computes): `wait()` blocks until it has arrived and gives
+    its result (after `finish`, e.g. the return's unpack). With a `CommStats` timer set (`--profile`),
+    starting it and `wait()` (blocked, then finishing) count in the collective's region: the exposed
+    time; on the CPU the time from its start to its arrival goes to the stats' `FlightLog`."""
+
+    def __init__(self, kind: str, work: Any, result: torch.Tensor, stats: CommStats | None,
+                 finish: Callable[[torch.Tensor], torch.Tensor] | None = None, keep: tuple[torch.Tensor, ...] = ()):
+        self.kind, self.work, self.result, self.stats, self.finish = kind, work, result, stats, finish
+        self.keep = keep  # what the transfer reads from: alive until it has arrived
+        self._logged = None  # the future of the arrival's log entry (waited for with the work)
+        log = stats.flights if stats is not None else None
+        if log is not None and work is not None and result.device.type == "cpu":
+            started = time.perf_counter()
+            self._logged = work.get_future().then(lambda _: log.add(kind, time.perf_counter() - started))
+
+    def wait(self) -> torch.Tensor:
+        with _region(self.stats, self.kind):
+            if self.work is not None:
+                self.work.wait()
+            if self._logged is not None:
+                self._logged.wait()
+            result = self.finish(self.result) if self.finish is not None else self.result
+        self.keep = ()
+        return result
+
+
+class FlightLog:
+    """Seconds each kind of collective spent in flight, from its start to its arrival (`InFlight`),
+    summed until `take()`; set on a rank's `CommStats` by `--profile` (`CommStats.flights`)."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, float] = {}
+        self._lock = threading.Lock()  # Gloo reports arrivals from its own threads
+
+    def add(self, kind: str, seconds: float) -> None:
+        with self._lock:
+            self._seconds[kind] = self._seconds.get(kind, 0.0) + seconds
+
+    def take(self) -> dict[str, float]:
+        """What was logged since the last `take()` (the arrivals that have happened), and start again."""
+        with self._lock:
+            taken, self._seconds = self._seconds, {}
+        return taken
+
+
+def _group_layout(tokens: Sequence[Span], heads: Sequence[Span], group: dist.ProcessGroup | None, what: str) -> tuple[int, int]:
+    """(rank, size) of an all-to-all of one head group: a token span per rank covering the sequence,
+    and one non-empty head span per rank (not adjacent: `partition.head_groups`)."""
+    rank, size = group_rank_and_size(group)
+    _check_spans(tokens, size, "token")
+    if len(heads) != size or any(len(h) == 0 for h in heads):
+        raise ValueError(f"{what}: head group {[h.as_list() for h in heads]} needs one non-empty span per rank of {size}")
+    return rank, size
+
+
+def start_exchange_blocks(
+    blocks: SendBlocks,
+    tokens: Sequence[Span],
+    heads: Sequence[Span],
+    group: dist.ProcessGroup | None,
+    stats: CommStats | None = None,
+) -> InFlight:
+    """`exchange_blocks` of one head group's filled `SendBlocks` (`heads`: the group's span of every
+    rank's heads), started and not waited for: its result is [S, *mid, H_g, Dh], H_g = len(heads[rank])."""
+    with _region(stats, SEQ_TO_HEAD):
+        rank, size = _group_layout(tokens, heads, group, "start_exchange_blocks")
+        inner, head_dim, local_heads = math.prod(blocks.mid), blocks.head_dim, len(heads[rank])
+        send_sizes = [blocks.local_tokens * inner * len(h) * head_dim for h in heads]
+        recv_sizes = [len(t) * inner * local_heads * head_dim for t in tokens]
+        recv = blocks.buffer.new_empty(sum(recv_sizes)) if size > 1 else blocks.buffer
+        work = _all_to_all(recv, blocks.buffer, recv_sizes, send_sizes, group, async_op=True) if size > 1 else None
+        _record(stats, SEQ_TO_HEAD, send_sizes, recv_sizes, rank, recv.element_size())
+    by_head = recv.view(tokens[-1].stop, *blocks.mid, local_heads, head_dim)
+    return InFlight(SEQ_TO_HEAD, work, by_head, stats, keep=(blocks.buffer,))
+
+
+def start_head_to_seq(
+    x: torch.Tensor,
+    tokens: Sequence[Span],
+    heads: Sequence[Span],
+    out: torch.Tensor,
+    recv: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    stats: CommStats | None = None,
+) -> InFlight:
+    """`head_to_seq` of one head group, started and not waited for. x: [S, *mid, H_g, Dh], this rank's
+    heads of the group (`heads`: the group's span of every rank's heads). `wait()` writes the heads
+    of the group into out: [S_loc, *mid, H, Dh] (contiguous) and returns it; `recv`: a flat buffer
+    of S_loc * inner * (the group's heads) * Dh elements, untouched until then."""
+    with _region(stats, HEAD_TO_SEQ):
+        rank, size = _group_layout(tokens, heads, group, "start_head_to_seq")
+        inner, local_tokens, head_dim = math.prod(x.shape[1:-2]), len(tokens[rank]), x.shape[-1]
+        if x.shape[0] != tokens[-1].stop or x.shape[-2] != len(heads[rank]):
+            raise ValueError(f"start_head_to_seq: x {tuple(x.shape)} is not every token of {len(heads[rank])} heads")
+        send = x.contiguous().view(-1)
+        send_sizes = [len(t) * inner * len(heads[rank]) * head_dim for t in tokens]
+        recv_sizes = [local_tokens * inner * len(h) * head_dim for h in heads]
+        recv = recv[: sum(recv_sizes)]
+        work = _all_to_all(recv, send, recv_sizes, send_sizes, group, async_op=True) if size > 1 else None
+        if size == 1:
+            recv.copy_(send)
+        _record(stats, HEAD_TO_SEQ, send_sizes, recv_sizes, rank, x.element_size())
+
+    def unpack(received: torch.Tensor) -> torch.Tensor:
+        _unpack_heads(received, heads, out.view(local_tokens, inner, out.shape[-2], head_dim))
+        return out
+
+    return InFlight(HEAD_TO_SEQ, work, recv, stats, unpack, keep=(send,))
 
 
 # --- ragged rows -----------------------------------------------------------------------------------
@@ -403,7 +552,7 @@ def gather_rows(
     # gathered: [W * longest, *F] (the concatenated form Gloo and NCCL both accept). Evenly
     # split, it is the result; otherwise a transient from which the padding is cut.
     numel = size * longest * math.prod(features)
-    gathered = (x.new_empty(numel) if even else _transient(numel, x, scratch)).view(size * longest, *features)
+    gathered = (x.new_empty(numel) if even else transient(numel, x, scratch)).view(size * longest, *features)
     _all_gather(gathered, padded, group)
     row_bytes = math.prod(features) * x.element_size()
     if stats is not None:
@@ -443,7 +592,7 @@ def reduce_scatter_rows(
     send = x.contiguous().view(-1)
     send_sizes = [len(s) * row_numel for s in rows]
     recv_sizes = [local_rows * row_numel] * size
-    recv = _transient(size * local_rows * row_numel, x, scratch)
+    recv = transient(size * local_rows * row_numel, x, scratch)
     _all_to_all(recv, send, recv_sizes, send_sizes, group)
     _record(stats, REDUCE_SCATTER_ROWS, send_sizes, recv_sizes, rank, x.element_size())
     return _sum_in_rank_order(recv.view(size, local_rows, *features))

@@ -50,6 +50,16 @@ def token_spans(num_tokens: int, world: int) -> list[Span]:
     return balanced_spans(num_tokens, world, "tokens of the packed sequence")
 
 
+def head_groups(heads: list[Span], groups: int) -> list[list[Span]]:
+    """Ulysses overlap's head groups: group `g` holds, of every rank `j`, the `g`-th part of the
+    balanced split of `heads[j]` into `groups` parts, so that each group's all-to-all is the whole
+    one narrowed (every rank sends and receives in every group). At most as many groups as the
+    fewest heads a rank holds; at least one (the whole all-to-all)."""
+    count = max(1, min(groups, *(len(h) for h in heads)))
+    parts = [[s.shifted(h.start) for s in balanced_spans(len(h), count, "heads")] for h in heads]
+    return [[parts[j][g] for j in range(len(heads))] for g in range(count)]
+
+
 # --- segments ----------------------------------------------------------------------------------
 
 

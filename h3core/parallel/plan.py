@@ -33,6 +33,7 @@ from h3core.model.config import ModelConfig, preset
 from h3core.model.sequence import Segment
 from h3core.parallel import partition
 from h3core.parallel.decoded import DecodedWeights
+from h3core.parallel.overlap import UlyssesOverlap
 from h3core.parallel.layout import SEQUENCE_NAMES, RankLayout
 from h3core.parallel.modes import BlockShape, Mode, mode_of
 from h3core.parallel.modes.tensor_shards import TensorShards, tensor_parallel_prefixes
@@ -92,6 +93,7 @@ class ParallelPlan(BaseModel):
     sequences: list[SequencePlan] = Field(default_factory=list, description="Every packed sequence of the run: the prompt's, then guidance's negative prompt's.")
     layout: RankLayout = Field(description="How the run's ranks form groups of `world_size`: replicas x CFG halves x degree, and the groups.")
     decoded: DecodedWeights | None = Field(None, description="Hopper's option: the NVFP4 linears held decoded once in bf16, and the bytes (h3core.parallel.decoded).")
+    overlap: UlyssesOverlap | None = Field(None, description="Ulysses mode: the head groups each all-to-all is split into to overlap it with attention, and why (h3core.parallel.overlap).")
 
     @model_validator(mode="before")
     @classmethod
@@ -162,7 +164,8 @@ class ParallelPlan(BaseModel):
         """What one block's working set depends on, on this plan's largest rank (`tokens`: rows of the
         longest sequence the run gives a forward)."""
         local = max(len(t) for seq in self.sequences for t in seq.tokens)
-        return BlockShape(tokens=tokens, local_tokens=local, local_heads=max(self.heads), world_size=self.world_size)
+        overlapped = self.overlap is not None and self.overlap.on
+        return BlockShape(tokens=tokens, local_tokens=local, local_heads=max(self.heads), world_size=self.world_size, overlapped=overlapped)
 
 
 def _sequence_plan(name: str, segments: list[Segment], world_size: int) -> SequencePlan:

@@ -1,5 +1,5 @@
 """What one rank's parallel wrappers share, made from the run's `ParallelPlan`: the process group, the
-head spans, the byte counters of every collective they call and the CPU scratch buffer those
+head spans (and Ulysses overlap's head groups, `head_groups`), the byte counters of every collective they call and the CPU scratch buffer those
 collectives reuse (`Scratch`), the NVFP4 activation-scale agreement of the linears whose input the
 ranks split, a record of the spans and shards this rank really used (`RankUsage`, in the run's
 report), and of the attention kernels and NVFP4 paths it ran (`RankRecord`). Everything here lives
@@ -93,6 +93,8 @@ class ParallelRuntime:
         self.cfg = cfg  # CFG parallel: this rank's branch and the group of both halves
         self.world_size = plan.world_size
         self.heads: list[Span] = plan.head_spans
+        # Ulysses overlap: the all-to-alls' head groups (one group, all heads: not overlapped)
+        self.head_groups = partition.head_groups(self.heads, plan.overlap.groups if plan.overlap is not None else 1)
         self.stats = CommStats()
         self.scratch = Scratch()
         self.used = RankUsage()

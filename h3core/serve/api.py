@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from h3core.generate.request import MAX_SEED
+from h3core.lora.spec import LoraScale
 
 JOB_ID = re.compile(r"^video_[0-9a-f]{32}$")
 """A job's id: `video_` and 32 hex digits. Nothing else is looked up, so no id can name a path."""
@@ -50,7 +51,7 @@ class LoraSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     path: str = Field(max_length=4096)
-    scale: float = Field(1.0, allow_inf_nan=False)
+    scale: LoraScale = 1.0
 
 
 class VideoCreate(BaseModel):
@@ -65,7 +66,7 @@ class VideoCreate(BaseModel):
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     steps: int | None = Field(None, ge=2, le=10_000, description="Sigma points of the schedule (steps - 1 forwards).")
     frames: int | None = Field(None, ge=1, le=100_000, description="Video frames (instead of seconds).")
-    guidance: float | None = Field(None, ge=0, allow_inf_nan=False, description="Classifier-free guidance, where the checkpoint supports it (1: off).")
+    guidance: float | None = Field(None, ge=0, le=100, allow_inf_nan=False, description="Classifier-free guidance, where the checkpoint supports it (1: off; at most 100).")
     negative_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     keyframes: KeyframePaths | None = Field(None, description="Server-local first/last keyframes (under a directory the operator allowed).")
     loras: list[LoraSpec] | None = Field(None, max_length=16, description="Adapters: server-local files (under an allowed directory) and scales.")

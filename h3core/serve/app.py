@@ -8,15 +8,24 @@ style, shipped in the package). FastAPI's own docs pages are off: they load thei
 One guard in front of every route (`Guard`, plain ASGI): with an API key, every route but
 `/health` and the page's three static files (which hold no data: the page sends the key it is given
 with each call) needs `Authorization: Bearer <key>` (401 otherwise); a body over the cap is a 413
-before it is read whole (by its Content-Length, else while it streams). Every error is OpenAI's shape
+before it is read whole (by its Content-Length, else while it streams); a body that stalls for
+`Limits.body_seconds` is a 408 (a request's head has its own deadline: `server.HeadDeadline`).
+
+A JSON body is read by h3's one JSON reader (`h3core.files.text`: bounded in depth and in the length
+of its numbers) and validated strictly (`"steps": "5"` or `true` is a 400, not a 5 or a 1); a form's
+fields are text by nature and are converted as pydantic's lax mode does. A request may ask for at
+most `Limits.steps` sigma points and `Limits.frames` frames. Every error is OpenAI's shape
 (`ApiError.body`); an unexpected one is a 500 that says only that (its traceback goes to the server's
-stderr with H3_DEBUG=1), never a traceback to a client.
+stderr with H3_DEBUG=1), never a traceback to a client. A failure of the job queue's SQLite file at run
+time (a full disk) is a 503 naming it, with the request's saved inputs removed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import secrets
+import sqlite3
 import sys
 import time
 import traceback
@@ -33,9 +42,11 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from h3core import settings
+from h3core.errors import ConfigError
+from h3core.files.text import parse_json
 from h3core.serve.api import JOB_ID, ApiError, Health, Video, VideoCreate, VideoDeleted, VideoError, VideoList, not_found
 from h3core.serve.engine import ServerState, frames_seconds, plan_job
-from h3core.serve.inputs import KEYFRAME_ROLES, JobInputs, read_allowed, save_keyframe, allowed_file
+from h3core.serve.inputs import KEYFRAME_ROLES, JobInputs, Limits, read_allowed, save_keyframe, allowed_file
 from h3core.serve.metrics import render_metrics
 
 PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -52,11 +63,15 @@ class BodyTooLarge(Exception):
     pass
 
 
+class BodyStalled(Exception):
+    pass
+
+
 class Guard:
     """Plain ASGI middleware: the bearer key and the body cap (module docstring)."""
 
-    def __init__(self, app: Any, api_key: str | None, body_bytes: int):
-        self.app, self.api_key, self.body_bytes = app, api_key, body_bytes
+    def __init__(self, app: Any, api_key: str | None, body_bytes: int, body_seconds: float = 30.0):
+        self.app, self.api_key, self.body_bytes, self.body_seconds = app, api_key, body_bytes, body_seconds
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -69,15 +84,21 @@ class Guard:
         if length is not None and length.isdigit() and int(length) > self.body_bytes:
             await _drain(receive, DRAIN_BYTES)  # so that a client still sending reads the 413, not a reset connection
             return await _send_json(send, 413, _too_large(self.body_bytes).body())
-        seen = 0
+        seen, whole = 0, False
 
         async def counted() -> dict:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, whole
+            if whole:  # after the body: the wait for a disconnect is not timed
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.body_seconds)
+            except asyncio.TimeoutError:
+                raise BodyStalled() from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                whole = not message.get("more_body", False)
                 if seen > self.body_bytes:
-                    raise BodyTooLarge()
+                    raise BodyTooLarge(self.body_bytes)
             return message
 
         return await self.app(scope, counted, send)
@@ -120,7 +141,7 @@ def build_app(state: ServerState) -> Any:
     _page(app)
     _videos(app, state)
     _service(app, state)
-    return Guard(app, state.job.api_key, state.job.limits.body_bytes)
+    return Guard(app, state.job.api_key, state.job.limits.body_bytes, state.job.limits.body_seconds)
 
 
 # -- errors ----------------------------------------------------------------------------------------------
@@ -133,7 +154,19 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(BodyTooLarge)
     async def too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
-        return JSONResponse(_too_large(0).body() | {}, status_code=413)
+        return JSONResponse(_too_large(exc.args[0]).body(), status_code=413)
+
+    @app.exception_handler(BodyStalled)
+    async def stalled(request: Request, exc: BodyStalled) -> JSONResponse:
+        error = ApiError(408, "the request body stopped arriving; send it again", "request_timeout")
+        return JSONResponse(error.body(), status_code=408, headers={"connection": "close"})
+
+    @app.exception_handler(sqlite3.Error)
+    async def queue_failed(request: Request, exc: sqlite3.Error) -> JSONResponse:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"h3 serve: the job queue failed on {request.method} {request.url.path}: {reason}", file=sys.stderr)
+        error = ApiError(503, f"the server cannot use its job queue now ({reason}); nothing was kept: try again later", "queue_unavailable")
+        return JSONResponse(error.body(), status_code=503)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -142,7 +175,7 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
         return JSONResponse(ApiError(exc.status_code, message, code).body(), status_code=exc.status_code)
 
@@ -206,8 +239,8 @@ def _videos(app: FastAPI, state: ServerState) -> None:
     async def create_video(request: Request) -> Video:
         if state.phase != "ok":
             raise ApiError(503, _not_ready(state), "server_" + state.phase, None)
-        fields, uploads = await _read_body(request, state)
-        return await run_in_threadpool(_create, state, fields, uploads)
+        fields, uploads, strict = await _read_body(request, state)
+        return await run_in_threadpool(_create, state, fields, uploads, strict)
 
     @app.get("/v1/videos", response_model=VideoList, summary="List jobs, newest first")
     def list_videos(limit: int = Query(20, ge=1, le=100), after: str | None = Query(None, max_length=80),
@@ -261,17 +294,12 @@ def _not_ready(state: ServerState) -> str:
             "failed": f"the server could not start its ranks: {state.message or 'see its log'}"}.get(state.phase, "the server is not ready")
 
 
-async def _read_body(request: Request, state: ServerState) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The request's fields and uploaded files (role -> bytes), from JSON or multipart/form-data."""
+async def _read_body(request: Request, state: ServerState) -> tuple[dict[str, Any], dict[str, bytes], bool]:
+    """The request's fields and uploaded files (role -> bytes), from JSON or multipart/form-data, and
+    whether its fields carry their own types (JSON: validated strictly)."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "application/json":
-        try:
-            data = await request.json()
-        except ValueError:
-            raise ApiError(400, "the body is not valid JSON", "invalid_json") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "the body must be a JSON object, e.g. {\"prompt\": \"a red fox\"}", "invalid_json")
-        return data, {}
+        return _json_object(await request.body(), "the body", 'send one JSON object, e.g. {"prompt": "a red fox"}'), {}, True
     if kind not in ("multipart/form-data", "application/x-www-form-urlencoded"):
         raise ApiError(400, f"send application/json or multipart/form-data, not {kind or 'no content type'}", "invalid_content_type")
     form = await request.form(max_files=3, max_fields=32, max_part_size=1 << 20)
@@ -294,25 +322,28 @@ async def _read_body(request: Request, state: ServerState) -> tuple[dict[str, An
             raise ApiError(400, f"unknown field {name!r}", "invalid_request", name)
     if keyframes:
         fields["keyframes"] = keyframes
-    return fields, uploads
+    return fields, uploads, False
+
+
+def _json_object(data: bytes | str, where: str, hint: str, want: type = dict) -> Any:
+    """A JSON document of a request, read by h3's one JSON reader; a 400 naming `where` otherwise."""
+    try:
+        return parse_json(data, where, hint, want=want)
+    except ConfigError as err:
+        raise ApiError(400, str(err), "invalid_json") from None
 
 
 def _loras(text: str) -> Any:
-    import json
-
-    try:
-        return json.loads(text)
-    except ValueError:
-        raise ApiError(400, "loras (a form field) must be JSON, e.g. [{\"path\": \"/srv/loras/style.safetensors\", \"scale\": 0.8}]", "invalid_request", "loras") from None
+    return _json_object(text, "loras (a form field)", 'give a JSON list, e.g. [{"path": "/srv/loras/style.safetensors", "scale": 0.8}]', list)
 
 
-def _create(state: ServerState, fields: dict[str, Any], uploads: dict[str, bytes]) -> Video:
+def _create(state: ServerState, fields: dict[str, Any], uploads: dict[str, bytes], strict: bool = False) -> Video:
     """Check the request, save its inputs, resolve it as the engine will, queue it (the job object)."""
     job = state.job
     if isinstance(fields.get("seconds"), (int, float)) and not isinstance(fields.get("seconds"), bool):
         fields["seconds"] = f"{fields['seconds']:g}"
     try:
-        create = VideoCreate(**fields)
+        create = VideoCreate.model_validate(fields, strict=strict)
     except ValidationError as err:
         raise _validation_error(err.errors()[0]) from None
     if create.seed is None:
@@ -322,6 +353,7 @@ def _create(state: ServerState, fields: dict[str, Any], uploads: dict[str, bytes
         inputs = _save_inputs(state, job_id, create, uploads)
         run, _ = plan_job(job, create, inputs)
         s = run.shape
+        _check_cost(create, s.steps, s.frames, job.limits)
         row = {"id": job_id, "created_at": time.time(), "request": create.model_dump_json(), "inputs": inputs.model_dump_json(),
                "model": job.served_model, "size": f"{s.width}x{s.height}", "seconds": frames_seconds(s.frames), "steps": s.steps,
                "frames": s.frames, "seed": run.request.seed}
@@ -333,6 +365,15 @@ def _create(state: ServerState, fields: dict[str, Any], uploads: dict[str, bytes
     state.wake.set()
     return to_video({**row, "status": "queued", "progress": 0, "completed_at": None, "error_code": None, "error_message": None,
                      "replica": None, "attempts": 0})
+
+
+def _check_cost(create: VideoCreate, steps: int, frames: int, limits: Limits) -> None:
+    """What a request asks for itself within the server's caps (the server's own flags are not bound)."""
+    if create.steps is not None and steps > limits.steps:
+        raise ApiError(400, f"steps {steps} is more than this server runs for one request ({limits.steps}); ask for fewer", "invalid_request", "steps")
+    if (create.frames is not None or create.seconds is not None) and frames > limits.frames:
+        raise ApiError(400, f"{frames} frames ({frames_seconds(frames)} s) is more than this server makes for one request ({limits.frames}); "
+                       "ask for a shorter clip", "invalid_request", "frames" if create.frames is not None else "seconds")
 
 
 def _save_inputs(state: ServerState, job_id: str, create: VideoCreate, uploads: dict[str, bytes]) -> JobInputs:

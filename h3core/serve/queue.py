@@ -10,17 +10,23 @@ killed at any moment (`kill -9`) finds every job again when it starts (`recover`
 - `deleted`: its files are removed (a delete the crash interrupted is finished).
 
 One connection, serialized by a lock: the HTTP threads and the engine share it. Every change is one
-transaction.
+transaction. A file that is not a whole h3 queue (garbage bytes, a truncated or damaged file,
+another program's database, a folder, a read-only file) stops the server with one line naming it
+(`open_jobs_database`); it is never reset, since it may hold jobs.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+
+from h3core.errors import ConfigError
+from h3core.files.paths import path_kind
 
 DB_NAME = "jobs.sqlite3"
 MAX_ATTEMPTS = 3
@@ -66,17 +72,71 @@ class Recovered:
     deleted: list[str]
 
 
+COLUMNS = frozenset(re.findall(r"^  (\w+) ", _SCHEMA, flags=re.MULTILINE))
+"""The jobs table's columns, as `_SCHEMA` makes them."""
+
+
+def open_jobs_database(path: Path) -> sqlite3.Connection:
+    """The queue's SQLite file, checked before anything is written to it: a file that SQLite cannot
+    read, that fails its `quick_check`, that holds another program's tables or a jobs table of
+    another shape, that cannot be written, or a folder in its place, is one `ConfigError` naming the
+    file and what to do. Never replaced: it may hold the jobs of earlier runs."""
+    if path.exists() and not path.is_file():
+        raise _unusable(path, f"is {path_kind(path, follow=True)}, not h3's SQLite job queue")
+    try:
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+    except sqlite3.Error as err:
+        raise _unusable(path, f"cannot be opened ({err})") from None
+    try:
+        _check_database(db, path)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.executescript(_SCHEMA)
+    except sqlite3.Error as err:
+        db.close()
+        raise _unusable(path, _sqlite_reason(err)) from None
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _check_database(db: sqlite3.Connection, path: Path) -> None:
+    (verdict,) = db.execute("PRAGMA quick_check(1)").fetchone()
+    if verdict != "ok":
+        raise _unusable(path, f"is damaged (SQLite's quick_check: {' '.join(str(verdict).split())[:200]})")
+    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if tables - {"sqlite_sequence"} and "jobs" not in tables:
+        raise _unusable(path, f"is a SQLite database of something else (tables {', '.join(sorted(tables)[:5])})")
+    if "jobs" in tables:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+        if not COLUMNS <= columns:
+            raise _unusable(path, f"has a jobs table without {', '.join(sorted(COLUMNS - columns)[:5])}: not h3's job queue")
+
+
+def _sqlite_reason(err: sqlite3.Error) -> str:
+    text = str(err)
+    if "readonly" in text or "read-only" in text:
+        return "cannot be written (it or its folder is read-only); make both writable"
+    if "not a database" in text or "malformed" in text:
+        return f"is damaged or not a SQLite database ({text})"
+    return f"cannot be used ({text})"
+
+
+def _unusable(path: Path, why: str) -> ConfigError:
+    why = " ".join(why.split())
+    return ConfigError(f"the server's job queue {path} {why}; h3 never replaces it (it holds the jobs of earlier runs): move it aside "
+                       f"(mv {path} {path}.broken) to start with an empty queue, or give another --state-dir")
+
+
 class JobQueue:
     """The jobs table (module docstring). Rows are dicts of the columns."""
 
     def __init__(self, state_dir: Path):
         self.path = Path(state_dir) / DB_NAME
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        self._db = open_jobs_database(self.path)
 
     def close(self) -> None:
         with self._lock:

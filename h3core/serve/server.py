@@ -28,14 +28,20 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from h3core import settings
 from h3core.errors import ConfigError, Interrupted
 from h3core.reports.outputs import ResultsFolder
 from h3core.reports.schema import Versions, timestamp
 from h3core.serve.engine import Engine, ProgressPump, ServeJob, ServerState
+from h3core.serve.inputs import Limits
 from h3core.serve.queue import JobQueue
+
+if TYPE_CHECKING:
+    import uvicorn
 
 INDEX = "serve.json"
 Say = Callable[[str], None]
@@ -160,6 +166,51 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+HEADER_BYTES = 64 << 10
+"""The most a request's line and headers may take (h11's bound on an incomplete event); more is a 400."""
+
+
+def uvicorn_config(app: Any, limits: Limits) -> "uvicorn.Config":
+    """How uvicorn serves `app`: h11 (pinned with uvicorn; pure Python) with the headers bounded
+    (`HEADER_BYTES`) and a deadline for each request's head (`HeadDeadline`), keep-alive 5 s, at most
+    256 connections (more are 503s), no server header, no access log."""
+    import uvicorn
+
+    return uvicorn.Config(app, http=HeadDeadline.bound(limits.head_seconds), h11_max_incomplete_event_size=HEADER_BYTES,
+                          log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2, timeout_keep_alive=5,
+                          limit_concurrency=256, server_header=False)
+
+
+class HeadDeadline(H11Protocol):
+    """uvicorn's h11 connection with a deadline for each request's head (slowloris): a client that has
+    not sent a whole request line and headers within `head_seconds` of connecting, or of its previous
+    response, is disconnected. uvicorn itself times only the idle wait between requests, and that
+    timer stops at the first byte, so a client sending a byte now and then held a connection (one of
+    `limit_concurrency`) for ever. Once the head is in, the body's own deadline is the app's (`Guard`)."""
+
+    head_seconds = 10.0
+
+    @classmethod
+    def bound(cls, head_seconds: float) -> type["HeadDeadline"]:
+        return type(cls.__name__, (cls,), {"head_seconds": head_seconds})
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._await_head()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._await_head()
+
+    def _await_head(self) -> None:
+        self.loop.call_later(self.head_seconds, self._drop_without_head, self.cycle)
+
+    def _drop_without_head(self, cycle_then: Any) -> None:
+        """No request began since the deadline was set (the connection's cycle is the same one)."""
+        if self.cycle is cycle_then and not self.transport.is_closing():
+            self.transport.close()
+
+
 class _Http:
     """uvicorn on a thread, on a socket bound here."""
 
@@ -168,9 +219,7 @@ class _Http:
 
         from h3core.serve.app import build_app
 
-        config = uvicorn.Config(build_app(state), log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2, timeout_keep_alive=5, limit_concurrency=256, server_header=False)
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn.Server(uvicorn_config(build_app(state), state.job.limits))
         self.sock = sock
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, name="h3-serve-http", daemon=True)
 

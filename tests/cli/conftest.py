@@ -30,14 +30,15 @@ def h3(capsys, monkeypatch, cache):
 @pytest.fixture(scope="session")
 def served(tmp_path_factory, cache):
     """One `h3 serve` process for the tier's API, client and page tests: synthetic tiny model, small
-    clips (64x64, 22 frames, 3 sigma points), an API key, one allowed directory (`served.allowed`)."""
+    clips (64x64, 22 frames, 3 sigma points), an API key, one allowed directory (`served.allowed`), requests of
+    up to 5000 steps (long jobs to cancel)."""
     from commands import SERVE_KEY, ServerProcess
 
     root = tmp_path_factory.mktemp("served")
     allowed = root / "allowed"
     allowed.mkdir()
     server = ServerProcess("--state-dir", str(root / "state"), "--width", "64", "--height", "64", "--frames", "22", "--steps", "3",
-                           "--api-key", SERVE_KEY, "--allow-path", str(allowed), "--max-body-mb", "2", "--max-queue", "8",
+                           "--api-key", SERVE_KEY, "--allow-path", str(allowed), "--max-body-mb", "2", "--max-queue", "8", "--max-steps", "5000",
                            env={"H3_CACHE_DIR": cache, "OMP_NUM_THREADS": "1"})
     server.allowed, server.state = allowed, root / "state"
     try:

@@ -29,7 +29,11 @@ def test_two_ranks_json_report_and_file(h3, tmp_path):
     assert set(report["phases"]) == {
         "finish_one_rank", "finish_into_blocks", "seq_to_head", "attention", "head_to_seq",
         "seq_to_head_packed", "wire_qkv", "wire_out", "fresh_qkv", "fresh_out",
+        "attend_whole", "attend_overlapped", "comm_whole", "comm_exposed", "comm_in_flight",  # issue 34.4: the overlap
     }
+    overlap = report["overlap"]
+    assert report["overlap_exact"] is True and overlap["groups"] == 2 and overlap["ratio_range"][0] <= overlap["ratio"] <= overlap["ratio_range"][1]
+    assert overlap["comm_whole_s"] > 0 and overlap["comm_exposed_s"] > 0 and overlap["comm_in_flight_s"] > 0
     assert isinstance(report["ratio"], float) and report["ratio"] > 0 and report["target_ratio"] == 1.3
     assert report["ratio"] == pytest.approx(report["round_trip_s"] / report["wire_s"])
     assert report["packed_ratio"] > 0 and report["fresh_ratio"] > 0 and report["cpu_allocator"] in ("retain", "system")

@@ -17,7 +17,7 @@ from h3core.parallel.modes import Mode
 
 from commands import REPO, no_survivors, one_line
 
-SMALL = ["--preset", "tiny", "--steps", "3", "--device", "cpu"]
+SMALL = ["--preset", "tiny", "--steps", "3", "--device", "cpu", "--repeat", "1"]  # (--repeat: tests/cli/test_matrix_repeat.py)
 CLEAN = ("H3_GPU_COUNTS", "H3_DISTRIBUTED_MODES", "H3_SAVE_LATENTS", "H3_WORLD_SIZE", "H3_DISTRIBUTED_OUTPUT", "H3_DISTRIBUTED_BENCHMARK", "H3_INJECT_FAULT")
 
 
@@ -108,7 +108,7 @@ def test_bad_mode_variable_is_one_line_exit_2(matrix):
 def test_matrix_script_forwards_and_honours_the_seed_variables(tmp_path):
     out = tmp_path / "m"
     env = {"H3_SAVE_LATENTS": "0", "H3_GPU_COUNTS": "1", "H3_DISTRIBUTED_MODES": "tensor", "H3_DISTRIBUTED_OUTPUT": str(out)}
-    proc = _script("run_distributed_matrix.sh", "--preset", "tiny", "--steps", "2", "--json", env=env)
+    proc = _script("run_distributed_matrix.sh", "--preset", "tiny", "--steps", "2", "--repeat", "1", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     report = MatrixReport.model_validate_json(proc.stdout)
     assert [(c.mode, c.count, c.status) for c in report.cells] == [(Mode.TENSOR, 1, CellStatus.OK)]

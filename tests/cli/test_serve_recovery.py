@@ -44,7 +44,7 @@ def _rows(state) -> dict[str, dict]:
 def test_kill_9_mid_job_then_restart_finds_every_job_and_sigterm_requeues(tmp_path, cache):
     marker = f"H3_TEST_MARKER_{uuid.uuid4().hex}"
     state = tmp_path / "state"
-    args = ("--gpus", "2", "--state-dir", str(state), "--width", "64", "--height", "64", "--frames", "22", "--steps", "3")
+    args = ("--gpus", "2", "--state-dir", str(state), "--width", "64", "--height", "64", "--frames", "22", "--steps", "3", "--max-steps", "5000")
     env = {"H3_CACHE_DIR": cache, marker: "1"}
     first = ServerProcess(*args, env=env)
     try:

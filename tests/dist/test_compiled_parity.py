@@ -46,8 +46,8 @@ def _generate(ctx, count, run, backend):
 STEPS = 2  # one forward: one shape, so each piece compiles once
 
 
-def _request(mode):
-    return resolve(GenerateRequest(preset="tiny", steps=STEPS, mode=mode, world_size=2))
+def _request(mode, overlap="auto"):
+    return resolve(GenerateRequest(preset="tiny", steps=STEPS, mode=mode, world_size=2, ulysses_overlap=overlap))
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,8 @@ def eager(world8):
     return {mode: world8.run(_generate, 2, _request(mode), None)[:2] for mode in Mode}
 
 
-def _compare(world8, eager, mode, backend):
-    compiled = world8.run(_generate, 2, _request(mode), backend)[:2]
+def _compare(world8, eager, mode, backend, overlap="auto"):
+    compiled = world8.run(_generate, 2, _request(mode, overlap), backend)[:2]
     bound = tolerance(mode, torch.float32)
     err = latent_parity(compiled[0]["latents"], eager[mode][0]["latents"], bound, f"compiled {mode.value} x2")
     print(f"--compile ({backend}) {mode.value} x2 vs eager x2: relative {err.relative:.3g} (bound {bound:g}); "
@@ -75,6 +75,13 @@ def _compare(world8, eager, mode, backend):
 @pytest.mark.parametrize("mode", list(Mode))
 def test_compiled_pieces_between_collectives_match_eager(world8, eager, mode):
     _compare(world8, eager, mode, "aot_eager")
+
+
+def test_overlapped_exchange_stays_outside_too(world8, eager):
+    """`--ulysses-overlap on`: the head groups' async all-to-alls run inside the same eager region
+    (bitwise the whole exchange, so bitwise the eager run here too)."""
+    overlapped = {Mode.ULYSSES: world8.run(_generate, 2, _request(Mode.ULYSSES, "on"), None)[:2]}  # v's GEMM runs per group: more calls
+    _compare(world8, overlapped, Mode.ULYSSES, "aot_eager", overlap="on")
 
 
 @pytest.mark.slow

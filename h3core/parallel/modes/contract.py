@@ -32,6 +32,8 @@ class BlockShape(NamedTuple):
     local_heads: int
     """The most heads one rank attends."""
     world_size: int
+    overlapped: bool = False
+    """Ulysses overlap (`h3core.parallel.overlap`): the returns' receive buffer is alive beside the send blocks."""
 
 
 class Mode(str, Enum):

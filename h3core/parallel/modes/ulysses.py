@@ -12,6 +12,10 @@ and v through its GEMM, straight into the all-to-all's send buffer (`ProjectedQK
 3x the activations saved); bit-identical to exchanging the finished q, k, v (`attend`). At one
 rank it is the model's own processor: nothing to exchange.
 
+Overlap (`--ulysses-overlap`, `h3core.parallel.overlap`): with the runtime's head groups the two
+all-to-alls are split by head group and started asynchronously, so that attention on one group
+runs while the next is in flight (`attend_in_groups`); bitwise the whole path's output.
+
 Planning (whole replicas, activation memory, rounding) is `h3core.parallel.modes.ulysses_plan`.
 """
 
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -28,7 +32,9 @@ from h3core.model.dit import Attention, AttentionProcessor, H3Model
 from h3core.model.inputs import Rope
 from h3core.model.rope import apply_rope
 from h3core.nvfp4.linear import NVFP4Linear
-from h3core.parallel.collectives import exchange_blocks, head_to_seq, send_blocks, seq_to_head
+from h3core.parallel.collectives import (
+    CommStats, Scratch, exchange_blocks, head_to_seq, send_blocks, seq_to_head, start_exchange_blocks, start_head_to_seq, transient,
+)
 from h3core.span import Span
 
 if TYPE_CHECKING:
@@ -125,12 +131,73 @@ def project_qkv(attn: Attention, h: torch.Tensor, rope: Rope | None) -> Projecte
     return ProjectedQKV(attn.q_norm(q), attn.k_norm(k), LinearHeads(attn.qkv_proj, h, 2 * width, width // head_dim, head_dim), cos, sin)
 
 
+# --- the all-to-alls around attention ---------------------------------------------------------------
+
+
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""Attention on q, k, v [S, H, Dh] -> [S, H, Dh] (an `AttentionKernel`)."""
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What Ulysses' all-to-alls need on one rank: its process group, every rank's heads, and its
+    counters and CPU scratch buffer (a `ParallelRuntime`'s, or a benchmark's own)."""
+
+    group: Any
+    heads: list[Span]
+    stats: CommStats | None
+    scratch: Scratch | None
+
+
+def attend_whole(qkv: ProjectedQKV, tokens: list[Span], kernel: Kernel, via: Exchange) -> torch.Tensor:
+    """One all-to-all each way: RoPE writes q and k straight into the send blocks and v's GEMM writes
+    there too (one GEMM per peer on the dequant paths; computed and copied on the fp4 paths);
+    bit-identical to `attend(*qkv.split(), tokens)`. -> [S_loc, H, Dh]"""
+    local_tokens, _, head_dim = qkv.q.shape
+    blocks = send_blocks(local_tokens, (3,), head_dim, via.heads, qkv.q, via.scratch)
+    for heads, view in blocks.pieces:
+        qkv.write(heads, view)  # view: [S_loc, 3, peers, H_j, Dh]
+    by_head = exchange_blocks(blocks, tokens, via.heads, via.group, via.stats)  # [S, 3, H_loc, Dh]
+    out = kernel(*by_head.unbind(1))  # [S, H_loc, Dh]
+    return head_to_seq(out, tokens, via.heads, via.group, via.stats, via.scratch)  # [S_loc, H, Dh]
+
+
+def attend_in_groups(qkv: ProjectedQKV, tokens: list[Span], kernel: Kernel, via: Exchange, groups: list[list[Span]]) -> torch.Tensor:
+    """`attend_whole` with the all-to-alls split by head groups (`partition.head_groups`) and in
+    flight while this rank computes: every group's q|k|v is written and started in turn (group g
+    travels while g+1 is written), then group g's attention runs while g+1.. are in flight and its
+    output's return is started while g+1's attention runs; the returns are waited for last. Every
+    head meets the same values in the same kernel: bit-identical to `attend_whole`. -> [S_loc, H, Dh]"""
+    local_tokens, num_heads, head_dim = qkv.q.shape
+    send_numel, back_numel = local_tokens * 3 * num_heads * head_dim, local_tokens * num_heads * head_dim
+    buffers = transient(send_numel + back_numel, qkv.q, via.scratch)  # one take: both live at once
+    send, back = buffers[:send_numel], buffers[send_numel:]
+    arriving = []
+    for spans in groups:
+        blocks = send_blocks(local_tokens, (3,), head_dim, spans, qkv.q, into=send)
+        for heads, view in blocks.pieces:
+            qkv.write(heads, view)  # view: [S_loc, 3, 1, H_jg, Dh]: one peer's heads of the group
+        arriving.append(start_exchange_blocks(blocks, tokens, spans, via.group, via.stats))
+        send = send[blocks.buffer.numel():]
+    out = qkv.q.new_empty(local_tokens, num_heads, head_dim)
+    returning = []
+    for spans, flight in zip(groups, arriving):
+        by_head = flight.wait()  # [S, 3, H_g, Dh]
+        returning.append(start_head_to_seq(kernel(*by_head.unbind(1)), tokens, spans, out, back, via.group, via.stats))
+        back = back[local_tokens * sum(len(h) for h in spans) * head_dim:]
+    for flight in returning:
+        flight.wait()
+    return out
+
+
 # --- the processor -----------------------------------------------------------------------------------
 
 
 class UlyssesProcessor(AttentionProcessor):
     """An attention processor whose rows attend over every token of the sequence (module docstring):
-    h [S_loc, D] -> [S_loc, D]. The sequence's token spans come with the call (`rope.num_tokens`)."""
+    h [S_loc, D] -> [S_loc, D]. The sequence's token spans come with the call (`rope.num_tokens`);
+    with more than one head group (`runtime.head_groups`, `--ulysses-overlap`) the all-to-alls are
+    overlapped with attention (`attend_in_groups`)."""
 
     def __init__(self, kernel: AttentionKernel, runtime: "ParallelRuntime"):
         super().__init__(kernel)
@@ -142,19 +209,19 @@ class UlyssesProcessor(AttentionProcessor):
         o = self.attend_projected(project_qkv(attn, h, rope), self.runtime.token_spans(rope.num_tokens))  # [S_loc, H, Dh]
         return attn.out_proj(o.flatten(1))
 
+    @property
+    def exchange(self) -> Exchange:
+        rt = self.runtime
+        return Exchange(rt.group, rt.heads, rt.stats, rt.scratch)
+
     @torch.compiler.disable  # the exchange: outside any compiled region (h3core.model.compiled)
     def attend_projected(self, qkv: ProjectedQKV, tokens: list[Span]) -> torch.Tensor:
-        """The model's path: RoPE writes q and k straight into the all-to-all's send blocks and v's GEMM
-        writes there too (one GEMM per peer on the dequant paths; computed and copied on the fp4 paths);
-        bit-identical to `attend(*qkv.split(), tokens)`. -> [S_loc, H, Dh]"""
-        rt = self.runtime
-        local_tokens, _, head_dim = qkv.q.shape
-        blocks = send_blocks(local_tokens, (3,), head_dim, rt.heads, qkv.q, rt.scratch)
-        for heads, view in blocks.pieces:
-            qkv.write(heads, view)  # view: [S_loc, 3, peers, H_j, Dh]
-        by_head = exchange_blocks(blocks, tokens, rt.heads, rt.group, rt.stats)  # [S, 3, H_loc, Dh]
-        out = self.kernel(*by_head.unbind(1))  # [S, H_loc, Dh]
-        return head_to_seq(out, tokens, rt.heads, rt.group, rt.stats, rt.scratch)  # [S_loc, H, Dh]
+        """The model's path: `attend_in_groups` with the runtime's head groups when there are several,
+        else `attend_whole`. -> [S_loc, H, Dh]"""
+        groups = self.runtime.head_groups
+        if len(groups) > 1:
+            return attend_in_groups(qkv, tokens, self.kernel, self.exchange, groups)
+        return attend_whole(qkv, tokens, self.kernel, self.exchange)
 
     @torch.compiler.disable  # the exchange: outside any compiled region (h3core.model.compiled)
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: list[Span]) -> torch.Tensor:

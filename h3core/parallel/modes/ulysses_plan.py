@@ -37,6 +37,8 @@ class UlyssesPlanning:
         x = 2 * s_loc * d  # the residual stream rows and their modulated copy, alive through the block
         received = s * 3 * h_loc * dh if shape.world_size > 1 else 0  # q|k|v of its heads over the whole sequence (one rank: the identity)
         attn = x + s_loc * 3 * a + received + s * h_loc * dh  # + its q|k|v rows, the attention output
+        if shape.overlapped:  # the returns of every head group arrive into one buffer, alive with the send blocks
+            attn += s_loc * a
         mlp = x + s_loc * 3 * f  # + fc1 output [S_loc, 2F] and activation [S_loc, F]
         return max(attn, mlp)
 
