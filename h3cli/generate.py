@@ -61,6 +61,8 @@ def render_run(report, console: Console) -> None:
     )
     if report.cache is not None:
         table.add_row("step cache", report.cache.line())
+    if report.compile is not None:
+        table.add_row("compile", report.compile.line())
     if report.wall is not None:
         table.add_row("wall time", report.wall.line())
     table.add_row("peak memory", " · ".join(f"r{r.rank} {format_bytes(r.peak_memory_sampling_bytes)}" for r in report.ranks))
@@ -175,6 +177,7 @@ def generate(
     profile: options.Profile = False,
     cache: options.Cache = "off",
     ulysses_overlap: options.UlyssesOverlap = "auto",
+    compile_blocks: options.Compile = False,
     decoded_weights: options.DecodedWeights = "auto",
     decode: Annotated[bool, typer.Option("--decode/--no-decode", help="Decode the latents into video.mp4 (H.264 + AAC) once the ranks are done; --no-decode: latents only (then `h3 decode`).")] = True,
     video_vae: options.VideoVae = None,
@@ -201,6 +204,7 @@ def generate(
         keyframes=parse_keyframe_flags(keyframe or []), noise_recipe=noise_recipe,
         video_shift=video_shift, audio_shift=audio_shift, loras=tuple(parse_lora(text) for text in lora or ()), cache=cache,
         ulysses_overlap=ulysses_overlap,
+        compile=compile_blocks,
     )
     job = GenerateJob.from_flags(
         flags, count=_pick(count_arg, gpus, "the rank count"), output=output, save_latents=save_latents,

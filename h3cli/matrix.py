@@ -86,6 +86,7 @@ def matrix(
     overwrite: options.Overwrite = False,
     profile: options.Profile = True,
     repeat: Annotated[int, typer.Option("--repeat", help="Times each cell runs, in rounds interleaved across the cells; the step time is the median (min-max), and a speedup above the ideal by more than its spread is flagged as noise.")] = 3,
+    compile_blocks: options.Compile = False,
     json: options.Json = False,
 ) -> None:
     """Run generate for every mode x rank count this machine can take; speedup, memory and parity per cell."""
@@ -96,7 +97,8 @@ def matrix(
     template = GenerateRequest(
         prompt=DEFAULT_PROMPT if prompt is None else prompt, negative_prompt=negative_prompt, guidance_scale=guidance,
         preset=preset, width=width, height=height, frames=frames, steps=steps, seed=seed, attention=attention or "sdpa",
-        device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile,
+        device=device, dtype=dtype, model_path=model, text_encoder_path=text_encoder, profile=profile and not compile_blocks,  # the profiler times eager modules only
+        compile=compile_blocks,
     )
     request = MatrixRequest.build(template, counts=counts, modes=modes, save_latents=save_latents, output=output, benchmark=benchmark, overwrite=overwrite, cfg_parallel=cfg_parallel, repeat=repeat)
     out = Output(json)

@@ -43,6 +43,7 @@ SaveLatents = Annotated[Optional[bool], typer.Option("--save-latents/--no-save-l
 Benchmark = Annotated[Optional[Path], typer.Option("--benchmark", help=f"Also write the result's JSON here (h3 generate: the report; h3 matrix: the matrix). Default: {settings.BENCHMARK}.", show_default=False)]
 UlyssesOverlap = Annotated[str, typer.Option("--ulysses-overlap", help="Ulysses mode: split each all-to-all by head groups and run attention on one group while the next is in flight (bitwise the same outputs): auto (only where it has measured faster: not on Gloo/CPU), on, off. docs/overlap.md")]
 Cache = Annotated[str, typer.Option("--cache", help="Step cache: off, or fbcache:THRESHOLD (First-Block Cache: a step whose first block's residual moved less than THRESHOLD since the last full step reuses the other blocks' residual; 0 never skips; the report counts the steps skipped). docs/cache.md")]
+Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="torch.compile the repeated transformer block once for all blocks (regional; needs a C++ compiler on the CPU); collectives stay outside the compiled pieces; compile time is reported apart from the step times; not with --profile (h3 matrix: turns its profiling off). docs/compile.md")]
 Profile = Annotated[bool, typer.Option("--profile/--no-profile", help="Split every step's time per rank: attention, NVFP4 linears, each collective and the rest (table and report; costs <= 3%).")]
 
 

@@ -50,6 +50,7 @@ def serve(
     video_vae: options.VideoVae = None,
     audio_vae: options.AudioVae = None,
     decoded_weights: options.DecodedWeights = "auto",
+    compile_blocks: options.Compile = False,
     save_latents: Annotated[Optional[bool], typer.Option("--save-latents/--no-save-latents", help="Keep each job's latents.safetensors. Default: H3_SAVE_LATENTS, else yes.", show_default=False)] = None,
 ) -> None:
     """Serve the Videos API (POST /v1/videos, ...) and a page at /, with the model loaded once."""
@@ -66,7 +67,7 @@ def serve(
         attention=_pick(attn_arg, attention, "the attention backend") or "sdpa",
         negative_prompt=negative_prompt, guidance_scale=guidance, cfg_parallel=cfg_parallel, replicas=replicas, preset=preset,
         width=width, height=height, frames=frames, steps=steps, seed=seed, device=device, dtype=dtype, model_path=model,
-        text_encoder_path=text_encoder, decoded_weights=decoded_weights,
+        text_encoder_path=text_encoder, decoded_weights=decoded_weights, compile=compile_blocks,
     )
     generate = GenerateJob.from_flags(flags, count=_pick(count_arg, gpus, "the rank count"), save_latents=save_latents)
     allowed = [_allowed_dir(p) for p in allow_path or []]

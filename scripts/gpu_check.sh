@@ -17,7 +17,10 @@
 #   9. the kernels of a step at the real shapes (kernels.json, scripts/bench_gpu_kernels.py): SDPA as
 #      h3 calls it at 17,608 and 73,514 rows (56 and 7 heads) against each allowed fused kernel alone,
 #      and each block linear's quantizer (fused and eager) against its fp4 GEMM and the bf16 GEMM
-# Sized to finish in under 8 minutes on one H200.
+#  10. --compile on the h3-2blocks preset (compile.json, scripts/bench_compile.py): the compile time
+#      apart, then eager and compiled steps alternating, median of 3 runs each, their ratio and the
+#      latents' relative difference (the GPU test tier already checked it against the bound)
+# Sized to finish in under 10 minutes on one H200.
 #
 # JSON reports get stdout only (stderr, e.g. warnings, goes to the step's .log beside them), so
 # they always parse. The script exits 1 when a step failed or a check of the reports failed: SDPA
@@ -79,6 +82,7 @@ h3_shapes="1,256,128;77,1024,512;128,512,1024;300,2048,5376;1857,5376,7168"
 for m in 14855 1857; do h3_shapes="$h3_shapes;$m,21504,5376;$m,5376,7168;$m,28672,5376;$m,5376,14336"; done
 step_json fp4-selftest "$out/fp4-selftest.json" python -m h3core.nvfp4.selftest --device cuda:0 --shapes "$h3_shapes"
 step kernels "$out/kernels.log" python scripts/bench_gpu_kernels.py --repeat 10 --json "$out/kernels.json"
+step compile "$out/compile.log" python scripts/bench_compile.py --device cuda --preset h3-2blocks --steps 3 --repeat 3 --json "$out/compile.json"
 
 expected=$(python - "$out/fp4-selftest.json" <<'PY'
 import json, sys, torch

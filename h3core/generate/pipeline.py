@@ -36,8 +36,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from h3core.generate.instruments import RankInstruments
+from h3core.generate.compile_record import CompileRecord
+from h3core.model.compiled import CompiledBlocks
 from h3core.model.step_cache import CachePolicy
-from h3core.generate.loop import Denoiser, StepGate, denoise
+from h3core.generate.loop import Denoiser, StepDoneCallback, StepGate, denoise
 from h3core.generate.profile import profiling
 from h3core.generate.report import HeldWeights, RankReport, StepDone
 from h3core.generate.request import ResolvedRun
@@ -74,6 +76,8 @@ class RankPipeline:
     adapters: tuple = ()
     """What the LoRA branches on `model` are: (path, sha256, scale) per adapter (`use_adapters`)."""
     adapter_bytes: int = 0
+    compiled: CompiledBlocks | None = None
+    """With `--compile`: the blocks' compiled forward (h3core.model.compiled), kept for the pipeline's life."""
 
     @classmethod
     def load(cls, ctx: RankContext, run: ResolvedRun, runtime: ParallelRuntime, instruments: RankInstruments | None = None) -> "RankPipeline":
@@ -101,9 +105,10 @@ class RankPipeline:
                 parallelize(model, runtime, checkpoint.weight_source(device, dtype, kernels=kernels))
             apply_decoded(model, run.plan.decoded)
             runtime.record.attach(model)
+            compiled = CompiledBlocks(model) if run.request.compile else None  # after the mode: its collectives stay outside
         weights = _held_weights(model, checkpoint, shards_read=checkpoint.bytes_read - loaded if skip else None)
         checkpoint.file.reader.close()
-        return cls(model, runtime, device, dtype, weights, instruments, {"load": watch.seconds})
+        return cls(model, runtime, device, dtype, weights, instruments, {"load": watch.seconds}, compiled=compiled)
 
     def use_adapters(self, run: ResolvedRun) -> float:
         """The request's LoRA adapters on the model (h3core.lora.attach), replacing those of an earlier
@@ -147,7 +152,8 @@ class RankPipeline:
         latent = denoiser.own_rows(noise, self.device)  # float32
         meter.reset_peak()  # the sampling phase's peak-memory window starts here
         self.runtime.record.clear()
-        on_step = (lambda step, steps, seconds: report(StepDone(step=step, steps=steps, seconds=seconds))) if report else (lambda *a: None)
+        told = (lambda step, steps, seconds: report(StepDone(step=step, steps=steps, seconds=seconds))) if report else (lambda *a: None)
+        on_step, compile_seconds = self._compile_meter(told)
         with torch.inference_mode(), profiling(self.model, self.device, self.runtime.rank, run.request.profile, self.runtime.stats) as profiler:
             latent, step_seconds = denoise(denoiser, latent, meter, profiler, on_step, gate)
             peak = meter.peak()
@@ -159,7 +165,28 @@ class RankPipeline:
         record.fp4_gemm_shapes = self.runtime.record.gemm_shapes()
         record.profile = profiler.result() if profiler is not None else None
         record.cache = denoiser.cache_record()
+        record.compile = self._compile_record(compile_seconds, step_seconds)
         return whole
+
+    def _compile_meter(self, told: StepDoneCallback) -> tuple[StepDoneCallback, list[float]]:
+        """`told` wrapped so that each step's compile seconds are noted (nothing without `--compile`)."""
+        noted: list[float] = []
+        if self.compiled is None:
+            return told, noted
+        compiled, last = self.compiled, [self.compiled.compile_seconds]
+
+        def on_step(step: int, steps: int, seconds: float) -> None:
+            noted.append(compiled.compile_seconds - last[0])
+            last[0] = compiled.compile_seconds
+            told(step, steps, seconds)
+
+        return on_step, noted
+
+    def _compile_record(self, compile_seconds: list[float], step_seconds: list[float]) -> CompileRecord | None:
+        if self.compiled is None:
+            return None
+        return CompileRecord(fullgraph=self.compiled.fullgraph, step_compile_seconds=compile_seconds,
+                             step_seconds=[max(0.0, s - c) for s, c in zip(step_seconds, compile_seconds)])
 
 
 def _held_weights(model: H3Model, checkpoint: Checkpoint, shards_read: int | None) -> HeldWeights:

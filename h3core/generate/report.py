@@ -14,6 +14,7 @@ from h3core.decode.report import DecodeReport
 from h3core.errors import CheckFailed
 from h3core.files.fingerprint import file_identity
 from h3core.generate.cache import CacheRecord
+from h3core.generate.compile_record import CompileRecord, slowest
 from h3core.generate.fp4gate import untested_shapes
 from h3core.generate.keyframes import Canvas, KeyframePlan
 from h3core.generate.memory import MemoryCheck
@@ -79,6 +80,7 @@ class RankReport(BaseModel):
     text_encoder: dict | None = Field(None, description="Rank 0: what the text encoder loaded and read.")
     adapter_bytes: int = Field(0, description="Bytes of the LoRA branches this rank held for the request (h3core.lora), beside `weights`.")
     cache: CacheRecord | None = Field(None, description="With --cache: the steps whose blocks 1.. each sequence skipped, and why (h3core.model.step_cache).")
+    compile: CompileRecord | None = Field(None, description="With --compile: the seconds each step spent compiling the blocks, and the step times without them (h3core.model.compiled).")
     _video: torch.Tensor | None = PrivateAttr(default=None)  # [24, T, H/16, W/16] float32, a replica's lead
     _audio: torch.Tensor | None = PrivateAttr(default=None)  # [2, 32, T_a] float32
     _condition: torch.Tensor | None = PrivateAttr(default=None)  # [24, n_keyframes, H/16, W/16] float32: the keyframes' normalized latents
@@ -183,6 +185,7 @@ class RunReport(BaseModel):
     timings: dict[str, float]  # per phase, the slowest rank
     step_seconds: list[float]  # per step, the slowest rank
     cache: CacheRecord | None = Field(None, description="With --cache: the forwards computed and skipped per sequence (every rank of a sequence decides alike).")
+    compile: CompileRecord | None = Field(None, description="With --compile: the rank that spent the longest compiling, step by step (step_seconds stay wall times, compile included).")
     wall: WallTime | None = Field(None, description="Where the wall time went, stage by stage, from the process's start to the report (h3 generate with one prompt; h3core.generate.wall).")
     ranks: list[RankReport] = Field(description="Every rank's own report, as the rank made it.")
     comm_total: CommStats
@@ -284,7 +287,7 @@ def build_report(run: ResolvedRun, outcomes: list[RankReport]) -> RunReport:
         fp4_selftest=run.fp4_selftest, memory_check=run.memory_check,
         fp4_untested_shapes=untested_shapes(run, sorted({tuple(s) for o in outcomes for s in o.fp4_gemm_shapes})) if run.fp4_selftest else [],
         adapters=run.adapters, adapters_applied=ADAPTERS_APPLIED if run.adapters else "",
-        cache=_cache_of(outcomes),
+        cache=_cache_of(outcomes), compile=slowest([o.compile for o in outcomes]),
     )
 
 

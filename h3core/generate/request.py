@@ -50,7 +50,7 @@ class GenerateRequest(UserRequest):
     FLAGS: ClassVar[dict[str, str]] = {
         "guidance_scale": "--guidance", "world_size": "--gpus", "model_path": "--model", "text_encoder_path": "--text-encoder",
         "cfg_parallel": "--cfg-parallel", "decoded_weights": "--decoded-weights", "keyframes": "--keyframe", "loras": "--lora",
-        "cache": "--cache", "ulysses_overlap": "--ulysses-overlap",
+        "cache": "--cache", "ulysses_overlap": "--ulysses-overlap", "compile": "--compile",
     }
 
     prompt: PromptText = Field(DEFAULT_PROMPT, description="What to generate (not empty or blank: `h3core.generate.prompt`).")
@@ -80,6 +80,7 @@ class GenerateRequest(UserRequest):
     noise_recipe: NoiseRecipe = Field(NoiseRecipe.OFFICIAL, description="Whose noise the seed means: the official server's (default) or diffusers' (h3core.model.sampler).")
     cache: str = Field("off", description="The step cache: off, or fbcache:THRESHOLD (h3core.model.step_cache; 0 never skips).")
     ulysses_overlap: Literal["auto", "on", "off"] = Field("auto", description="Ulysses' all-to-alls in head groups overlapped with attention: auto where measured faster (h3core.parallel.overlap).")
+    compile: bool = Field(False, description="torch.compile the repeated transformer block, collectives outside the compiled pieces (h3core.model.compiled).")
 
     @field_validator("cache")
     @classmethod
@@ -290,13 +291,19 @@ def with_overlap(plan: ParallelPlan, choice: str, device: str) -> ParallelPlan:
 
 
 def _check_backends(request: GenerateRequest, config: ModelConfig) -> None:
-    """The attention backend for this device, head width and dtype; a malformed H3_EMULATE_FP4."""
+    """The attention backend for this device, head width and dtype; a malformed H3_EMULATE_FP4; with
+    --compile, what compiling needs here."""
     from h3core.model import attention
+    from h3core.model.compiled import check_compile
     from h3core.runtime import device
 
     dtype = device.compute_dtype(request.device, request.dtype)
     attention.check_backend(request.attention, request.device, head_dim=config.head_dim, dtype=dtype)
     settings.emulate_fp4()
+    if request.compile:
+        check_compile(request.device)
+        if request.profile:
+            raise ConfigError("--profile times the modules of an eager forward and cannot see inside a compiled block: run it without --compile")
 
 
 def build_plan(request: GenerateRequest, config: ModelConfig, shape: RunShape, specs=None) -> ParallelPlan:  # type: ignore[no-untyped-def]

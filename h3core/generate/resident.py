@@ -65,6 +65,7 @@ class LoadKey(BaseModel):
     device: str
     dtype: str | None
     attention: str
+    compile: bool  # --compile: the blocks' forward is swapped at load
     group: int  # the process group's id: a new World is a new group
 
     @classmethod
@@ -74,7 +75,7 @@ class LoadKey(BaseModel):
         return cls(
             checkpoint=str(run.checkpoint), config=run.config.model_dump_json(), mode=run.plan.mode.value,
             layout=run.plan.layout.model_dump_json(include={"replicas", "cfg", "degree"}), rank_share=share, device=str(ctx.device), dtype=run.request.dtype,
-            attention=run.request.attention, group=id(ctx.group),
+            attention=run.request.attention, compile=run.request.compile, group=id(ctx.group),
         )
 
 

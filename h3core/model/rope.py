@@ -35,7 +35,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch
     shape, any strides) the result is written there (what lets Ulysses attention skip its pack copy).
     Every element is computed alone, so row chunks (`rope_chunk_rows`) give the same bits as one pass.
     """
-    step = rope_chunk_rows(x)
+    step = x.shape[0] if torch.compiler.is_compiling() else rope_chunk_rows(x)  # compiled: one fused pass
     if step >= x.shape[0]:
         return _rope_rows(x, cos, sin, out)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
@@ -54,6 +54,8 @@ def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch
     cos2, sin2 = torch.cat([c, c], dim=-1), torch.cat([-s, s], dim=-1)  # [S, 1.., R]
     xr = x[..., :rotary]
     rotated = torch.cat([xr[..., half:], xr[..., :half]], dim=-1).mul_(sin2)  # [x2, x1] * [-sin, sin] = [-x2, x1] * sin
+    if out is None and torch.compiler.is_compiling():  # torch.compile traces no out= into a strided view: the same sums, as values
+        return torch.cat([torch.add(torch.mul(xr, cos2), rotated), x[..., rotary:]], dim=-1)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     torch.add(torch.mul(xr, cos2), rotated, out=out[..., :rotary])

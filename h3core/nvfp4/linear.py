@@ -348,7 +348,7 @@ class NVFP4Linear(nn.Module):
         if self.pre_quant_scale is not None:
             x2 = x2 * self.pre_quant_scale.to(x2.dtype)
         path = self.path
-        if self.record is not None:
+        if not torch.compiler.is_compiling() and self.record is not None:  # compiled: counted per block call (h3core.model.compiled)
             self.record[path] += 1
         if path not in FP4_PATHS and self.weight_scale is None:
             self.prepare()  # prepared for an fp4 path on another device: hold the row-major scales again
@@ -391,7 +391,7 @@ class NVFP4Linear(nn.Module):
         if not self.prepared:
             self.prepare()
         weight = self.fp4_weight if self.fp4_weight is not None else self.weight
-        if self.shapes is not None:
+        if not torch.compiler.is_compiling() and self.shapes is not None:  # compiled: not recorded (docs/compile.md)
             self.shapes[(act_packed.shape[0], *fp4_gemm_shape(self.out_features, self.in_features))] += 1
         gemm, out_dtype = (scaled_mm_fp4, torch.bfloat16) if path == PATH_CUDA_FP4 else (partial(emulated_scaled_mm_fp4, tables=self.device_kernels().tables), dtype)
         return fp4_gemm(
@@ -421,7 +421,7 @@ class NVFP4Linear(nn.Module):
         path = self.path
         if path not in FP4_PATHS:
             raise ValueError(f"forward_gathered is for the fp4 paths; this linear takes {path}")
-        if self.record is not None:
+        if not torch.compiler.is_compiling() and self.record is not None:  # compiled: counted per block call (h3core.model.compiled)
             self.record[path] += 1
         act_packed, act_scale = gathered_gemm_operands(parts)
         if act_packed.shape[0] == 0:

@@ -159,8 +159,9 @@ _IMPLS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Counter[st
 
 
 def _count(record: Counter[str] | None, kernel: Callable[[], str]) -> None:
-    """One more call of `kernel()` in `record` (asked only when there is a record)."""
-    if record is not None:
+    """One more call of `kernel()` in `record` (asked only when there is a record; inside a compiled
+    block the block's caller counts, `h3core.model.compiled`)."""
+    if not torch.compiler.is_compiling() and record is not None:
         record[kernel()] += 1
 
 

@@ -97,6 +97,7 @@ class _GatherRows:
         self.whole_rope = whole_rope  # attention: its input carries the sequence's RoPE table; the MLP's does not
         self.linear = linear
 
+    @torch.compiler.disable  # a collective: outside any compiled region (h3core.model.compiled)
     def __call__(self, module: nn.Module, args: tuple) -> tuple:
         rt = self.runtime
         tokens = rt.token_spans(args[1].num_tokens) if self.whole_rope else rt.forward_tokens
@@ -130,6 +131,7 @@ class _ReduceScatterBias:
         self.runtime = runtime
         self.bias_name = bias_name
 
+    @torch.compiler.disable  # a collective: outside any compiled region (h3core.model.compiled)
     def __call__(self, module: nn.Module, args: tuple, partial: torch.Tensor) -> torch.Tensor:
         rt = self.runtime
         tokens = rt.token_spans(partial.shape[0])  # the partial covers every row of the sequence
