@@ -30,33 +30,37 @@ def rope_chunk_rows(x: torch.Tensor) -> int:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Partial rotate-half RoPE. x: [S, *heads, Dh]; cos, sin: [S, R/2] -> rotates channels [0, R), keeps the rest.
 
-    `out[:R] = x[:R] * [cos, cos] + [-x2, x1] * [sin, sin]` (pairs `i, i + R/2`) in x's dtype with
-    cos and sin cast to it: the reference's products and sum, so the same bits. With `out` (x's
-    shape, any strides) the result is written there (what lets Ulysses attention skip its pack copy).
-    Every element is computed alone, so row chunks (`rope_chunk_rows`) give the same bits as one pass.
+    Pairs `i, i + R/2` of the first R channels: `out1 = x1 cos - x2 sin`, `out2 = x2 cos + x1 sin`
+    in x's dtype with cos and sin cast to it, the reference's `x * [cos, cos] + [-x2, x1] * [sin, sin]`
+    to the bit (`a + (-b)` is `a - b` exactly), with no `cat`. With `out` (x's shape, any strides,
+    x itself included: rotated in place) the result is written there (what lets Ulysses attention
+    skip its pack copy). Every element is computed alone, so row chunks (`rope_chunk_rows`) give
+    the same bits as one pass.
     """
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
     step = rope_chunk_rows(x)
     if step >= x.shape[0]:
         return _rope_rows(x, cos, sin, out)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
     for first in range(0, x.shape[0], step):
         rows = slice(first, first + step)
         _rope_rows(x[rows], cos[rows], sin[rows], out[rows])
     return out
 
 
-def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    """`apply_rope` in one pass over x's rows (see there)."""
+def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`apply_rope` in one pass over x's rows into `out` (which may be x; see there)."""
     half = cos.shape[-1]
-    rotary = 2 * half
     broadcast = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)  # [S, 1.., R/2]
     c, s = cos.to(x.dtype).reshape(broadcast), sin.to(x.dtype).reshape(broadcast)
-    cos2, sin2 = torch.cat([c, c], dim=-1), torch.cat([-s, s], dim=-1)  # [S, 1.., R]
-    xr = x[..., :rotary]
-    rotated = torch.cat([xr[..., half:], xr[..., :half]], dim=-1).mul_(sin2)  # [x2, x1] * [-sin, sin] = [-x2, x1] * sin
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    torch.add(torch.mul(xr, cos2), rotated, out=out[..., :rotary])
-    if rotary < x.shape[-1]:
-        out[..., rotary:].copy_(x[..., rotary:])
+    x1, x2 = x[..., :half], x[..., half : 2 * half]
+    out1, out2 = out[..., :half], out[..., half : 2 * half]
+    x1_sin = x1 * s  # taken before out1 may overwrite x1
+    torch.mul(x1, c, out=out1).sub_(x2 * s)
+    torch.mul(x2, c, out=out2).add_(x1_sin)
+    if 2 * half < x.shape[-1] and not _same_memory(x, out):
+        out[..., 2 * half :].copy_(x[..., 2 * half :])
     return out
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.stride() == b.stride()
