@@ -32,23 +32,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch
 
     Pairs `i, i + R/2` of the first R channels: `out1 = x1 cos - x2 sin`, `out2 = x2 cos + x1 sin`
     in x's dtype with cos and sin cast to it, the reference's `x * [cos, cos] + [-x2, x1] * [sin, sin]`
-    to the bit (`a + (-b)` is `a - b` exactly), with no `cat`. With `out` (x's shape, any strides,
-    x itself included: rotated in place) the result is written there (what lets Ulysses attention
+    to the bit (`a + (-b)` is `a - b` exactly), with no `cat`. With `out` (x's shape, any strides;
+    `out=x`: rotated in place) the result is written there (what lets Ulysses attention
     skip its pack copy). Every element is computed alone, so row chunks (`rope_chunk_rows`) give
     the same bits as one pass.
     """
+    in_place = out is x
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
     step = rope_chunk_rows(x)
     if step >= x.shape[0]:
-        return _rope_rows(x, cos, sin, out)
+        return _rope_rows(x, cos, sin, out, in_place)
     for first in range(0, x.shape[0], step):
         rows = slice(first, first + step)
-        _rope_rows(x[rows], cos[rows], sin[rows], out[rows])
+        _rope_rows(x[rows], cos[rows], sin[rows], out[rows], in_place)
     return out
 
 
-def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`apply_rope` in one pass over x's rows into `out` (which may be x; see there)."""
+def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, in_place: bool) -> torch.Tensor:
+    """`apply_rope` in one pass over x's rows into `out` (x itself where `in_place`; see there)."""
     half = cos.shape[-1]
     broadcast = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)  # [S, 1.., R/2]
     c, s = cos.to(x.dtype).reshape(broadcast), sin.to(x.dtype).reshape(broadcast)
@@ -57,10 +58,6 @@ def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch
     x1_sin = x1 * s  # taken before out1 may overwrite x1
     torch.mul(x1, c, out=out1).sub_(x2 * s)
     torch.mul(x2, c, out=out2).add_(x1_sin)
-    if 2 * half < x.shape[-1] and not _same_memory(x, out):
+    if 2 * half < x.shape[-1] and not in_place:
         out[..., 2 * half :].copy_(x[..., 2 * half :])
     return out
-
-
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.data_ptr() == b.data_ptr() and a.stride() == b.stride()

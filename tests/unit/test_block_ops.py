@@ -114,3 +114,21 @@ def test_attention_gets_contiguous_inputs(models):
     finally:
         model.blocks[0].attn.processor = processor
     assert seen == [[True, True, True]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_rows", [None, 5])
+def test_rope_in_place_has_the_bits_of_rope_into_a_new_tensor(dtype, chunk_rows, monkeypatch):
+    """What the processor does to the normed q and k (`out=x`), in one pass and over row chunks."""
+    from h3core.model import rope
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(37, 6, 16, generator=g).to(dtype)
+    angles = torch.rand(37, 6, generator=g) * 40  # 12 of 16 channels rotate
+    expected = rope.apply_rope(x, angles.cos(), angles.sin())
+    if chunk_rows:
+        monkeypatch.setattr(rope, "ROPE_CHUNK_BYTES", chunk_rows * 6 * 16 * x.element_size())
+        assert rope.rope_chunk_rows(x) == chunk_rows
+    y = x.clone()
+    assert rope.apply_rope(y, angles.cos(), angles.sin(), out=y) is y
+    assert torch.equal(y, expected) and torch.equal(y[..., 12:], x[..., 12:])
