@@ -14,8 +14,10 @@ diffusers' own pipeline steps. Per dtype (fp32, bf16) it times, alternating A an
 - step: what a denoising step costs each pipeline: diffusers calls the same forward every step;
   h3 refines the text once per request and runs `H3Model.forward` on the packed sequence.
 
-and prints the median of --repeat runs of each, h3/diffusers (the ratio of the medians), and the
-outputs' agreement (max |h3 - diffusers| / max |diffusers|, video and audio).
+and prints the median of --repeat runs of each (wall and CPU seconds), h3/diffusers (the ratio of the medians, and the
+median of each round's own ratio: the two runs of a round are neighbours in time, so they share
+the load of a shared machine more closely), and the outputs' agreement (max |h3 - diffusers| /
+max |diffusers|, video and audio).
 
     python scripts/bench_reference.py --repeat 7
 """
@@ -86,16 +88,18 @@ def packed_inputs(config: dict[str, object], frames: int, height: int, width: in
     )
 
 
-def alternate(a: Callable[[], object], b: Callable[[], object], repeat: int) -> tuple[list[float], list[float]]:
-    """Seconds of `repeat` calls of each, A and B alternating, the order flipped every round (after one warm-up each)."""
+def alternate(a: Callable[[], object], b: Callable[[], object], repeat: int) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """(wall, CPU) seconds of `repeat` calls of each, A and B alternating, the order flipped every round
+    (after one warm-up each). CPU seconds are this process's (every thread's) `time.process_time`:
+    on a machine others load, the time it was not scheduled does not count."""
     a(), b()
-    times: tuple[list[float], list[float]] = ([], [])
+    times: tuple[list[tuple[float, float]], list[tuple[float, float]]] = ([], [])
     for i in range(repeat):
         order = ((0, a), (1, b)) if i % 2 == 0 else ((1, b), (0, a))
         for which, run in order:
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             run()
-            times[which].append(time.perf_counter() - start)
+            times[which].append((time.perf_counter() - wall, time.process_time() - cpu))
     return times
 
 
@@ -103,7 +107,10 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got.double() - expected.double()).abs().max() / expected.double().abs().max())
 
 
-def compare(folder: Path, inputs: dict[str, torch.Tensor], dtype: torch.dtype, repeat: int) -> list[tuple[str, list[float], list[float], str]]:
+Timings = list[tuple[float, float]]
+
+
+def compare(folder: Path, inputs: dict[str, torch.Tensor], dtype: torch.dtype, repeat: int) -> list[tuple[str, Timings, Timings, str]]:
     """Rows (what, h3 seconds, diffusers seconds, agreement) of one dtype."""
     from diffusers import MiniMaxH3Transformer3DModel
 
@@ -138,14 +145,17 @@ def main() -> None:
     rows = int(inputs["position_ids"].shape[0])
     table = Table(title=f"h3 vs diffusers {args.heads}x{args.head_dim} heads, hidden {config['hidden_size']}, {args.blocks} blocks + 2 refiner, "
                         f"{rows} rows, {torch.get_num_threads()} threads, median of {args.repeat} alternating runs", title_justify="left")
-    for column in ("dtype", "what", "h3 s", "diffusers s", "h3/diffusers", "agreement (max|diff| / max|ref|)"):
+    for column in ("dtype", "what", "clock", "h3 s", "diffusers s", "h3/diffusers", "rounds' ratios", "agreement (max|diff| / max|ref|)"):
         table.add_column(column)
     with tempfile.TemporaryDirectory() as tmp:
         save_random_model(config, Path(tmp))
         for name in args.dtypes.split(","):
             for what, ours, theirs, agreement in compare(Path(tmp), inputs, dtypes[name], args.repeat):
-                a, b = statistics.median(ours), statistics.median(theirs)
-                table.add_row(name, what, f"{a:.3f}", f"{b:.3f}", f"{a / b:.2f}", agreement)
+                for clock in (0, 1):
+                    h3, ref = [t[clock] for t in ours], [t[clock] for t in theirs]
+                    a, b = statistics.median(h3), statistics.median(ref)
+                    rounds = statistics.median(x / y for x, y in zip(h3, ref))
+                    table.add_row(name, what, ("wall", "CPU")[clock], f"{a:.3f}", f"{b:.3f}", f"{a / b:.2f}", f"{rounds:.2f}", "" if clock else agreement)
     Console().print(table)
 
 
