@@ -54,7 +54,7 @@ from h3core.model.inputs import (  # noqa: F401 - the model's inputs, importable
 )
 from h3core.model.config import ModelConfig
 from h3core.model.rope import apply_rope
-from h3core.model.sequence import MODALITIES, Segment, SegmentKind
+from h3core.model.sequence import MODALITIES, SegmentKind
 from h3core.model.step_cache import FirstBlockCache
 from h3core.nvfp4.kernels import DeviceKernels
 from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
