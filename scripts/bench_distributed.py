@@ -92,13 +92,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--decoded-weights", default="auto", choices=("auto", "on", "off"), help="as h3 generate's (off: decode every NVFP4 weight every forward)")
+    parser.add_argument("--against-decoding", action="store_true",
+                        help="also run each mode at 1 and 2 ranks with --decoded-weights off, in the same rotation")
     args = parser.parse_args()
     device = resolve_device(args.device)
     console = Console()
 
-    def request(mode: Mode, world_size: int, profile: bool = False):
+    def request(mode: Mode, world_size: int, profile: bool = False, decoded: str = args.decoded_weights):
         return resolve(GenerateRequest(preset=args.preset, steps=args.steps, mode=mode, world_size=world_size, device=device, profile=profile,
-                                       decoded_weights=args.decoded_weights))
+                                       decoded_weights=decoded))
 
     one = {mode: request(mode, 1) for mode in Mode}
     two = {mode: request(mode, 2) for mode in Mode}
@@ -111,6 +113,9 @@ def main() -> None:
             ("tensor x1", lone, one[Mode.TENSOR], RankPipeline.load), ("ulysses x2", pair, two[Mode.ULYSSES], RankPipeline.load),
             ("tensor x2", pair, two[Mode.TENSOR], RankPipeline.load),
         ]
+        if args.against_decoding:  # the same runs decoding every NVFP4 weight on every forward
+            variants += [(f"{mode.value} x{n} decoding", world, request(mode, n, decoded="off"), RankPipeline.load)
+                         for mode in Mode for n, world in ((1, lone), (2, pair))]
         times: dict[str, list[float]] = {name: [] for name, *_ in variants}
         measures = [(name, times[name], lambda w=world, r=run, ld=load: step_seconds(w, r, ld)) for name, world, run, load in variants]
         threads = cpu_threads_per_rank(2) if device == "cpu" else None
@@ -136,6 +141,11 @@ def main() -> None:
         "ulysses x2": f"{med['ulysses x1'] / med['ulysses x2']:.2f}x speedup vs ulysses x1",
         "tensor x2": f"{med['tensor x1'] / med['tensor x2']:.2f}x speedup vs tensor x1",
     }
+    for mode in ("ulysses", "tensor"):
+        if f"{mode} x1 decoding" in med:
+            ratio[f"{mode} x1 decoding"] = f"{med[f'{mode} x1'] / med[f'{mode} x1 decoding']:.3f}: {mode} x1 / this"
+            ratio[f"{mode} x2 decoding"] = (f"{med[f'{mode} x1 decoding'] / med[f'{mode} x2 decoding']:.2f}x speedup vs {mode} x1 decoding; "
+                                            f"{mode} x2 / this {med[f'{mode} x2'] / med[f'{mode} x2 decoding']:.3f}")
     for name, runs in times.items():
         table.add_row(name, f"{med[name]:.3f}", " ".join(f"{t:.3f}" for t in runs), ratio[name])
     console.print(table)
@@ -151,13 +161,23 @@ def _ceiling_line(times: dict[str, list[float]], ceilings: list[float]) -> str:
     the median of the rounds' own shares (each round's speedup over the ceiling measured beside it)."""
     ceiling = statistics.median(ceilings)
     parts = []
-    for mode in ("ulysses", "tensor"):
-        one, two = times[f"{mode} x1"], times[f"{mode} x2"]
+    for label, one_name, two_name in _scaling_pairs(times):
+        one, two = times[one_name], times[two_name]
         share = statistics.median(one) / statistics.median(two) / ceiling
         rounds = statistics.median(a / b / c for a, b, c in zip(one, two, ceilings))
-        parts.append(f"{mode} reached {share:.0%} of it ({rounds:.0%} median of the rounds' own shares)")
+        parts.append(f"{label} reached {share:.0%} of it ({rounds:.0%} median of the rounds' own shares)")
     return (f"this machine's ceiling for 2 vs 1 (2 single-thread GEMM loops at once vs one, measured in the same rotation, "
             f"median of {len(ceilings)}: {' '.join(f'{c:.2f}' for c in ceilings)}): {ceiling:.2f}x; " + ", ".join(parts))
+
+
+def _scaling_pairs(times: dict[str, list[float]]) -> list[tuple[str, str, str]]:
+    """(label, 1-rank variant, 2-rank variant) of every mode measured, decoding every forward included."""
+    pairs = []
+    for mode in ("ulysses", "tensor"):
+        for suffix in ("", " decoding"):
+            if f"{mode} x1{suffix}" in times:
+                pairs.append((f"{mode}{suffix}", f"{mode} x1{suffix}", f"{mode} x2{suffix}"))
+    return pairs
 
 
 def _explain(console: Console, mode: Mode, outcomes, steps: int) -> None:
