@@ -35,7 +35,7 @@ Device = Annotated[str, typer.Option("--device", help="auto, cpu or cuda (cpu: r
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="fp32, bf16 or fp16 (or torch's names: float32, bfloat16, float16); default: bf16 on CUDA, fp32 on CPU.")]
 Model = Annotated[Optional[Path], typer.Option("--model", help=f"MiniMax-H3 transformer: a Comfy single file (bf16 or NVFP4, full or AdaLN-pruned), the official shards or a diffusers transformer/ folder (detected from the contents). Default: {settings.MODEL_PATH}, else the embedded synthetic one.", show_default=False)]
 TextEncoder = Annotated[Optional[Path], typer.Option("--text-encoder", help=f"Qwen3-VL text encoder (file or folder). Default: {settings.TEXT_ENCODER_PATH}, else synthetic.", show_default=False)]
-DecodedWeights = Annotated[str, typer.Option("--decoded-weights", help="Hold the NVFP4 linears decoded once in bf16 instead of decoding them every forward (Hopper's cuda-dequant-bf16 path; bitwise the same outputs): auto (where they fit beside the run's need), on, off.")]
+DecodedWeights = Annotated[str, typer.Option("--decoded-weights", help="Hold the NVFP4 linears decoded once instead of decoding them every forward (Hopper's cuda-dequant-bf16 path in bf16, the CPU's in the stream dtype; bitwise the same outputs): auto (where they fit beside the run's need), on, off.")]
 
 # --- how a generate run runs and what it writes (h3 generate, h3 matrix) ------------------------------
 Attention = Annotated[Optional[str], typer.Option("--attention", help="Attention backend: sdpa, math, sage2 or flash.", show_default="sdpa")]

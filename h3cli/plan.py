@@ -132,7 +132,7 @@ def _render_memory(found, console: Console) -> None:  # type: ignore[no-untyped-
     decoded = found.plan.decoded
     if decoded is not None:
         held = "held" if decoded.held else "not held"
-        console.print(f"decoded weights (Hopper's option, first architecture): {held}: {decoded.count} NVFP4 linears "
+        console.print(f"decoded weights (where NVFP4 linears decode every forward: Hopper, the CPU; first architecture): {held}: {decoded.count} NVFP4 linears "
                       f"({', '.join(decoded.linears)}), {format_bytes(max(decoded.bytes_per_rank, default=0))} per rank; {decoded.reason}")
     for phase, parts in found.keyframe_encode.items():
         console.print(f"rank 0 before the denoiser loads (keyframes), {phase}: {format_bytes(sum(parts.values()))} at least ("

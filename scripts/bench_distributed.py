@@ -11,14 +11,16 @@
 4. The physical limit of 2 vs 1 on this machine: two processes running the same single-threaded
    GEMM loop at once vs one alone (CPU only). Two vCPUs that are SMT siblings, or a host that
    throttles, give less than 2x whatever h3 does; each speedup is also shown as a share of it.
+   The ceiling is measured inside the same rotation as the variants (one measurement per round),
+   so that it sees the load they see, not a load of another minute.
 
-All five variants (plain, ulysses x1, tensor x1, ulysses x2, tensor x2) alternate in a rotating order, both
-Worlds kept up, so that drift on a shared machine hits all
+All five variants (plain, ulysses x1, tensor x1, ulysses x2, tensor x2) and the ceiling alternate in a
+rotating order, both Worlds kept up, so that drift on a shared machine hits all
 variants alike; each figure is the median of --repeat runs of the steady step time. The default preset,
 wide-1k, has enough compute per step (~2 s per step on one CPU thread) for scaling to show; narrow's 194
 tokens measure overheads only.
 
-    python scripts/bench_distributed.py --preset wide-1k --steps 4 --repeat 5
+    python scripts/bench_distributed.py --preset wide-1k --steps 4 --repeat 5 [--decoded-weights off]
 """
 
 from __future__ import annotations
@@ -78,10 +80,9 @@ def _gemm_wall(processes: int, threads: int) -> float:
     return max(seconds)
 
 
-def gemm_ceiling(processes: int, threads: int, repeat: int = 3) -> float:
-    """How much more GEMM work `processes` processes finish per second than one: the scaling ceiling."""
-    ratios = [processes * _gemm_wall(1, threads) / _gemm_wall(processes, threads) for _ in range(repeat)]
-    return statistics.median(ratios)
+def gemm_ceiling(processes: int, threads: int) -> float:
+    """How much more GEMM work `processes` processes finish per second than one (one measurement): the scaling ceiling."""
+    return processes * _gemm_wall(1, threads) / _gemm_wall(processes, threads)
 
 
 def main() -> None:
@@ -90,12 +91,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--decoded-weights", default="auto", choices=("auto", "on", "off"), help="as h3 generate's (off: decode every NVFP4 weight every forward)")
+    parser.add_argument("--against-decoding", action="store_true",
+                        help="also run each mode at 1 and 2 ranks with --decoded-weights off, in the same rotation")
     args = parser.parse_args()
     device = resolve_device(args.device)
     console = Console()
 
-    def request(mode: Mode, world_size: int, profile: bool = False):
-        return resolve(GenerateRequest(preset=args.preset, steps=args.steps, mode=mode, world_size=world_size, device=device, profile=profile))
+    def request(mode: Mode, world_size: int, profile: bool = False, decoded: str = args.decoded_weights):
+        return resolve(GenerateRequest(preset=args.preset, steps=args.steps, mode=mode, world_size=world_size, device=device, profile=profile,
+                                       decoded_weights=decoded))
 
     one = {mode: request(mode, 1) for mode in Mode}
     two = {mode: request(mode, 2) for mode in Mode}
@@ -108,13 +113,21 @@ def main() -> None:
             ("tensor x1", lone, one[Mode.TENSOR], RankPipeline.load), ("ulysses x2", pair, two[Mode.ULYSSES], RankPipeline.load),
             ("tensor x2", pair, two[Mode.TENSOR], RankPipeline.load),
         ]
+        if args.against_decoding:  # the same runs decoding every NVFP4 weight on every forward
+            variants += [(f"{mode.value} x{n} decoding", world, request(mode, n, decoded="off"), RankPipeline.load)
+                         for mode in Mode for n, world in ((1, lone), (2, pair))]
         times: dict[str, list[float]] = {name: [] for name, *_ in variants}
+        measures = [(name, times[name], lambda w=world, r=run, ld=load: step_seconds(w, r, ld)) for name, world, run, load in variants]
+        threads = cpu_threads_per_rank(2) if device == "cpu" else None
+        ceilings: list[float] = []
+        if threads:  # the ceiling takes its turn in the rotation like any variant
+            measures.append(("ceiling", ceilings, lambda: gemm_ceiling(2, threads)))
         for _, world, run, load in variants:  # warm-up
             step_seconds(world, run, load)
         for i in range(args.repeat):
-            k = i % len(variants)
-            for name, world, run, load in variants[k:] + variants[:k]:  # rotate: no variant always goes first
-                times[name].append(step_seconds(world, run, load))
+            k = i % len(measures)
+            for _, results, measure in measures[k:] + measures[:k]:  # rotate: no variant always goes first
+                results.append(measure())
         profiled = {mode: pair.run(rank_generate, request(mode, 2, profile=True)) for mode in Mode}
 
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -128,20 +141,43 @@ def main() -> None:
         "ulysses x2": f"{med['ulysses x1'] / med['ulysses x2']:.2f}x speedup vs ulysses x1",
         "tensor x2": f"{med['tensor x1'] / med['tensor x2']:.2f}x speedup vs tensor x1",
     }
+    for mode in ("ulysses", "tensor"):
+        if f"{mode} x1 decoding" in med:
+            ratio[f"{mode} x1 decoding"] = f"{med[f'{mode} x1'] / med[f'{mode} x1 decoding']:.3f}: {mode} x1 / this"
+            ratio[f"{mode} x2 decoding"] = (f"{med[f'{mode} x1 decoding'] / med[f'{mode} x2 decoding']:.2f}x speedup vs {mode} x1 decoding; "
+                                            f"{mode} x2 / this {med[f'{mode} x2'] / med[f'{mode} x2 decoding']:.3f}")
     for name, runs in times.items():
         table.add_row(name, f"{med[name]:.3f}", " ".join(f"{t:.3f}" for t in runs), ratio[name])
     console.print(table)
-    threads = cpu_threads_per_rank(2) if device == "cpu" else None
     console.print(f"1-rank variants ran at {threads} intra-op thread(s), like each of the 2 ranks" if threads else "one GPU per rank")
     if threads:
-        ceiling = gemm_ceiling(2, threads)
-        console.print(
-            f"this machine's ceiling for 2 vs 1 (2 single-thread GEMM loops at once vs one, median of 3): {ceiling:.2f}x; "
-            f"ulysses reached {med['ulysses x1'] / med['ulysses x2'] / ceiling:.0%} of it, tensor {med['tensor x1'] / med['tensor x2'] / ceiling:.0%}",
-            soft_wrap=True,
-        )
+        console.print(_ceiling_line(times, ceilings), soft_wrap=True)
     for mode, outcomes in profiled.items():
         _explain(console, mode, outcomes, args.steps)
+
+
+def _ceiling_line(times: dict[str, list[float]], ceilings: list[float]) -> str:
+    """The ceiling (median of the rounds) and each mode's share of it: the ratio of the medians, and
+    the median of the rounds' own shares (each round's speedup over the ceiling measured beside it)."""
+    ceiling = statistics.median(ceilings)
+    parts = []
+    for label, one_name, two_name in _scaling_pairs(times):
+        one, two = times[one_name], times[two_name]
+        share = statistics.median(one) / statistics.median(two) / ceiling
+        rounds = statistics.median(a / b / c for a, b, c in zip(one, two, ceilings))
+        parts.append(f"{label} reached {share:.0%} of it ({rounds:.0%} median of the rounds' own shares)")
+    return (f"this machine's ceiling for 2 vs 1 (2 single-thread GEMM loops at once vs one, measured in the same rotation, "
+            f"median of {len(ceilings)}: {' '.join(f'{c:.2f}' for c in ceilings)}): {ceiling:.2f}x; " + ", ".join(parts))
+
+
+def _scaling_pairs(times: dict[str, list[float]]) -> list[tuple[str, str, str]]:
+    """(label, 1-rank variant, 2-rank variant) of every mode measured, decoding every forward included."""
+    pairs = []
+    for mode in ("ulysses", "tensor"):
+        for suffix in ("", " decoding"):
+            if f"{mode} x1{suffix}" in times:
+                pairs.append((f"{mode}{suffix}", f"{mode} x1{suffix}", f"{mode} x2{suffix}"))
+    return pairs
 
 
 def _explain(console: Console, mode: Mode, outcomes, steps: int) -> None:

@@ -140,17 +140,25 @@ def activation_elements(config: ModelConfig, plan: ParallelPlan, s: int) -> int:
 
 
 def plan_decoded_weights(plan: ParallelPlan, config: ModelConfig, choice: str, nvfp4_prefixes: list[str], *, capability: tuple[int, int] | None,
-                         gpu_bytes: int | None, latent_elements: int, steps: int, dtype: "torch.dtype", attention: str) -> ParallelPlan:
+                         gpu_bytes: int | None, latent_elements: int, steps: int, dtype: "torch.dtype", attention: str,
+                         host_bytes: int | None = None) -> ParallelPlan:
     """`plan` with its `decoded` record (`h3core.parallel.decoded`): `choice` 'auto' / 'on' / 'off' for a
-    GPU of `capability` (None: not a GPU) and `gpu_bytes` usable, against the formula's need per rank."""
-    from h3core.nvfp4.matmul import FP4_MIN_CAPABILITY
-    from h3core.parallel.decoded import choose, decoded_weights
+    GPU of `capability` and `gpu_bytes` usable against the formula's need per rank, or (`capability`
+    None) for the CPU, every rank of this machine against `host_bytes` available."""
+    from h3core.nvfp4.matmul import FP4_MIN_CAPABILITY, PATH_CPU_DEQUANT, PATH_CUDA_BF16
+    from h3core.parallel.decoded import GPU_ELEMENT_BYTES, choose, decoded_weights
 
-    cost = decoded_weights(config, plan, nvfp4_prefixes, held=False, reason="")
-    device = "cuda" if capability is not None else "cpu"
-    need = generate_need(config, plan, latent_elements, steps, device, dtype, attention, spawned=False)
-    dequant_on_gpu = capability is not None and tuple(capability) < FP4_MIN_CAPABILITY
-    held, why = choose(choice, dequant_on_gpu=dequant_on_gpu, need_bytes=sum(need.on_device.values()), gpu_bytes=gpu_bytes,
-                       cost_bytes=max(cost.bytes_per_rank, default=0))
+    if capability is not None:
+        cost = decoded_weights(config, plan, nvfp4_prefixes, held=False, reason="", element_bytes=GPU_ELEMENT_BYTES)
+        need = generate_need(config, plan, latent_elements, steps, "cuda", dtype, attention, spawned=False)
+        decodes = PATH_CUDA_BF16 if tuple(capability) < FP4_MIN_CAPABILITY else None
+        held, why = choose(choice, decodes=decodes, need_bytes=sum(need.on_device.values()), room_bytes=gpu_bytes,
+                           cost_bytes=max(cost.bytes_per_rank, default=0))
+    else:
+        cost = decoded_weights(config, plan, nvfp4_prefixes, held=False, reason="", element_bytes=dtype.itemsize)
+        ranks = settings.ranks_on_this_machine(plan.layout.world_size)
+        need = generate_need(config, plan, latent_elements, steps, "cpu", dtype, attention, spawned=ranks > 1, ranks=ranks)
+        decodes = None if settings.emulate_fp4() else PATH_CPU_DEQUANT
+        held, why = choose(choice, decodes=decodes, need_bytes=need.host_total(), room_bytes=host_bytes,
+                           cost_bytes=ranks * max(cost.bytes_per_rank, default=0), room="the host")
     return plan.model_copy(update={"decoded": cost.model_copy(update={"held": held, "reason": why})})
-

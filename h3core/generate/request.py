@@ -74,7 +74,7 @@ class GenerateRequest(UserRequest):
     model_path: Path | None = None
     text_encoder_path: Path | None = None
     profile: bool = Field(False, description="Split every step's time per rank: attention, NVFP4 linears, each collective, the rest (h3core.generate.profile).")
-    decoded_weights: Literal["auto", "on", "off"] = Field("auto", description="Hold the NVFP4 linears decoded once in bf16 (Hopper): auto where they fit (h3core.parallel.decoded).")
+    decoded_weights: Literal["auto", "on", "off"] = Field("auto", description="Hold the NVFP4 linears decoded once where they decode every forward (Hopper, the CPU): auto where they fit (h3core.parallel.decoded).")
     keyframes: dict[Literal["first", "last"], Path] = Field(default_factory=dict, description="FL2VA: the image the video starts on (first) and/or ends on (last).")
     loras: tuple[LoraSpec, ...] = Field((), description="LoRA adapters, each beside the linears it adapts at its scale (h3core.lora; docs/lora.md).")
     noise_recipe: NoiseRecipe = Field(NoiseRecipe.OFFICIAL, description="Whose noise the seed means: the official server's (default) or diffusers' (h3core.model.sampler).")
@@ -266,19 +266,23 @@ def _planned_checkpoint(request: GenerateRequest, checkpoint: Checkpoint | None,
 
 
 def _with_decoded_weights(request: GenerateRequest, config: ModelConfig, plan: ParallelPlan, specs, elements: int, steps: int, dtype) -> ParallelPlan:  # type: ignore[no-untyped-def]
-    """The plan with its decoded-weights record for this machine's GPU (`h3core.parallel.decoded`)."""
+    """The plan with its decoded-weights record for this machine's GPU, or its host memory on the CPU
+    (`h3core.parallel.decoded`)."""
     from h3core.model.synthetic import synthetic_specs
     from h3core.runtime.limits import capacity
 
-    capability = gpu_bytes = None
+    capability = gpu_bytes = host_bytes = None
     import torch
 
+    ranks = settings.ranks_on_this_machine(plan.layout.world_size)
     if request.device == "cuda" and torch.cuda.is_available():  # (a run planned for CUDA on a host without one: no GPU to decide for)
         capability = tuple(torch.cuda.get_device_capability(0))
-        gpu_bytes = min(capacity("cuda", settings.ranks_on_this_machine(plan.layout.world_size)).gpu_bytes or [0]) or None
+        gpu_bytes = min(capacity("cuda", ranks).gpu_bytes or [0]) or None
+    elif request.device == "cpu":
+        host_bytes = capacity("cpu", ranks).host_bytes
     prefixes = sorted({s.prefix for s in (specs or synthetic_specs(config)) if s.name.endswith(".weight_scale")})
     return plan_decoded_weights(plan, config, request.decoded_weights, prefixes, capability=capability, gpu_bytes=gpu_bytes,  # type: ignore[arg-type]
-                                latent_elements=elements, steps=steps, dtype=dtype, attention=request.attention)
+                                latent_elements=elements, steps=steps, dtype=dtype, attention=request.attention, host_bytes=host_bytes)
 
 
 def with_overlap(plan: ParallelPlan, choice: str, device: str) -> ParallelPlan:

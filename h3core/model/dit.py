@@ -15,7 +15,8 @@ one `PackedSequence` and its `Clocks`; diffusers' argument names go through
     x      = [text rows | video_patch_proj(video rows) | audio_patch_proj(audio rows)]   in packed order
     cond   = full:   time_embedder(sinusoid_cos_first(t))           [M, 2688] fp32
              pruned: lerp(adaln_t_table, t * 1024)                  [M, 8]    fp32
-    block: mod = adaln_proj(cond) -> [M * 3, 6, D]: row tidx * 3 + tag; shift, scale, gate (msa), (mlp)
+    block: mod = adaln_proj(cond) -> [M * 3, 6, D]: row tidx * 3 + tag; shift, scale, gate (msa), (mlp),
+           read by every row at once through its table row (`Clocks.table_rows`, one index_select)
            x += gate_msa * out_proj(SDPA(rope(q_norm(q)), rope(k_norm(k)), v)),  q|k|v = qkv_proj(RMS(x)*(1+scale)+shift)
            x += gate_mlp * fc2(silu(g) * u),                                     g|u = fc1(RMS(x)*(1+scale)+shift)
     out:   RMS(x) * (1 + scale[tidx]) + shift[tidx] -> fp32 -> video_out / audio_out
@@ -53,7 +54,7 @@ from h3core.model.inputs import (  # noqa: F401 - the model's inputs, importable
 )
 from h3core.model.config import ModelConfig
 from h3core.model.rope import apply_rope
-from h3core.model.sequence import MODALITIES, Segment, SegmentKind
+from h3core.model.sequence import MODALITIES, SegmentKind
 from h3core.model.step_cache import FirstBlockCache
 from h3core.nvfp4.kernels import DeviceKernels
 from h3core.nvfp4.linear import DenseLinear, NVFP4Linear
@@ -107,19 +108,17 @@ def io_dtype(linear: nn.Module, default: torch.dtype) -> torch.dtype:
     return linear.weight.dtype if isinstance(linear, DenseLinear) else default
 
 
-def modulate(x: torch.Tensor, segments: list[Segment], rows: list[int], shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Per segment `x * (1 + scale[row]) + shift[row]`. x: [S, D]; shift, scale: [M * 3, D]."""
-    out = torch.empty_like(x)
-    for seg, row in zip(segments, rows):
-        out[seg.start : seg.stop] = x[seg.start : seg.stop] * (1.0 + scale[row]) + shift[row]
-    return out
+def modulate(x: torch.Tensor, rows: torch.Tensor, shift_scale: torch.Tensor) -> torch.Tensor:
+    """`x * (1 + scale[row]) + shift[row]` for every row at once, one gather for both. x: [S, D];
+    rows: [S] (each row's AdaLN table row, `Clocks.table_rows`); shift_scale: the table's
+    [M * 3, 2, D] of shift and `1 + scale` (the 1 added on the table, before the gather)."""
+    shift, scale = shift_scale.index_select(0, rows).unbind(1)  # [S, D] each
+    return x * scale + shift
 
 
-def add_gated(x: torch.Tensor, y: torch.Tensor, segments: list[Segment], rows: list[int], gate: torch.Tensor) -> torch.Tensor:
-    """Per segment residual `x + gate[row] * y` (the gate raw: no tanh, no 1 +), in place. x, y: [S, D]."""
-    for seg, row in zip(segments, rows):
-        x[seg.start : seg.stop] += gate[row] * y[seg.start : seg.stop]
-    return x
+def add_gated(x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """The residual `x + gate[row] * y` of every row (the gate raw: no tanh, no 1 +), in place. x, y: [S, D]; gate [M * 3, D]."""
+    return x.add_(gate.index_select(0, rows) * y)
 
 
 class AttentionProcessor(nn.Module):
@@ -134,12 +133,14 @@ class AttentionProcessor(nn.Module):
 
     def forward(self, attn: "Attention", h: torch.Tensor, rope: Rope | None) -> torch.Tensor:
         # h: [S, D] -> [S, D]. The head count comes from the qkv weight, so a head-sharded qkv just works.
+        # q and k leave their norms as new tensors, rotated in place; v leaves the fused output's
+        # strided slice by one copy: the kernel gets three contiguous [S, H, Dh] tensors.
         q, k, v = attn.qkv_proj(h).unflatten(-1, (3, -1, attn.head_dim)).unbind(1)  # [S, H, Dh] each
         q, k = attn.q_norm(q), attn.k_norm(k)
         if rope is not None:
             cos, sin = rope.local()  # [S, R/2]
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = self.kernel(q, k, v)  # [S, H, Dh]
+            q, k = apply_rope(q, cos, sin, out=q), apply_rope(k, cos, sin, out=k)
+        o = self.kernel(q, k, v.contiguous())  # [S, H, Dh]
         return attn.out_proj(o.flatten(1))
 
 
@@ -201,13 +202,14 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.adaln_proj = AdaLNProjection(config, chunks=6, modalities=MODALITIES)
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor, seq: PackedSequence, rows: list[int]) -> torch.Tensor:
-        # x: [S, D]; cond: [M, E]; rows: each segment's AdaLN table row
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaln_proj(cond, x.dtype).unbind(1)  # [M * 3, D] each
-        h = modulate(self.norm1(x), seq.segments, rows, shift1, scale1)
-        x = add_gated(x, self.attn(h, seq.rope), seq.segments, rows, gate1)
-        h = modulate(self.norm2(x), seq.segments, rows, shift2, scale2)
-        return add_gated(x, self.mlp(h), seq.segments, rows, gate2)
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, seq: PackedSequence, rows: torch.Tensor) -> torch.Tensor:
+        # x: [S, D]; cond: [M, E]; rows: [S], each row's AdaLN table row (`Clocks.table_rows`)
+        table = self.adaln_proj(cond, x.dtype)  # [M * 3, 6, D]: shift, scale, gate (attention), the same (MLP)
+        table.unflatten(1, (2, 3))[:, :, 1].add_(1.0)  # both scales as 1 + scale, on the table's few rows
+        h = modulate(self.norm1(x), rows, table[:, 0:2])
+        x = add_gated(x, self.attn(h, seq.rope), rows, table[:, 2])
+        h = modulate(self.norm2(x), rows, table[:, 3:5])
+        return add_gated(x, self.mlp(h), rows, table[:, 5])
 
 
 class RefinerBlock(nn.Module):
@@ -339,8 +341,8 @@ class H3Model(nn.Module):
         step's `clocks` (diffusers' argument names: `h3core.model.packing.diffusers_forward`); with
         `cache` (this sequence's step cache) blocks 1.. run only where it says so."""
         cond = self.conditioning(clocks.values)  # [M, E] float32
-        rows = [clocks.row(seg) for seg in seq.segments]
         x = self.embed(seq)
+        rows = clocks.table_rows(seq.segments, x.device)  # [S]
         if cache is None:
             x = self.run_blocks(x, self.blocks, cond, seq, rows)
         else:
@@ -349,7 +351,7 @@ class H3Model(nn.Module):
         return self.final_layer(x, cond, seq, clocks)
 
     @staticmethod
-    def run_blocks(x: torch.Tensor, blocks: Iterable[nn.Module], cond: torch.Tensor, seq: PackedSequence, rows: list[int]) -> torch.Tensor:
+    def run_blocks(x: torch.Tensor, blocks: Iterable[nn.Module], cond: torch.Tensor, seq: PackedSequence, rows: torch.Tensor) -> torch.Tensor:
         for block in blocks:
             x = block(x, cond, seq, rows)
         return x

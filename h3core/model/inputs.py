@@ -77,6 +77,13 @@ class Clocks:
         """The AdaLN table row of `segment`'s rows."""
         return self.index[segment.clock] * MODALITIES + segment.tag
 
+    def table_rows(self, segments: list[Segment], device: torch.device | str = "cpu") -> torch.Tensor:
+        """Every row's AdaLN table row, [S] int64 for segments covering rows [0, S) in order: what
+        the blocks index their modulation tables with (one gather for all segments)."""
+        rows = torch.tensor([self.row(seg) for seg in segments], dtype=torch.long)
+        lengths = torch.tensor([len(seg) for seg in segments], dtype=torch.long)
+        return torch.repeat_interleave(rows, lengths, output_size=sum(len(seg) for seg in segments)).to(device)
+
 
 # --- packed inputs -------------------------------------------------------------------------------
 

@@ -30,35 +30,46 @@ def rope_chunk_rows(x: torch.Tensor) -> int:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Partial rotate-half RoPE. x: [S, *heads, Dh]; cos, sin: [S, R/2] -> rotates channels [0, R), keeps the rest.
 
-    `out[:R] = x[:R] * [cos, cos] + [-x2, x1] * [sin, sin]` (pairs `i, i + R/2`) in x's dtype with
-    cos and sin cast to it: the reference's products and sum, so the same bits. With `out` (x's
-    shape, any strides) the result is written there (what lets Ulysses attention skip its pack copy).
-    Every element is computed alone, so row chunks (`rope_chunk_rows`) give the same bits as one pass.
+    Pairs `i, i + R/2` of the first R channels: `out1 = x1 cos - x2 sin`, `out2 = x2 cos + x1 sin`
+    in x's dtype with cos and sin cast to it, the reference's `x * [cos, cos] + [-x2, x1] * [sin, sin]`
+    to the bit (`a + (-b)` is `a - b` exactly), with no `cat`. With `out` (x's shape, any strides;
+    `out=x`: rotated in place) the result is written there (what lets Ulysses attention
+    skip its pack copy). Every element is computed alone, so row chunks (`rope_chunk_rows`) give
+    the same bits as one pass.
     """
-    step = x.shape[0] if torch.compiler.is_compiling() else rope_chunk_rows(x)  # compiled: one fused pass
-    if step >= x.shape[0]:
-        return _rope_rows(x, cos, sin, out)
+    if torch.compiler.is_compiling():  # Dynamo traces no out= into a strided view: the same sums as values, one fused pass
+        rotated = _rope_values(x, cos, sin)
+        return rotated if out is None else out.copy_(rotated)
+    in_place = out is x
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
+    step = rope_chunk_rows(x)
+    if step >= x.shape[0]:
+        return _rope_rows(x, cos, sin, out, in_place)
     for first in range(0, x.shape[0], step):
         rows = slice(first, first + step)
-        _rope_rows(x[rows], cos[rows], sin[rows], out[rows])
+        _rope_rows(x[rows], cos[rows], sin[rows], out[rows], in_place)
     return out
 
 
-def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    """`apply_rope` in one pass over x's rows (see there)."""
+def _rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, in_place: bool) -> torch.Tensor:
+    """`apply_rope` in one pass over x's rows into `out` (x itself where `in_place`; see there)."""
     half = cos.shape[-1]
-    rotary = 2 * half
     broadcast = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)  # [S, 1.., R/2]
     c, s = cos.to(x.dtype).reshape(broadcast), sin.to(x.dtype).reshape(broadcast)
-    cos2, sin2 = torch.cat([c, c], dim=-1), torch.cat([-s, s], dim=-1)  # [S, 1.., R]
-    xr = x[..., :rotary]
-    rotated = torch.cat([xr[..., half:], xr[..., :half]], dim=-1).mul_(sin2)  # [x2, x1] * [-sin, sin] = [-x2, x1] * sin
-    if out is None and torch.compiler.is_compiling():  # torch.compile traces no out= into a strided view: the same sums, as values
-        return torch.cat([torch.add(torch.mul(xr, cos2), rotated), x[..., rotary:]], dim=-1)
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    torch.add(torch.mul(xr, cos2), rotated, out=out[..., :rotary])
-    if rotary < x.shape[-1]:
-        out[..., rotary:].copy_(x[..., rotary:])
+    x1, x2 = x[..., :half], x[..., half : 2 * half]
+    out1, out2 = out[..., :half], out[..., half : 2 * half]
+    x1_sin = x1 * s  # taken before out1 may overwrite x1
+    torch.mul(x1, c, out=out1).sub_(x2 * s)
+    torch.mul(x2, c, out=out2).add_(x1_sin)
+    if 2 * half < x.shape[-1] and not in_place:
+        out[..., 2 * half :].copy_(x[..., 2 * half :])
     return out
+
+
+def _rope_values(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`apply_rope` as a new tensor from values alone (what a compiled block traces): the same products and sums."""
+    half = cos.shape[-1]
+    broadcast = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)
+    c, s = cos.to(x.dtype).reshape(broadcast), sin.to(x.dtype).reshape(broadcast)
+    x1, x2 = x[..., :half], x[..., half : 2 * half]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 2 * half :]], dim=-1)

@@ -92,7 +92,7 @@ class ParallelPlan(BaseModel):
     weights: WeightBytes | None = None
     sequences: list[SequencePlan] = Field(default_factory=list, description="Every packed sequence of the run: the prompt's, then guidance's negative prompt's.")
     layout: RankLayout = Field(description="How the run's ranks form groups of `world_size`: replicas x CFG halves x degree, and the groups.")
-    decoded: DecodedWeights | None = Field(None, description="Hopper's option: the NVFP4 linears held decoded once in bf16, and the bytes (h3core.parallel.decoded).")
+    decoded: DecodedWeights | None = Field(None, description="Where NVFP4 linears decode every forward (Hopper, the CPU): whether they are held decoded once, and the bytes (h3core.parallel.decoded).")
     overlap: UlyssesOverlap | None = Field(None, description="Ulysses mode: the head groups each all-to-all is split into to overlap it with attention, and why (h3core.parallel.overlap).")
 
     @model_validator(mode="before")

@@ -27,10 +27,12 @@ def test_modulation_reads_each_segments_table_row():
     clocks = Clocks.of({"video": 0.5, "audio": 0.25})  # sorted: audio's 0.25 is row 0, video's 0.5 row 1
     rows = [clocks.row(s) for s in segs]
     assert rows == [1 * 3 + TEXT_TAG, 0 * 3 + AUDIO_TAG, 1 * 3 + VIDEO_TAG]
+    table_rows = clocks.table_rows(segs)
+    assert table_rows.tolist() == [4, 4, 2, 3, 3, 3]  # each row its segment's
     shift = torch.arange(6.0)[:, None].expand(6, 4)
-    out = modulate(torch.ones(6, 4), segs, rows, shift, torch.zeros(6, 4))
-    assert out[:, 0].tolist() == [5, 5, 3, 4, 4, 4]  # 1 * (1 + 0) + shift[row]
-    y = add_gated(torch.zeros(6, 4), torch.ones(6, 4), segs, rows, shift)
+    out = modulate(torch.ones(6, 4), table_rows, torch.stack([shift, torch.full((6, 4), 2.0)], dim=1))
+    assert out[:, 0].tolist() == [6, 6, 4, 5, 5, 5]  # 1 * 2 + shift[row] (the table holds 1 + scale)
+    y = add_gated(torch.zeros(6, 4), torch.ones(6, 4), table_rows, shift)
     assert y[:, 0].tolist() == [4, 4, 2, 3, 3, 3]  # 0 + gate[row] * 1
 
 

@@ -1,7 +1,7 @@
 """The property both distributed modes rest on, on the CPU without processes: the model run on rows
 `[a, b)` of a packed sequence gives rows `[a, b)` of the model run on every row.
 
-Every part of a block but attention is row-local (norms, modulation by segment, residual gates,
+Every part of a block but attention is row-local (norms, modulation by each row's table row, residual gates,
 linears, the MLP, the final layer). Attention is not: a row attends over every token's k and v. So
 the rows-only run gets attention the way Ulysses gives it: its own rows' q (finished here: RoPE at
 their positions) against k and v of *every* row, taken from the all-rows run of the same block
@@ -138,15 +138,16 @@ def test_all_rows_through_the_slice_path_are_bitwise_the_whole(model, whole):
 
 
 def test_a_modulation_in_global_coordinates_exceeds_the_bound_by_orders_of_magnitude(model, whole, monkeypatch):
-    """The bug row locality rules out: segments of a slice used without rebasing to its rows."""
-    import h3core.model.dit as model_module
+    """The bug row locality rules out: segments of a slice used without rebasing to its rows (each
+    row's AdaLN table row read 5 rows off)."""
+    real = Clocks.table_rows
 
-    real = model_module.modulate
+    def unrebased(clocks: Clocks, segments: list, device: torch.device | str = "cpu") -> torch.Tensor:
+        rows = real(clocks, segments, device)
+        if rows.shape[0] == whole.rope.num_tokens:
+            return rows
+        return torch.cat([rows[:1].expand(5), rows[:-5]])  # every segment starts 5 rows late
 
-    def unrebased(x, segments, rows, shift, scale):  # type: ignore[no-untyped-def]
-        shifted = [s.moved(min(s.start + 5, x.shape[0]), min(s.stop + 5, x.shape[0])) for s in segments]
-        return real(x, shifted if x.shape[0] < whole.rope.num_tokens else segments, rows, shift, scale)
-
-    monkeypatch.setattr(model_module, "modulate", unrebased)
+    monkeypatch.setattr(Clocks, "table_rows", unrebased)
     error = _relative_error(_velocity_rows(model, whole, Span(5, 40)))
     assert error > 1000 * tolerance(Mode.ULYSSES, torch.float32), error

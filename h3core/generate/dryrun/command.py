@@ -146,7 +146,7 @@ def preset_run(plan: ParallelPlan, preset_name: str, arch: str, *, width: int | 
     from h3core.lora.plan import adapter_records, open_adapters
     from h3core.model.config import preset
     from h3core.model.synthetic import synthetic_specs
-    from h3core.runtime.limits import CUDA_CONTEXT_BYTES
+    from h3core.runtime.limits import CUDA_CONTEXT_BYTES, host_available
 
     config = preset(preset_name)
     on_gpu = arch != "cpu"
@@ -160,7 +160,8 @@ def preset_run(plan: ParallelPlan, preset_name: str, arch: str, *, width: int | 
     elements = shape.latent_elements
     decided = plan_decoded_weights(plan, config, decoded_weights, prefixes, capability=spec.capability if spec else None,
                                    gpu_bytes=spec.total_memory - CUDA_CONTEXT_BYTES if spec else None,
-                                   latent_elements=elements, steps=shape.steps, dtype=dtype, attention="sdpa")
+                                   latent_elements=elements, steps=shape.steps, dtype=dtype, attention="sdpa",
+                                   host_bytes=None if on_gpu else host_available()[0])
     adapters = adapter_records(open_adapters(loras, config), config, decided, dtype)
     return ResolvedRun(request=request, config=config, checkpoint=Path(f"synthetic-{preset_name}.safetensors"), synthetic=True, shape=shape, plan=decided,
                        adapters=adapters)
