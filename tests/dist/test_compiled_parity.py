@@ -29,6 +29,9 @@ def _generate(ctx, count, run, backend):
     if sub is None:
         return None
 
+    if backend is not None:
+        torch._dynamo.reset()  # a fresh cut per run: a piece an earlier test compiled would count no break here
+
     def load(c, r, runtime):
         pipeline = RankPipeline.load(c, r, runtime)
         if backend is not None:
