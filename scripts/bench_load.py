@@ -4,6 +4,10 @@ most 1.3x), alternating in one run, median of N.
 
     python scripts/bench_load.py --repeat 5
     python scripts/bench_load.py --repeat 5 --preset narrow-1k   # a smaller transformer
+    python scripts/bench_load.py --repeat 5 --before ../h3-old      # this tree vs another checkout
+
+With `--before`, each load is a fresh process per tree (this script with that tree first on
+PYTHONPATH; one untimed load, then the timed one), alternating this tree, the other and `cat`.
 
 Loaders timed (in this process, imports done before timing), each on h3's synthetic files in the
 cache folder (written once when missing):
@@ -24,6 +28,7 @@ import argparse
 import os
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -68,11 +73,42 @@ def load_seconds(load: Callable[[], object]) -> float:
     return seconds
 
 
+def in_tree(tree: Path, preset_name: str, arm: str) -> float:
+    """One timed load of `arm` (after an untimed one) in a fresh process importing h3 from `tree`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH", "")]))}
+    command = [sys.executable, __file__, "--preset", preset_name, "--worker", arm]
+    return float(subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout.split()[-1])
+
+
+def compare(before: Path, preset_name: str, repeat: int) -> None:
+    here = Path(__file__).resolve().parent.parent
+    arms = loaders(preset_name)
+    print(f"median of {repeat}, alternating this tree / {before} / cat, fresh processes, warm page cache, load average {os.getloadavg()[0]:.2f}")
+    for name, (files, _) in arms.items():
+        times: dict[str, list[float]] = {"after": [], "before": [], "cat": []}
+        steps = {"after": lambda: in_tree(here, preset_name, name), "before": lambda: in_tree(before, preset_name, name), "cat": lambda: cat_seconds(files)}
+        for i in range(repeat):
+            for key in (list(steps) if i % 2 == 0 else list(reversed(steps))):
+                times[key].append(steps[key]())
+        after, old, read = (statistics.median(times[k]) for k in ("after", "before", "cat"))
+        print(f"  {name:34s} before {old:7.3f} s ({old / read:6.2f}x cat)  after {after:7.3f} s ({after / read:6.2f}x cat)  after/before {after / old:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="timings of each arm (median of these)")
     parser.add_argument("--preset", default="h3-2blocks", help="the transformer's size (a preset name)")
+    parser.add_argument("--before", type=Path, help="another checkout: time its loaders too, alternating")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # one arm's timed load, printed (for --before)
     args = parser.parse_args()
+    if args.worker:
+        load = loaders(args.preset)[args.worker][1]
+        load_seconds(load)
+        print(load_seconds(load))
+        return
+    if args.before:
+        compare(args.before.resolve(), args.preset, args.repeat)
+        return
     arms = loaders(args.preset)
     print(f"median of {args.repeat}, alternating loader / cat, warm page cache, load average {os.getloadavg()[0]:.2f}")
     for name, (files, load) in arms.items():
