@@ -141,29 +141,6 @@ def check_structure(config: Mapping[str, object], where: str) -> None:
         )
 
 
-def compute_buffers(model: "torch.nn.Module") -> None:
-    """Make, on the CPU, the buffers diffusers' class computes in its constructor (`BUFFERS`), for a
-    model built on the meta device: every alias-free activation's Kaiser-sinc resamplers, rebuilt by
-    diffusers' own parameterless classes from their ratio and filter length, and the attention's zero
-    key bias."""
-    import torch
-    from diffusers.models.autoencoders.autoencoder_kl_minimax_h3_audio import (
-        MiniMaxH3AudioActivation1d,
-        MiniMaxH3AudioCausalAttention,
-        MiniMaxH3AudioDownSample1d,
-        MiniMaxH3AudioUpSample1d,
-    )
-
-    with torch.device("cpu"):
-        for module in list(model.modules()):
-            if isinstance(module, MiniMaxH3AudioActivation1d):
-                taps = module.upsample.filter.shape[-1]
-                module.upsample = MiniMaxH3AudioUpSample1d(module.upsample.ratio, taps)
-                module.downsample = MiniMaxH3AudioDownSample1d(module.downsample.lowpass.stride, taps)
-            elif isinstance(module, MiniMaxH3AudioCausalAttention):
-                module.zero_k_bias = torch.zeros(module.zero_k_bias.shape)
-
-
 def fold_weight_norm(model: "torch.nn.Module") -> int:
     """Replace every `weight_g`/`weight_v` pair by its folded `weight` (`remove_weight_norm`); returns how many."""
     import torch
