@@ -224,7 +224,7 @@ class TransformerFile:
             scale = comfy.rows_from_tiles(self.reader.get(scale_name).view(torch.uint8).reshape(-1), Span(0, out_features), cols_4, scale_cols)
         global_scale = self.reader.get(f"{stored}.weight_scale_2").float().reshape(())
         check_values(self.reader, prefix, scale, global_scale)
-        weight = NVFP4Weight(comfy.swap_nibbles(packed.contiguous()), scale.contiguous(), global_scale)
+        weight = NVFP4Weight(comfy.swap_nibbles_(packed.contiguous()), scale.contiguous(), global_scale)  # packed: this read's own bytes
         extras = {name: self.reader.get(f"{stored}.{name}") for name in ("input_scale",) if f"{stored}.{name}" in self.reader}
         pre = f"{stored}.pre_quant_scale"
         pre_scale = None

@@ -195,12 +195,13 @@ def read_tensors(
     files: VaeFiles, skip: "Callable[[str], bool]" = lambda name: False, device: "torch.device | str" = "cpu"
 ) -> dict[str, "torch.Tensor"]:
     """The tensors of `files` whose names `skip` does not reject, each as float32 (integer tensors
-    as they are) on `device`, read and moved one at a time (the host holds one tensor at a time)."""
+    as they are) on `device`, read and moved one at a time (the host holds one tensor at a time):
+    moved in the stored dtype, widened there (exact either side: fp16/bf16 -> fp32 loses nothing)."""
     out = {}
     with files.open() as reader:
         for name in reader.keys():
             if skip(name):
                 continue
-            tensor = reader.get(name)
-            out[name] = (tensor.float() if tensor.is_floating_point() else tensor).to(device)
+            tensor = reader.get(name).to(device)
+            out[name] = tensor.float() if tensor.is_floating_point() else tensor
     return out

@@ -112,6 +112,20 @@ ENCODER_ONLY_SKIPS = ("decoder.", "post_quant_conv.")
 """What encoding never touches (diffusers' `encode` uses `encoder` and `quant_conv` only)."""
 
 
+def compute_buffers(model: "torch.nn.Module") -> None:
+    """Make, on the CPU, the buffers diffusers' class computes in its constructor and no file holds,
+    for a model built on the meta device: the decoder's RoPE frequencies (`inv_freq`), by building
+    diffusers' own parameterless `MiniMaxH3VideoRotaryPosEmbed` from the model's config."""
+    import torch
+    from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import MiniMaxH3VideoRotaryPosEmbed
+
+    config = model.config
+    with torch.device("cpu"):
+        model.decoder.rope = MiniMaxH3VideoRotaryPosEmbed(
+            int(config.decoder_attention_head_dim * config.decoder_rope_dim_ratio), theta=config.decoder_rope_theta
+        )
+
+
 def _rename(name: str, table: tuple[tuple[str, str], ...]) -> str:
     for pattern, replacement in table:
         new, count = re.subn(pattern, replacement, name)

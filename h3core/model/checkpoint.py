@@ -197,9 +197,10 @@ class Checkpoint:
         """Stored bytes of every tensor whose name starts with one of `prefixes`."""
         return sum(spec.nbytes for spec in self.specs() if spec.name.startswith(prefixes))
 
-    def validate(self) -> None:
-        """Check every tensor the model needs against the file (names, shapes, dtypes); raise on the first problem."""
-        model = H3Model(self.config)
+    def validate(self, model: H3Model | None = None) -> None:
+        """Check every tensor the model needs against the file (names, shapes, dtypes); raise on the first
+        problem. `model`: the meta skeleton to check against (default: a new one)."""
+        model = model if model is not None else H3Model(self.config)
         for prefix, slot in linear_slots(model):
             self._check_linear(prefix, slot)
         for name, buf in _plain_tensors(model):
@@ -230,8 +231,8 @@ class Checkpoint:
         """Build the model and fill it from disk; linears under a `skip` prefix stay empty slots. Every
         NVFP4 linear and attention kernel answers to `kernels` (the device's facts: the rank's, else
         the device's own, asked once)."""
-        self.validate()
-        model = H3Model(self.config)
+        model = H3Model(self.config)  # on the meta device, built once: checked against, then filled
+        self.validate(model)
         source = self.weight_source(device, dtype, model, kernels)
         plain = _plain_tensors(model)  # before the slots are filled: then every linear is still a slot
         for prefix, slot in linear_slots(model):
