@@ -223,8 +223,9 @@ def request_fingerprint(run: ResolvedRun, portable: bool = False) -> str:
     changes it, and so do another keyframe image or the video VAE that encodes it; `portable` is the
     same on machines holding their own copies (torchrun's ranks)."""
     request = run.request
-    # (the fp4 self-test and the memory check are this machine's verdicts on its GPUs, each torchrun process its own: not the request)
-    fields = run.model_dump(mode="json", exclude={"checkpoint": True, "fp4_selftest": True, "memory_check": True,
+    # (the fp4 self-test and the memory check are this machine's verdicts on its GPUs, each torchrun process its own: not the
+    # request; nor is holding NVFP4 weights decoded, a choice by the host's free memory with the same bits either way)
+    fields = run.model_dump(mode="json", exclude={"checkpoint": True, "fp4_selftest": True, "memory_check": True, "plan": {"decoded"},
                                                   "request": {"model_path", "text_encoder_path", "profile", "keyframes", "loras"},
                                                   "keyframes": {"paths", "video_vae"}, "adapters": {"__all__": {"path"}}})
     fields["weights"] = {
