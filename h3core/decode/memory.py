@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, Field
 
 from h3core.decode.geometry import geometry_for
-from h3core.media import LATENTS_PER_CHUNK, SPATIAL_STRIDE
+from h3core.media import FRAMES_PER_CHUNK, LATENTS_PER_CHUNK, SPATIAL_STRIDE
 
 FLOAT_BYTES = 4
 TILE_PX, TILE_OVERLAP_PX = 256, 64
@@ -35,6 +35,9 @@ TILE_PX, TILE_OVERLAP_PX = 256, 64
 WINDOW_LATENTS = LATENTS_PER_CHUNK + 2
 """Latent frames per decode window: 5 plus the 2 the next window overlaps."""
 WINDOW_FRAMES = 4 * WINDOW_LATENTS
+KEPT_FRAMES = FRAMES_PER_CHUNK + 5
+"""Frames of a decoded window the decode uses (its 17 and the 5 the next window cross-fades with)."""
+FADE_FRAMES = 5
 AMP_LIVE_TENSORS = 8
 """Tensors of one stage's size an AMP block holds at once (input, residual sum, block output,
 2x-upsampled activation in and out, downsampled), rounded up."""
@@ -111,18 +114,25 @@ REAL_AUDIO = AudioDecoderSize(latent_dim=2048, decoder_dim=1024)
 
 
 class DecodeMemory(BaseModel):
-    """Bytes a decode holds at its peak on its device (float32)."""
+    """Bytes a decode holds at its peak on each rank's device (float32)."""
 
     width: int
     height: int
     frames: int
-    weights_bytes: int = Field(description="Both decoders, resident together.")
-    video_activation_bytes: int = Field(description="The video decode's peak above its weights (frames accumulated + one window + one tile through the ViT).")
-    audio_activation_bytes: int
-    total_bytes: int = Field(description="weights + the larger of the two decodes' peaks.")
+    ranks: int = Field(1, description="Ranks the video's units are shared out over (`h3core.decode.spread`).")
+    weights_bytes: int = Field(description="Both decoders, resident together on every rank.")
+    video_activation_bytes: int = Field(description="Rank 0's video peak above its weights: the clip, a window of units (two when other ranks send theirs), one unit through the ViT or the window's cross-fade.")
+    audio_activation_bytes: int = Field(description="The audio decode's peak above the weights (on the last rank).")
+    rank_bytes: list[int] = Field(default_factory=list, description="Each rank's peak, weights included, rank 0 first.")
+    total_bytes: int = Field(description="The largest rank's peak, weights included.")
+    unit_bytes: int = Field(0, description="One unit's output as it is kept and sent: [3, 22, tile h, tile w].")
     tiles_per_window: int
     windows: int
     tokens_per_tile: int
+
+    def activation_bytes(self) -> int:
+        """The largest rank's peak above its weights."""
+        return self.total_bytes - self.weights_bytes
 
 
 def split_count(length_px: int, tile_px: int = TILE_PX, overlap_px: int = TILE_OVERLAP_PX) -> tuple[int, int]:
@@ -136,26 +146,33 @@ def split_count(length_px: int, tile_px: int = TILE_PX, overlap_px: int = TILE_O
 
 
 def estimate_decode_memory(
-    width: int, height: int, frames: int, *, video: VideoDecoderSize = REAL_VIDEO, audio: AudioDecoderSize = REAL_AUDIO
+    width: int, height: int, frames: int, *, video: VideoDecoderSize = REAL_VIDEO, audio: AudioDecoderSize = REAL_AUDIO, ranks: int = 1
 ) -> DecodeMemory:
-    """The decode of a `width` x `height`, `frames`-frame clip on one device (see the module docstring)."""
+    """The decode of a `width` x `height`, `frames`-frame clip over `ranks` ranks (see the module docstring)."""
+    from h3core.decode.spread import shares
+
     geometry = geometry_for(width, height, frames)
     b = FLOAT_BYTES
     ny, tile_h = split_count(height)
     nx, tile_w = split_count(width)
+    windows = (geometry.latent_frames - 2) // LATENTS_PER_CHUNK
     tokens = WINDOW_LATENTS * (tile_h // SPATIAL_STRIDE) * (tile_w // SPATIAL_STRIDE) + video.registers + 1
     inner = video.ffn_mult * video.dim
     per_tile = tokens * (6 * video.dim + 3 * inner + 2 * video.patch_values) * b + video.heads * tokens * tokens * b
-    tile_out = 3 * WINDOW_FRAMES * tile_h * tile_w * b
-    window = ny * nx * tile_out + 3 * WINDOW_FRAMES * width * height * b
-    frame_bytes = 3 * width * height * b
-    during = frames * frame_bytes + window + per_tile
-    at_the_end = (2 * frames + 2 * WINDOW_FRAMES) * frame_bytes
-    video_peak = max(during, at_the_end)
+    unit = 3 * KEPT_FRAMES * tile_h * tile_w * b
+    latent = 24 * geometry.latent_frames * (height // SPATIAL_STRIDE) * (width // SPATIAL_STRIDE) * b
+    clip = 3 * frames * width * height * b
+    fade = 4 * 3 * FADE_FRAMES * width * height * b  # the faded frames, and the three temporaries of their blend
+    window = ny * nx * unit
+    rank0_video = latent + clip + window * (2 if ranks > 1 else 1) + max(per_tile, fade)
     audio_peak = 2 * AMP_LIVE_TENSORS * audio.largest_stage_values(geometry.audio_latents) * b
+    audio_out = 2 * geometry.decoded_samples * b
     weights = (video.parameters() + audio.parameters()) * b
+    per_rank = [rank0_video] + [latent + len(share) * unit + per_tile for share in shares(windows * ny * nx, ranks)[1:]]
+    per_rank[-1] = max(audio_peak, per_rank[-1] + audio_out)  # the last rank decodes the audio first, then holds it
+    rank_bytes = [weights + p for p in per_rank]
     return DecodeMemory(
-        width=width, height=height, frames=frames, weights_bytes=weights, video_activation_bytes=video_peak,
-        audio_activation_bytes=audio_peak, total_bytes=weights + max(video_peak, audio_peak),
-        tiles_per_window=ny * nx, windows=(geometry.latent_frames - 2) // LATENTS_PER_CHUNK, tokens_per_tile=tokens,
+        width=width, height=height, frames=frames, ranks=ranks, weights_bytes=weights, video_activation_bytes=rank0_video,
+        audio_activation_bytes=audio_peak, rank_bytes=rank_bytes, total_bytes=max(rank_bytes), unit_bytes=unit,
+        tiles_per_window=ny * nx, windows=windows, tokens_per_tile=tokens,
     )

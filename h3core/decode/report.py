@@ -92,6 +92,18 @@ class DecodeFiles(BaseModel):
     decoded: str | None = None
 
 
+class RankDecodeMemory(BaseModel):
+    """One rank's memory over its part of the decode."""
+
+    peak_bytes: int = Field(description="The peak over the decode (`peak_memory_kind`).")
+    start_bytes: int = Field(description="What the rank held when the decode began (CPU: the process's resident set, its interpreter, torch and the VAEs; CUDA: allocated bytes).")
+
+    @property
+    def decode_bytes(self) -> int:
+        """The decode's own: its peak above what was there before it."""
+        return max(0, self.peak_bytes - self.start_bytes)
+
+
 class DecodeReport(BaseModel):
     """One decode: latents -> frames and waveform -> video.mp4 (+ preview, + decoded tensors)."""
 
@@ -105,9 +117,11 @@ class DecodeReport(BaseModel):
     device: str
     device_name: str
     dtype: str = "fp32"
+    ranks: int = Field(1, description="Ranks the video's tiles were shared out over (the audio on the last).")
     timings: DecodeTimings
-    peak_memory_bytes: int
+    peak_memory_bytes: int = Field(description="The largest rank's peak over the decode.")
     peak_memory_kind: str
+    rank_memory: list[RankDecodeMemory] = Field(default_factory=list, description="Each rank's peak and what it held before the decode, rank 0 first.")
     memory_estimate: DecodeMemory
     probe: Mp4Probe
     problems: list[str] = Field(default_factory=list, description="Where the mp4 breaks the contract (a bug if not empty).")

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 from h3core.decode.geometry import LatentGeometry, check_latent_dtype, geometry_of
 from h3core.media import FPS, SAMPLE_RATE
 from h3core.decode.memory import AudioDecoderSize, VideoDecoderSize, estimate_decode_memory
-from h3core.decode.report import DecodeFiles, DecodeReport, DecodeTimings, Mp4Probe
+from h3core.decode.report import DecodeFiles, DecodeReport, DecodeTimings, Mp4Probe, RankDecodeMemory
 from h3core.decode.sources import VaeChoice, choose_vaes
 from h3core.decode.vae_files import Role
 from h3core.errors import ConfigError
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     import torch
 
     from h3core.decode.load import LoadedVae
+    from h3core.decode.report import VaeInfo
     from h3core.reports.outputs import OutputFolder
 
 PIXEL_MEAN = (0.485, 0.456, 0.406)
@@ -75,18 +76,32 @@ def _stats(model: "torch.nn.Module", shape: tuple[int, ...], device: "torch.devi
     return mean, std
 
 
-def decode_video(vae: "LoadedVae", latent: "torch.Tensor") -> "torch.Tensor":
-    """Normalized video latent [24, T, H/16, W/16] -> frames [3, F, H, W] in [0, 1] (float32, on the VAE's device)."""
+def denormalized_video(vae: "LoadedVae", latent: "torch.Tensor") -> "torch.Tensor":
+    """Normalized video latent [24, T, h, w] -> what the VAE decodes: [1, 24, T, h, w] = z * std + mean (float32, on the VAE's device)."""
     import torch
 
-    device = vae.device
-    mean, std = _stats(vae.model, (1, -1, 1, 1, 1), device)
+    mean, std = _stats(vae.model, (1, -1, 1, 1, 1), vae.device)
+    return latent.to(device=vae.device, dtype=torch.float32)[None] * std + mean
+
+
+def to_pixels(video: "torch.Tensor") -> "torch.Tensor":
+    """The VAE's ImageNet-normalized output [3, F, H, W] -> pixels in [0, 1], in place."""
+    import torch
+
+    pixel_mean = torch.tensor(PIXEL_MEAN, device=video.device).view(-1, 1, 1, 1)
+    pixel_std = torch.tensor(PIXEL_STD, device=video.device).view(-1, 1, 1, 1)
+    return video.mul_(pixel_std).add_(pixel_mean).clamp_(0, 1)
+
+
+def decode_video(vae: "LoadedVae", latent: "torch.Tensor") -> "torch.Tensor":
+    """Normalized video latent [24, T, H/16, W/16] -> frames [3, F, H, W] in [0, 1] (float32, on the
+    VAE's device) by diffusers' `decode` in one call: the reference the shared-out decode
+    (`h3core.decode.spread`) equals bit for bit."""
+    import torch
+
     with torch.inference_mode():
-        z = latent.to(device=device, dtype=torch.float32)[None] * std + mean  # [1, 24, T, h, w]
-        video = vae.model.decode(z, return_dict=False)[0].float()  # [1, 3, F, H, W], ImageNet-normalized
-        pixel_mean = torch.tensor(PIXEL_MEAN, device=device).view(1, -1, 1, 1, 1)
-        pixel_std = torch.tensor(PIXEL_STD, device=device).view(1, -1, 1, 1, 1)
-        return video.mul_(pixel_std).add_(pixel_mean).clamp_(0, 1)[0]
+        z = denormalized_video(vae, latent)  # [1, 24, T, h, w]
+        return to_pixels(vae.model.decode(z, return_dict=False)[0].float()[0])  # [3, F, H, W], ImageNet-normalized first
 
 
 def decode_audio(vae: "LoadedVae", latent: "torch.Tensor") -> "torch.Tensor":
@@ -182,63 +197,33 @@ class Decoders:
         return cls(loaded["video"], loaded["audio"], target, seconds["load"])
 
     def decode(self, latents: Mapping[str, "torch.Tensor"], where: str = "the latents", on_phase: Phase = no_phase) -> Decoded:
-        """Both latents -> frames and waveform on the CPU."""
-        geometry = check_latents(latents, where)
-        seconds: dict[str, float] = {}
-        on_phase("decoding the video")
-        with _clock(self.device, seconds, "video"):
-            video = decode_video(self.video, latents["video"]).cpu()
-        on_phase("decoding the audio")
-        with _clock(self.device, seconds, "audio"):
-            audio = decode_audio(self.audio, latents["audio"]).cpu()
-        return Decoded(geometry=geometry, video=video, audio=audio, seconds=seconds)
+        """Both latents -> frames and waveform on the CPU (every tile on this device: the one-rank
+        case of `h3core.decode.spread`)."""
+        from h3core.decode.spread import decode_spread
+
+        decoded, _ = decode_spread(self, latents, None, where, on_phase)
+        assert decoded is not None
+        return decoded
+
+    def run(self, latents: Mapping[str, "torch.Tensor"], where: str = "the latents", on_phase: Phase = no_phase) -> "DecodeRun":
+        """`decode` with its memory measured: what `write_decode` turns into files and a report."""
+        from h3core.runtime.device import current_memory_bytes, peak_memory_bytes, reset_peak_memory
+
+        reset_peak_memory(self.device)
+        start = current_memory_bytes(self.device)
+        decoded = self.decode(latents, where, on_phase)
+        return DecodeRun(decoded, self.video.info, self.audio.info, str(self.device), self.load_s, [RankMemory(peak=peak_memory_bytes(self.device), start=start)])
 
     def to_folder(
         self, latents: Mapping[str, "torch.Tensor"], folder: "OutputFolder", *, synthetic_label: bool = False, save_decoded: bool = False,
         under: str = "", title: str = "h3", where: str = "the latents", on_phase: Phase = no_phase,
     ) -> DecodeReport:
-        """Decode `latents` and stage video.mp4, preview.png (and decoded.safetensors) in `folder`
+        """Decode `latents` here and stage video.mp4, preview.png (and decoded.safetensors) in `folder`
         (its subfolder `under`); the report's `failure()` is set if the mp4 breaks the contract."""
-        from h3core.decode.mp4 import encode_mp4, probe_mp4
-        from h3core.runtime.device import peak_memory_bytes, reset_peak_memory
-
         started = time.perf_counter()
-        reset_peak_memory(self.device)
-        decoded = self.decode(latents, where, on_phase)
-        peak = peak_memory_bytes(self.device)
-        on_phase("writing video.mp4")
-        seconds = dict(decoded.seconds)
-        with _clock(self.device, seconds, "mux"):
-            mp4 = encode_mp4(decoded.frames_uint8().numpy(), decoded.muxed_audio().numpy())
-        synthetic = synthetic_label or self.video.info.synthetic or self.audio.info.synthetic
-        with _clock(self.device, seconds, "write"):
-            probe = probe_mp4(mp4)
-            files = _stage(folder, under, mp4, decoded, f"{title} · {decoded.geometry.describe()}", synthetic, save_decoded)
-        seconds["total"] = time.perf_counter() - started + self.load_s
-        return self._report(latents, decoded, seconds, peak, probe, files, synthetic)
-
-    def _report(
-        self, latents: Mapping[str, "torch.Tensor"], decoded: Decoded, seconds: dict[str, float], peak: int, probe: Mp4Probe, files: DecodeFiles, synthetic: bool
-    ) -> DecodeReport:
-        from h3core.reports.schema import TensorChecksum
-        from h3core.runtime.device import device_name, peak_memory_kind
-
-        g = decoded.geometry
-        estimate = estimate_decode_memory(
-            g.width, g.height, g.frames, video=VideoDecoderSize.of(self.video.info.config), audio=AudioDecoderSize.of(self.audio.info.config)
-        )
-        return DecodeReport(
-            geometry=g,
-            latents={k: TensorChecksum.of(latents[k]) for k in ("video", "audio")},
-            decoded={"video": TensorChecksum.of(decoded.video), "audio": TensorChecksum.of(decoded.audio)},
-            video_vae=self.video.info, audio_vae=self.audio.info, weights="synthetic" if synthetic else "checkpoint",
-            device=str(self.device), device_name=device_name(self.device.type),
-            timings=DecodeTimings(
-                load_s=self.load_s, video_s=seconds["video"], audio_s=seconds["audio"], mux_s=seconds["mux"], write_s=seconds["write"], total_s=seconds["total"]
-            ),
-            peak_memory_bytes=peak, peak_memory_kind=peak_memory_kind(self.device.type), memory_estimate=estimate,
-            probe=probe, problems=probe.problems(g), files=files,
-        )
+        run = self.run(latents, where, on_phase)
+        run.seconds_before_write = time.perf_counter() - started
+        return write_decode(run, latents, folder, synthetic_label=synthetic_label, save_decoded=save_decoded, under=under, title=title, on_phase=on_phase)
 
     def release(self) -> None:
         """Drop both models and hand their memory back (CUDA: the cached blocks too)."""
@@ -246,6 +231,77 @@ class Decoders:
 
         self.video.model = self.audio.model = None  # type: ignore[assignment]
         release_memory(self.device.type)
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's memory over its decode: the peak (`peak_memory_bytes`) and what it held at the start."""
+
+    peak: int
+    start: int
+
+
+@dataclass
+class DecodeRun:
+    """A finished decode, on one rank or shared out: the clip, the VAEs that made it, where, the
+    seconds loading them cost, and each rank's memory (rank 0 first)."""
+
+    decoded: Decoded
+    video_vae: "VaeInfo"
+    audio_vae: "VaeInfo"
+    device: str
+    load_s: float
+    memory: list[RankMemory]
+    seconds_before_write: float = 0.0
+    """The decode's wall time before the mp4 (`DecodeTimings.total_s` adds the writing and `load_s`)."""
+
+
+def write_decode(
+    run: DecodeRun, latents: Mapping[str, "torch.Tensor"], folder: "OutputFolder", *, synthetic_label: bool = False, save_decoded: bool = False,
+    under: str = "", title: str = "h3", on_phase: Phase = no_phase,
+) -> DecodeReport:
+    """Encode `run`'s clip into video.mp4, probe it, stage it with preview.png (and decoded.safetensors)
+    in `folder` (its subfolder `under`), and report it all."""
+    from h3core.decode.mp4 import encode_mp4, probe_mp4
+
+    started = time.perf_counter()
+    decoded = run.decoded
+    device = _device(run.device)
+    on_phase("writing video.mp4")
+    seconds = dict(decoded.seconds)
+    with _clock(device, seconds, "mux"):
+        mp4 = encode_mp4(decoded.frames_uint8().numpy(), decoded.muxed_audio().numpy())
+    synthetic = synthetic_label or run.video_vae.synthetic or run.audio_vae.synthetic
+    with _clock(device, seconds, "write"):
+        probe = probe_mp4(mp4)
+        files = _stage(folder, under, mp4, decoded, f"{title} · {decoded.geometry.describe()}", synthetic, save_decoded)
+    seconds["total"] = run.seconds_before_write + time.perf_counter() - started + run.load_s
+    return _report(run, latents, seconds, probe, files, synthetic)
+
+
+def _report(
+    run: DecodeRun, latents: Mapping[str, "torch.Tensor"], seconds: dict[str, float], probe: Mp4Probe, files: DecodeFiles, synthetic: bool
+) -> DecodeReport:
+    from h3core.reports.schema import TensorChecksum
+    from h3core.runtime.device import device_name, peak_memory_kind
+
+    decoded, g, kind = run.decoded, run.decoded.geometry, _device(run.device).type
+    estimate = estimate_decode_memory(
+        g.width, g.height, g.frames, video=VideoDecoderSize.of(run.video_vae.config), audio=AudioDecoderSize.of(run.audio_vae.config), ranks=len(run.memory)
+    )
+    return DecodeReport(
+        geometry=g,
+        latents={k: TensorChecksum.of(latents[k]) for k in ("video", "audio")},
+        decoded={"video": TensorChecksum.of(decoded.video), "audio": TensorChecksum.of(decoded.audio)},
+        video_vae=run.video_vae, audio_vae=run.audio_vae, weights="synthetic" if synthetic else "checkpoint",
+        device=run.device, device_name=device_name(kind), ranks=len(run.memory),
+        timings=DecodeTimings(
+            load_s=run.load_s, video_s=seconds["video"], audio_s=seconds["audio"], mux_s=seconds["mux"], write_s=seconds["write"], total_s=seconds["total"]
+        ),
+        peak_memory_bytes=max(m.peak for m in run.memory), peak_memory_kind=peak_memory_kind(kind),
+        rank_memory=[RankDecodeMemory(peak_bytes=m.peak, start_bytes=m.start) for m in run.memory], memory_estimate=estimate,
+        probe=probe, problems=probe.problems(g), files=files,
+    )
 
 
 def _device(device: "torch.device | str") -> "torch.device":

@@ -1,0 +1,247 @@
+"""The decode shared out over the ranks that just denoised: tiles everywhere, audio on the last rank,
+the clip blended on rank 0.
+
+`decode_spread(decoders, latents, group)` runs on every rank of `group` (None: one rank, which then
+does every unit: the single-rank decode is this same code):
+
+1. rank 0's latents reach every rank (one broadcast: a torchrun rank has only its own outcome);
+2. the video decode's units (`h3core.decode.tiles.VideoTiles`: every window x tile) are shared out
+   in contiguous runs, as evenly as the count allows, the first ranks taking the extra ones (the
+   last rank also decodes the audio, first, so it is ready when the video is);
+3. each rank sends each unit it decoded to rank 0 as it finishes it (point-to-point, in unit order,
+   the audio last), while rank 0, its receives posted before it starts, decodes its own;
+4. rank 0 blends every unit into the clip (`VideoTiles.assemble`: bitwise diffusers' tiled decode,
+   whichever rank ran which unit) and returns the `Decoded`; the other ranks return None.
+
+Memory per rank: its own units' outputs (each [3, 22, 256, 256] float32 at most, the window's
+padding frames left out) until rank 0 has them; rank 0 also every other rank's units and the clip
+(`h3core.decode.memory.estimate_decode_memory(..., ranks=n)` counts both).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
+
+from h3core.decode.run import Decoded, Phase, check_latents, decode_audio, denormalized_video, no_phase, to_pixels
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+    from h3core.decode.report import VaeInfo
+    from h3core.decode.run import DecodeRun, Decoders, RankMemory
+    from h3core.decode.sources import VaeChoice
+    from h3core.decode.vae_files import Role
+    from h3core.runtime.context import RankContext
+
+
+def shares(units: int, ranks: int) -> list[range]:
+    """Units 0..units-1 in contiguous runs, one per rank, as even as possible (the first ranks take the extra)."""
+    base, extra = divmod(units, ranks)
+    out, start = [], 0
+    for rank in range(ranks):
+        size = base + (rank < extra)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+def owners(units: int, ranks: int) -> list[int]:
+    """The rank that decodes each unit (`shares`)."""
+    return [rank for rank, share in enumerate(shares(units, ranks)) for _ in share]
+
+
+@dataclass
+class SpreadStats:
+    """What one rank did in a spread decode."""
+
+    rank: int
+    ranks: int
+    units: int
+    video_s: float = 0.0
+    audio_s: float = 0.0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def decode_spread(
+    decoders: "Decoders", latents: Mapping[str, "torch.Tensor"] | None, group: "dist.ProcessGroup | None",
+    where: str = "the latents", on_phase: Phase = no_phase,
+) -> tuple[Decoded | None, SpreadStats]:
+    """Decode rank 0's `latents` on every rank of `group` (module docstring): rank 0 gets the clip,
+    every rank its `SpreadStats`."""
+    import torch
+
+    from h3core.decode.tiles import VideoTiles
+    from h3core.parallel.collectives import broadcast_tensors, group_rank_and_size
+    from h3core.runtime.device import synchronize
+
+    rank, size = group_rank_and_size(group)
+    device = decoders.device
+    geometry = check_latents(latents, where) if rank == 0 else None  # type: ignore[arg-type]
+    sent = [latents["video"], latents["audio"]] if rank == 0 and latents is not None else None
+    video_latent, audio_latent = broadcast_tensors(sent, src=0, group=group, device=device)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        z = denormalized_video(decoders.video, video_latent)
+        tiles = VideoTiles.of(decoders.video.model, *z.shape[2:])
+        mine = shares(tiles.count, size)[rank]
+        stats = SpreadStats(rank=rank, ranks=size, units=len(mine))
+        audio = None
+        if rank == size - 1:  # first: the audio is ready when the video is
+            on_phase("decoding the audio")
+            audio = decode_audio(decoders.audio, audio_latent)
+            synchronize(device)
+            stats.audio_s = time.perf_counter() - started
+        on_phase("decoding the video")
+        if rank != 0:
+            _decode_and_send(tiles, decoders.video.model, z, mine, audio, stats, group)
+            synchronize(device)
+            stats.video_s = time.perf_counter() - started - stats.audio_s
+            return None, stats
+        assert geometry is not None
+        units = _RankZeroUnits(tiles, decoders.video.model, z, size, group, geometry.decoded_samples)
+        video = to_pixels(tiles.assemble(units, like=z))
+        audio, audio_s = units.audio(audio, stats.audio_s)
+        synchronize(device)
+    stats.video_s = time.perf_counter() - started - (stats.audio_s if size == 1 else 0.0)
+    return Decoded(geometry=geometry, video=video.cpu(), audio=audio.cpu(), seconds={"video": stats.video_s, "audio": audio_s}), stats
+
+
+class _RankZeroUnits:
+    """Rank 0's source of units for `VideoTiles.assemble`: its own, decoded when asked for; the
+    others', received into buffers posted one window ahead (so they arrive while rank 0 works).
+    Each sender's messages are received in its own order: its units, then (the last rank) the audio."""
+
+    def __init__(self, tiles, model, z, size: int, group, audio_samples: int):  # type: ignore[no-untyped-def]
+        self.tiles, self.model, self.z, self.group = tiles, model, z, group
+        self.owner = owners(tiles.count, size)
+        self.size, self.audio_samples = size, audio_samples
+        self.posted: dict[int, tuple["torch.Tensor", object]] = {}
+        self.next_window = 0
+        self._post_window()
+
+    def _post_window(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if self.next_window >= self.tiles.windows:
+            return
+        for k in self.tiles.window_units(self.next_window):
+            if self.owner[k] != 0:
+                buffer = torch.empty(self.tiles.unit_shape(), dtype=self.z.dtype, device=self.z.device)
+                self.posted[k] = (buffer, dist.irecv(buffer, src=dist.get_global_rank(self.group, self.owner[k]), group=self.group))
+        self.next_window += 1
+
+    def __call__(self, k: int) -> "torch.Tensor":
+        window = self.tiles.where(k)[0]
+        if k == self.tiles.window_units(window).start:
+            self._post_window()  # the next window's, while this one is stitched
+        if self.owner[k] == 0:
+            return self.tiles.unit(self.model, self.z, k)
+        buffer, handle = self.posted.pop(k)
+        handle.wait()  # type: ignore[attr-defined]
+        return buffer
+
+    def audio(self, own: "torch.Tensor | None", own_seconds: float) -> tuple["torch.Tensor", float]:
+        """The audio and its seconds: rank 0's own (one rank), else received from the last rank."""
+        import torch
+        import torch.distributed as dist
+
+        if own is not None:
+            return own, own_seconds
+        src = dist.get_global_rank(self.group, self.size - 1)
+        audio = torch.empty((2, self.audio_samples), dtype=torch.float32, device=self.z.device)
+        seconds = torch.zeros(1, dtype=torch.float64, device=self.z.device)
+        dist.recv(audio, src=src, group=self.group)
+        dist.recv(seconds, src=src, group=self.group)
+        return audio, float(seconds.item())
+
+
+def _decode_and_send(tiles, model, z, mine: range, audio, stats: SpreadStats, group) -> None:  # type: ignore[no-untyped-def]
+    """A rank other than 0: decode each of its units and send it to rank 0 as it is done (held until
+    rank 0 has it); the last rank then sends the audio and how long it took."""
+    import torch
+    import torch.distributed as dist
+
+    dst = dist.get_global_rank(group, 0)
+    pending = []
+    for k in mine:
+        out = tiles.unit(model, z, k)
+        pending.append((out, dist.isend(out, dst=dst, group=group)))
+    if audio is not None:
+        for tensor in (audio.contiguous(), torch.tensor([stats.audio_s], dtype=torch.float64, device=audio.device)):
+            pending.append((tensor, dist.isend(tensor, dst=dst, group=group)))
+    for _, handle in pending:
+        handle.wait()
+
+
+# --- the World task ------------------------------------------------------------------------------------
+
+HELD_VAES = "vaes"
+"""The key of a rank's loaded VAEs in `RankContext.held`: (which VAEs on which device, `Decoders`)."""
+
+
+@dataclass
+class RankDecode:
+    """One rank's part of a decode, as `world.run(rank_decode, ...)` returns it (small, but for rank 0's clip)."""
+
+    rank: int
+    load_s: float
+    """Loading the VAEs for this call (0 when the rank held them)."""
+    memory: "RankMemory"
+    stats: SpreadStats
+    decoded: Decoded | None = None
+    """Rank 0's clip (None on the others)."""
+    video_vae: "VaeInfo | None" = None
+    audio_vae: "VaeInfo | None" = None
+
+
+def held_decoders(ctx: "RankContext", vaes: "Mapping[Role, VaeChoice]") -> tuple["Decoders", float]:
+    """This rank's loaded VAEs for `vaes` and the seconds loading them cost now (0 when held: a batch's
+    later prompts, a server's later jobs)."""
+    from h3core.decode.run import Decoders
+
+    key = (tuple((role, str(choice.path), choice.found_by) for role, choice in sorted(vaes.items())), str(ctx.device))
+    held = ctx.held.get(HELD_VAES)
+    if held is not None and held[0] == key:
+        return held[1], 0.0
+    drop_decoders(ctx)
+    decoders = Decoders.load(vaes, ctx.device)
+    ctx.held[HELD_VAES] = (key, decoders)
+    return decoders, decoders.load_s
+
+
+def drop_decoders(ctx: "RankContext") -> None:
+    """Release this rank's held VAEs, if any (a World task on every rank)."""
+    held = ctx.held.pop(HELD_VAES, None)
+    if held is not None:
+        held[1].release()
+
+
+def rank_decode(ctx: "RankContext", vaes: "Mapping[Role, VaeChoice]", latents: Mapping[str, "torch.Tensor"] | None) -> RankDecode:
+    """The decode of rank 0's `latents` on every rank of `ctx` (a World task; module docstring), the
+    VAEs held on each rank for the next call. Rank 0's result carries the clip."""
+    from h3core.decode.run import RankMemory
+    from h3core.runtime.device import current_memory_bytes, peak_memory_bytes, release_memory, reset_peak_memory
+
+    release_memory(ctx.device.type)  # what denoising left cached is the decode's to use
+    decoders, load_s = held_decoders(ctx, vaes)
+    reset_peak_memory(ctx.device)
+    start = current_memory_bytes(ctx.device)
+    decoded, stats = decode_spread(decoders, latents if ctx.rank == 0 else None, ctx.group)
+    memory = RankMemory(peak=peak_memory_bytes(ctx.device), start=start)
+    if ctx.rank != 0:
+        return RankDecode(ctx.rank, load_s, memory, stats)
+    return RankDecode(ctx.rank, load_s, memory, stats, decoded, decoders.video.info, decoders.audio.info)
+
+
+def decode_run(parts: "list[RankDecode]", device: str) -> "DecodeRun":
+    """The ranks' parts of one decode as one `DecodeRun` (rank 0's clip; the slowest rank's load)."""
+    from h3core.decode.run import DecodeRun
+
+    lead = parts[0]
+    assert lead.decoded is not None and lead.video_vae is not None and lead.audio_vae is not None
+    seconds = lead.stats.video_s + (lead.stats.audio_s if lead.stats.ranks == 1 else 0.0)  # rank 0 waits for every other rank
+    return DecodeRun(lead.decoded, lead.video_vae, lead.audio_vae, device, max(p.load_s for p in parts), [p.memory for p in parts], seconds)
