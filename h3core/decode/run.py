@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
     from h3core.decode.load import LoadedVae
     from h3core.decode.report import VaeInfo
+    from h3core.reports.schema import TensorChecksum
     from h3core.reports.outputs import OutputFolder
 
 PIXEL_MEAN = (0.485, 0.456, 0.406)
@@ -205,14 +206,18 @@ class Decoders:
         assert decoded is not None
         return decoded
 
-    def run(self, latents: Mapping[str, "torch.Tensor"], where: str = "the latents", on_phase: Phase = no_phase) -> "DecodeRun":
-        """`decode` with its memory measured: what `write_decode` turns into files and a report."""
+    def run(self, latents: Mapping[str, "torch.Tensor"], label: "ClipLabel", where: str = "the latents", on_phase: Phase = no_phase) -> "DecodeRun":
+        """`decode` with its memory measured, and the clip encoded: what `write_decode` stages and reports."""
         from h3core.runtime.device import current_memory_bytes, peak_memory_bytes, reset_peak_memory
 
+        started = time.perf_counter()
         reset_peak_memory(self.device)
         start = current_memory_bytes(self.device)
         decoded = self.decode(latents, where, on_phase)
-        return DecodeRun(decoded, self.video.info, self.audio.info, str(self.device), self.load_s, [RankMemory(peak=peak_memory_bytes(self.device), start=start)])
+        memory = RankMemory(peak=peak_memory_bytes(self.device), start=start)
+        seconds = time.perf_counter() - started
+        clip = encode_clip(decoded, label, self.video.info.synthetic or self.audio.info.synthetic, on_phase)
+        return DecodeRun(clip, self.video.info, self.audio.info, str(self.device), self.load_s, [memory], seconds)
 
     def to_folder(
         self, latents: Mapping[str, "torch.Tensor"], folder: "OutputFolder", *, synthetic_label: bool = False, save_decoded: bool = False,
@@ -220,10 +225,8 @@ class Decoders:
     ) -> DecodeReport:
         """Decode `latents` here and stage video.mp4, preview.png (and decoded.safetensors) in `folder`
         (its subfolder `under`); the report's `failure()` is set if the mp4 breaks the contract."""
-        started = time.perf_counter()
-        run = self.run(latents, where, on_phase)
-        run.seconds_before_write = time.perf_counter() - started
-        return write_decode(run, latents, folder, synthetic_label=synthetic_label, save_decoded=save_decoded, under=under, title=title, on_phase=on_phase)
+        run = self.run(latents, ClipLabel(title, synthetic_label, save_decoded), where, on_phase)
+        return write_decode(run, latents, folder, under=under)
 
     def release(self) -> None:
         """Drop both models and hand their memory back (CUDA: the cached blocks too)."""
@@ -241,66 +244,100 @@ class RankMemory:
     start: int
 
 
+@dataclass(frozen=True)
+class ClipLabel:
+    """What a decoded clip is called and what is kept of it: the preview's title, whether the latents
+    came from synthetic weights, and whether decoded.safetensors is written."""
+
+    title: str = "h3"
+    synthetic: bool = False
+    save_decoded: bool = False
+
+
+@dataclass
+class EncodedClip:
+    """A decoded clip as the bytes of its files, made where the clip is (rank 0), with what the report
+    says of it: small to send (the mp4 and the preview; decoded.safetensors only when asked for)."""
+
+    geometry: LatentGeometry
+    checksums: dict[str, "TensorChecksum"]
+    mp4: bytes
+    probe: Mp4Probe
+    preview: bytes
+    decoded: bytes | None
+    synthetic: bool
+    seconds: dict[str, float]
+    """video, audio (the decode), mux (the mp4), write (probe, preview, decoded.safetensors; + staging)."""
+
+
+def encode_clip(decoded: Decoded, label: ClipLabel, synthetic_vaes: bool, on_phase: Phase = no_phase) -> EncodedClip:
+    """The mp4 (H.264 + AAC, probed back), the preview and (asked for) decoded.safetensors of `decoded`."""
+    from h3core.decode.mp4 import encode_mp4, probe_mp4
+    from h3core.reports.preview import decoded_preview_png
+    from h3core.reports.schema import TensorChecksum
+
+    on_phase("writing video.mp4")
+    seconds = dict(decoded.seconds)
+    started = time.perf_counter()
+    mp4 = encode_mp4(decoded.frames_uint8().numpy(), decoded.muxed_audio().numpy())
+    seconds["mux"] = time.perf_counter() - started
+    synthetic = label.synthetic or synthetic_vaes
+    probe = probe_mp4(mp4)
+    title = f"{label.title} · {decoded.geometry.describe()}"
+    preview = decoded_preview_png(decoded.video, decoded.audio, title, SAMPLE_RATE, FPS, synthetic)
+    saved = _decoded_bytes(decoded) if label.save_decoded else None
+    checksums = {"video": TensorChecksum.of(decoded.video), "audio": TensorChecksum.of(decoded.audio)}
+    seconds["write"] = time.perf_counter() - started - seconds["mux"]
+    return EncodedClip(decoded.geometry, checksums, mp4, probe, preview, saved, synthetic, seconds)
+
+
 @dataclass
 class DecodeRun:
-    """A finished decode, on one rank or shared out: the clip, the VAEs that made it, where, the
-    seconds loading them cost, and each rank's memory (rank 0 first)."""
+    """A finished decode, on one rank or shared out: the encoded clip, the VAEs that made it, where,
+    the seconds loading them cost, and each rank's memory (rank 0 first)."""
 
-    decoded: Decoded
+    clip: EncodedClip
     video_vae: "VaeInfo"
     audio_vae: "VaeInfo"
     device: str
     load_s: float
     memory: list[RankMemory]
-    seconds_before_write: float = 0.0
-    """The decode's wall time before the mp4 (`DecodeTimings.total_s` adds the writing and `load_s`)."""
+    decode_s: float
+    """The decode's wall time on rank 0, the other ranks' included (it waits for them)."""
 
 
-def write_decode(
-    run: DecodeRun, latents: Mapping[str, "torch.Tensor"], folder: "OutputFolder", *, synthetic_label: bool = False, save_decoded: bool = False,
-    under: str = "", title: str = "h3", on_phase: Phase = no_phase,
-) -> DecodeReport:
-    """Encode `run`'s clip into video.mp4, probe it, stage it with preview.png (and decoded.safetensors)
-    in `folder` (its subfolder `under`), and report it all."""
-    from h3core.decode.mp4 import encode_mp4, probe_mp4
-
-    started = time.perf_counter()
-    decoded = run.decoded
-    device = _device(run.device)
-    on_phase("writing video.mp4")
-    seconds = dict(decoded.seconds)
-    with _clock(device, seconds, "mux"):
-        mp4 = encode_mp4(decoded.frames_uint8().numpy(), decoded.muxed_audio().numpy())
-    synthetic = synthetic_label or run.video_vae.synthetic or run.audio_vae.synthetic
-    with _clock(device, seconds, "write"):
-        probe = probe_mp4(mp4)
-        files = _stage(folder, under, mp4, decoded, f"{title} · {decoded.geometry.describe()}", synthetic, save_decoded)
-    seconds["total"] = run.seconds_before_write + time.perf_counter() - started + run.load_s
-    return _report(run, latents, seconds, probe, files, synthetic)
-
-
-def _report(
-    run: DecodeRun, latents: Mapping[str, "torch.Tensor"], seconds: dict[str, float], probe: Mp4Probe, files: DecodeFiles, synthetic: bool
-) -> DecodeReport:
+def write_decode(run: DecodeRun, latents: Mapping[str, "torch.Tensor"], folder: "OutputFolder", *, under: str = "") -> DecodeReport:
+    """Stage `run`'s video.mp4, preview.png (and decoded.safetensors) in `folder` (its subfolder
+    `under`) and report the decode; the report's `failure()` is set if the mp4 breaks the contract."""
     from h3core.reports.schema import TensorChecksum
     from h3core.runtime.device import device_name, peak_memory_kind
 
-    decoded, g, kind = run.decoded, run.decoded.geometry, _device(run.device).type
+    started = time.perf_counter()
+    clip, g, kind = run.clip, run.clip.geometry, _device(run.device).type
+
+    def place(name: str) -> str:
+        return str(Path(under) / name) if under else name
+
+    video = folder.write(place(VIDEO_FILE), clip.mp4)
+    preview = folder.write(place(PREVIEW_FILE), clip.preview)
+    saved = folder.write(place(DECODED_FILE), clip.decoded) if clip.decoded is not None else None
+    seconds = clip.seconds
+    write_s = seconds["write"] + time.perf_counter() - started
     estimate = estimate_decode_memory(
         g.width, g.height, g.frames, video=VideoDecoderSize.of(run.video_vae.config), audio=AudioDecoderSize.of(run.audio_vae.config), ranks=len(run.memory)
     )
     return DecodeReport(
-        geometry=g,
-        latents={k: TensorChecksum.of(latents[k]) for k in ("video", "audio")},
-        decoded={"video": TensorChecksum.of(decoded.video), "audio": TensorChecksum.of(decoded.audio)},
-        video_vae=run.video_vae, audio_vae=run.audio_vae, weights="synthetic" if synthetic else "checkpoint",
+        geometry=g, latents={k: TensorChecksum.of(latents[k]) for k in ("video", "audio")}, decoded=clip.checksums,
+        video_vae=run.video_vae, audio_vae=run.audio_vae, weights="synthetic" if clip.synthetic else "checkpoint",
         device=run.device, device_name=device_name(kind), ranks=len(run.memory),
         timings=DecodeTimings(
-            load_s=run.load_s, video_s=seconds["video"], audio_s=seconds["audio"], mux_s=seconds["mux"], write_s=seconds["write"], total_s=seconds["total"]
+            load_s=run.load_s, video_s=seconds["video"], audio_s=seconds["audio"], mux_s=seconds["mux"], write_s=write_s,
+            total_s=run.load_s + run.decode_s + seconds["mux"] + write_s,
         ),
         peak_memory_bytes=max(m.peak for m in run.memory), peak_memory_kind=peak_memory_kind(kind),
         rank_memory=[RankDecodeMemory(peak_bytes=m.peak, start_bytes=m.start) for m in run.memory], memory_estimate=estimate,
-        probe=probe, problems=probe.problems(g), files=files,
+        probe=clip.probe, problems=clip.probe.problems(g),
+        files=DecodeFiles(video=str(video), preview=str(preview), decoded=str(saved) if saved else None),
     )
 
 
@@ -313,19 +350,6 @@ def _device(device: "torch.device | str") -> "torch.device":
         return device
     kind = resolve_device(device)
     return torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
-
-
-def _stage(folder: "OutputFolder", under: str, mp4: bytes, decoded: Decoded, title: str, synthetic: bool, save_decoded: bool) -> DecodeFiles:
-    """video.mp4, preview.png and (asked for) decoded.safetensors into `folder` (subfolder `under`)."""
-    from h3core.reports.preview import decoded_preview_png
-
-    def place(name: str) -> str:
-        return str(Path(under) / name) if under else name
-
-    video = folder.write(place(VIDEO_FILE), mp4)
-    preview = folder.write(place(PREVIEW_FILE), decoded_preview_png(decoded.video, decoded.audio, title, SAMPLE_RATE, FPS, synthetic))
-    saved = folder.write(place(DECODED_FILE), _decoded_bytes(decoded)) if save_decoded else None
-    return DecodeFiles(video=str(video), preview=str(preview), decoded=str(saved) if saved else None)
 
 
 def _decoded_bytes(decoded: Decoded) -> bytes:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
     from h3core.decode.report import VaeInfo
-    from h3core.decode.run import DecodeRun, Decoders, RankMemory
+    from h3core.decode.run import ClipLabel, DecodeRun, Decoders, EncodedClip, RankMemory
     from h3core.decode.sources import VaeChoice
     from h3core.decode.vae_files import Role
     from h3core.runtime.context import RankContext
@@ -185,15 +185,16 @@ HELD_VAES = "vaes"
 
 @dataclass
 class RankDecode:
-    """One rank's part of a decode, as `world.run(rank_decode, ...)` returns it (small, but for rank 0's clip)."""
+    """One rank's part of a decode, as `world.run(rank_decode, ...)` returns it (small: rank 0's clip
+    comes back as the bytes of its files)."""
 
     rank: int
     load_s: float
     """Loading the VAEs for this call (0 when the rank held them)."""
     memory: "RankMemory"
     stats: SpreadStats
-    decoded: Decoded | None = None
-    """Rank 0's clip (None on the others)."""
+    clip: "EncodedClip | None" = None
+    """Rank 0's clip, encoded (None on the others)."""
     video_vae: "VaeInfo | None" = None
     audio_vae: "VaeInfo | None" = None
 
@@ -220,10 +221,12 @@ def drop_decoders(ctx: "RankContext") -> None:
         held[1].release()
 
 
-def rank_decode(ctx: "RankContext", vaes: "Mapping[Role, VaeChoice]", latents: Mapping[str, "torch.Tensor"] | None) -> RankDecode:
+def rank_decode(
+    ctx: "RankContext", vaes: "Mapping[Role, VaeChoice]", latents: Mapping[str, "torch.Tensor"] | None, label: "ClipLabel | None" = None,
+) -> RankDecode:
     """The decode of rank 0's `latents` on every rank of `ctx` (a World task; module docstring), the
-    VAEs held on each rank for the next call. Rank 0's result carries the clip."""
-    from h3core.decode.run import RankMemory
+    VAEs held on each rank for the next call; rank 0 encodes the clip (`encode_clip`, `label`)."""
+    from h3core.decode.run import ClipLabel, RankMemory, encode_clip
     from h3core.runtime.device import current_memory_bytes, peak_memory_bytes, release_memory, reset_peak_memory
 
     release_memory(ctx.device.type)  # what denoising left cached is the decode's to use
@@ -232,9 +235,10 @@ def rank_decode(ctx: "RankContext", vaes: "Mapping[Role, VaeChoice]", latents: M
     start = current_memory_bytes(ctx.device)
     decoded, stats = decode_spread(decoders, latents if ctx.rank == 0 else None, ctx.group)
     memory = RankMemory(peak=peak_memory_bytes(ctx.device), start=start)
-    if ctx.rank != 0:
+    if decoded is None:
         return RankDecode(ctx.rank, load_s, memory, stats)
-    return RankDecode(ctx.rank, load_s, memory, stats, decoded, decoders.video.info, decoders.audio.info)
+    clip = encode_clip(decoded, label or ClipLabel(), decoders.video.info.synthetic or decoders.audio.info.synthetic)
+    return RankDecode(ctx.rank, load_s, memory, stats, clip, decoders.video.info, decoders.audio.info)
 
 
 def decode_run(parts: "list[RankDecode]", device: str) -> "DecodeRun":
@@ -242,6 +246,6 @@ def decode_run(parts: "list[RankDecode]", device: str) -> "DecodeRun":
     from h3core.decode.run import DecodeRun
 
     lead = parts[0]
-    assert lead.decoded is not None and lead.video_vae is not None and lead.audio_vae is not None
+    assert lead.clip is not None and lead.video_vae is not None and lead.audio_vae is not None
     seconds = lead.stats.video_s + (lead.stats.audio_s if lead.stats.ranks == 1 else 0.0)  # rank 0 waits for every other rank
-    return DecodeRun(lead.decoded, lead.video_vae, lead.audio_vae, device, max(p.load_s for p in parts), [p.memory for p in parts], seconds)
+    return DecodeRun(lead.clip, lead.video_vae, lead.audio_vae, device, max(p.load_s for p in parts), [p.memory for p in parts], seconds)

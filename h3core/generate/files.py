@@ -31,11 +31,11 @@ def write_outputs(
     place = (lambda name: str(Path(under) / name)) if under else (lambda name: name)
     latents = _latents(report, outcome, folder, place("latents.safetensors")) if save_latents else None
     video = None
-    title, phase = f"h3 {report.mode.value} x{report.world_size} · seed {report.seed}", on_phase or (lambda phase: None)
+    title, phase = clip_title(report.mode.value, report.world_size, report.seed), on_phase or (lambda phase: None)
     if decoded is not None:
         from h3core.decode.run import write_decode
 
-        report.decode = write_decode(decoded, outcome.latents, folder, synthetic_label=report.weights == SYNTHETIC, under=under, title=title, on_phase=phase)
+        report.decode = write_decode(decoded, outcome.latents, folder, under=under)
     elif decoders is not None:
         report.decode = decoders.to_folder(outcome.latents, folder, synthetic_label=report.weights == SYNTHETIC, under=under, title=title, on_phase=phase)
     if report.decode is not None:
@@ -58,6 +58,11 @@ def write_outputs(
         benchmark.write(data)
     folder.write(place("report.json"), data)
     return report.files
+
+
+def clip_title(mode: str, world_size: int, seed: int) -> str:
+    """The title of a run's decoded preview."""
+    return f"h3 {mode} x{world_size} · seed {seed}"
 
 
 def _latents(report: RunReport, outcome: RankReport, folder: OutputFolder, name: str) -> Path:

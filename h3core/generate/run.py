@@ -17,15 +17,16 @@ import torch
 
 from h3core import settings
 from h3core.decode.plan import DecodePlan, plan_decode
-from h3core.decode.run import DecodeRun, Phase, no_phase
+from h3core.decode.run import ClipLabel, DecodeRun, Phase, no_phase
 from h3core.decode.spread import decode_run, rank_decode
 from h3core.errors import ConfigError
-from h3core.generate.files import output_bytes, write_outputs
+from h3core.generate.files import clip_title, output_bytes, write_outputs
 from h3core.generate.fp4gate import with_fp4_selftest
 from h3core.generate.parity import LatentParity, latent_parity, run_tolerance
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.dryrun import DryRun, check_device_memory
-from h3core.generate.report import RankReport, RunReport, StepDone, build_report, request_fingerprint
+from h3core.generate.report import RankReport, RunReport, StepDone, build_report, request_fingerprint, weights_label
+from h3core.model.checkpoint import SYNTHETIC
 from h3core.generate.request import GenerateJob, GenerateRequest, ResolvedRun, build_plan, check_torchrun_parity, resolve
 from h3core.generate.wall import WallClock
 from h3core.parallel.modes import Mode
@@ -69,7 +70,7 @@ def run_ranks(
             parts = None
             if decode is not None:
                 on_phase(f"decoding on {run.request.world_size} rank{'s' if run.request.world_size > 1 else ''}")
-                parts = world.run(rank_decode, decode.vaes, outcomes[0].latents if world.is_main else None)
+                parts = world.run(rank_decode, decode.vaes, outcomes[0].latents if world.is_main else None, decode_label(run))
                 _mark(wall, "decode")
         finally:
             if run.request.world_size == 1:  # it ran in this process: nothing of it may stay on a device
@@ -78,6 +79,12 @@ def run_ranks(
         if not world.is_main:
             return None
         return Executed(outcomes, decode_run(parts, _decode_device(run)) if parts else None)
+
+
+def decode_label(run: ResolvedRun) -> ClipLabel:
+    """The label of `run`'s decoded clip (its preview's title; synthetic when its transformer is)."""
+    req = run.request
+    return ClipLabel(clip_title(req.mode.value, req.world_size, req.seed), synthetic=weights_label(run) == SYNTHETIC)
 
 
 def _mark(wall: WallClock | None, stage: str) -> None:
