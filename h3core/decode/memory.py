@@ -38,9 +38,16 @@ WINDOW_FRAMES = 4 * WINDOW_LATENTS
 KEPT_FRAMES = FRAMES_PER_CHUNK + 5
 """Frames of a decoded window the decode uses (its 17 and the 5 the next window cross-fades with)."""
 FADE_FRAMES = 5
-AMP_LIVE_TENSORS = 8
-"""Tensors of one stage's size an AMP block holds at once (input, residual sum, block output,
-2x-upsampled activation in and out, downsampled), rounded up."""
+CPU_KERNEL_SCRATCH = 24 << 20
+"""What the CPU's kernels allocate for themselves the first time a process decodes (oneDNN / MKL
+scratch and caches): measured 22 MiB for the first unit of the synthetic VAE above a warm one
+(78 against 56 MiB); counted on every rank of a CPU decode."""
+AMP_LIVE_TENSORS = 48
+"""Tensors of one stage's size (channels x samples, per stereo channel) the audio decode holds at its
+peak. Measured on the CPU (synthetic audio VAE, 37 to 370 latents: 0.49 MiB per latent above the
+loaded VAE, ~40 per channel): the anti-aliased activations work at twice the rate (padded, upsampled,
+snake's sin and power, downsampled), and the CPU's dilated convolutions unfold their input (C x k x L
+for kernels up to 11); 48 covers it with room."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,7 @@ class DecodeMemory(BaseModel):
     frames: int
     ranks: int = Field(1, description="Ranks the video's units are shared out over (`h3core.decode.spread`).")
     weights_bytes: int = Field(description="Both decoders, resident together on every rank.")
+    scratch_bytes: int = Field(0, description="The CPU kernels' own first-use buffers (`CPU_KERNEL_SCRATCH`; 0 on CUDA).")
     video_activation_bytes: int = Field(description="Rank 0's video peak above its weights: the clip, a window of units (two when other ranks send theirs), one unit through the ViT or the window's cross-fade.")
     audio_activation_bytes: int = Field(description="The audio decode's peak above the weights (on the last rank).")
     rank_bytes: list[int] = Field(default_factory=list, description="Each rank's peak, weights included, rank 0 first.")
@@ -146,9 +154,10 @@ def split_count(length_px: int, tile_px: int = TILE_PX, overlap_px: int = TILE_O
 
 
 def estimate_decode_memory(
-    width: int, height: int, frames: int, *, video: VideoDecoderSize = REAL_VIDEO, audio: AudioDecoderSize = REAL_AUDIO, ranks: int = 1
+    width: int, height: int, frames: int, *, video: VideoDecoderSize = REAL_VIDEO, audio: AudioDecoderSize = REAL_AUDIO, ranks: int = 1,
+    device: str = "cpu",
 ) -> DecodeMemory:
-    """The decode of a `width` x `height`, `frames`-frame clip over `ranks` ranks (see the module docstring)."""
+    """The decode of a `width` x `height`, `frames`-frame clip over `ranks` ranks on `device` (see the module docstring)."""
     from h3core.decode.spread import shares
 
     geometry = geometry_for(width, height, frames)
@@ -170,9 +179,10 @@ def estimate_decode_memory(
     weights = (video.parameters() + audio.parameters()) * b
     per_rank = [rank0_video] + [latent + len(share) * unit + per_tile for share in shares(windows * ny * nx, ranks)[1:]]
     per_rank[-1] = max(audio_peak, per_rank[-1] + audio_out)  # the last rank decodes the audio first, then holds it
-    rank_bytes = [weights + p for p in per_rank]
+    scratch = CPU_KERNEL_SCRATCH if device == "cpu" else 0
+    rank_bytes = [weights + scratch + p for p in per_rank]
     return DecodeMemory(
-        width=width, height=height, frames=frames, ranks=ranks, weights_bytes=weights, video_activation_bytes=rank0_video,
+        width=width, height=height, frames=frames, ranks=ranks, weights_bytes=weights, scratch_bytes=scratch, video_activation_bytes=rank0_video,
         audio_activation_bytes=audio_peak, rank_bytes=rank_bytes, total_bytes=max(rank_bytes), unit_bytes=unit,
         tiles_per_window=ny * nx, windows=windows, tokens_per_tile=tokens,
     )

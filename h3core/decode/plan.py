@@ -53,7 +53,8 @@ def plan_decode(
         files = find_vae_files(path, role, choice.source)
         configs[role] = vae_config(files, str(path))
     geometry = geometry_for(width, height, frames)
-    memory = estimate_decode_memory(width, height, frames, video=VideoDecoderSize.of(configs["video"]), audio=AudioDecoderSize.of(configs["audio"]), ranks=ranks)
+    memory = estimate_decode_memory(width, height, frames, video=VideoDecoderSize.of(configs["video"]), audio=AudioDecoderSize.of(configs["audio"]), ranks=ranks,
+                                    device=device)
     check_decode_memory(memory, geometry, device, beside_bytes)
     return DecodePlan(vaes=vaes, geometry=geometry, memory=memory)
 

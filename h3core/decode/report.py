@@ -132,6 +132,22 @@ class DecodeReport(BaseModel):
             return None
         return CheckFailed(f"video.mp4 does not keep the mp4 contract: {'; '.join(self.problems)}")
 
+    def memory_line(self) -> str:
+        """Each rank's peak, split into what it held before the decode and the decode's own, against
+        the estimate of the decode's own (its weights were loaded before the window began):
+        'peak 549 MiB = 468 MiB before (the process, torch, the VAEs) + 81 MiB decoding (estimated 62 MiB)'."""
+        from h3core.reports.units import format_bytes
+
+        estimate = self.memory_estimate
+        own = [max(0, b - estimate.weights_bytes) for b in estimate.rank_bytes] or [estimate.activation_bytes()]
+        before = "the process, torch, the VAEs" if self.device == "cpu" else "the VAEs and what else is allocated"
+        if len(self.rank_memory) <= 1:
+            m = self.rank_memory[0] if self.rank_memory else RankDecodeMemory(peak_bytes=self.peak_memory_bytes, start_bytes=0)
+            return (f"peak {format_bytes(m.peak_bytes)} = {format_bytes(m.start_bytes)} before ({before}) + "
+                    f"{format_bytes(m.decode_bytes)} decoding (estimated {format_bytes(own[0])})")
+        ranks = " · ".join(f"r{r} {format_bytes(m.decode_bytes)} (estimated {format_bytes(e)})" for r, (m, e) in enumerate(zip(self.rank_memory, own)))
+        return f"decoding, above what each rank held before ({before}): {ranks}"
+
 
 class DecodeRunReport(BaseModel):
     """`h3 decode`'s report.json."""

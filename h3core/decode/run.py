@@ -324,7 +324,8 @@ def write_decode(run: DecodeRun, latents: Mapping[str, "torch.Tensor"], folder: 
     seconds = clip.seconds
     write_s = seconds["write"] + time.perf_counter() - started
     estimate = estimate_decode_memory(
-        g.width, g.height, g.frames, video=VideoDecoderSize.of(run.video_vae.config), audio=AudioDecoderSize.of(run.audio_vae.config), ranks=len(run.memory)
+        g.width, g.height, g.frames, video=VideoDecoderSize.of(run.video_vae.config), audio=AudioDecoderSize.of(run.audio_vae.config), ranks=len(run.memory),
+        device=kind,
     )
     return DecodeReport(
         geometry=g, latents={k: TensorChecksum.of(latents[k]) for k in ("video", "audio")}, decoded=clip.checksums,

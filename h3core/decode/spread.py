@@ -75,6 +75,7 @@ def decode_spread(
 
     from h3core.decode.tiles import VideoTiles
     from h3core.parallel.collectives import broadcast_tensors, group_rank_and_size
+    from h3core.runtime import cpu_memory
     from h3core.runtime.device import synchronize
 
     rank, size = group_rank_and_size(group)
@@ -94,6 +95,8 @@ def decode_spread(
             audio = decode_audio(decoders.audio, audio_latent)
             synchronize(device)
             stats.audio_s = time.perf_counter() - started
+            if device.type == "cpu":  # the audio's freed blocks (other sizes than the video's) go back to the system first
+                cpu_memory.release()
         on_phase("decoding the video")
         if rank != 0:
             _decode_and_send(tiles, decoders.video.model, z, mine, audio, stats, group)

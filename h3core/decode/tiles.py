@@ -143,19 +143,24 @@ class VideoTiles:
         height = self.rows.starts[-1] + self.rows.length
         width = self.cols.starts[-1] + self.cols.length
         out = torch.empty((3, self.frames(), height, width), dtype=like.dtype, device=like.device)
-        own, shared = self.head[1] - self.head[0], self.tail[1] - self.tail[0]
-        fade_a, fade_b = (w.view(1, -1, 1, 1) for w in blend_weights(shared, like))
+        fade_a, fade_b = (w.view(1, -1, 1, 1) for w in blend_weights(self.tail[1] - self.tail[0], like))
         for window in range(self.windows):
-            tiles = [unit(k) for k in self.window_units(window)]
-            at = window * own
-            if window == 0:
-                self._stitch(tiles, slice(0, own + shared), out[:, : own + shared])
-                continue
-            self._stitch(tiles, slice(shared, own + shared), out[:, at + shared : at + own + shared])
-            faded = torch.empty_like(out[:, at : at + shared])
-            self._stitch(tiles, slice(0, shared), faded)
-            out[:, at : at + shared] = out[:, at : at + shared] * fade_a + faded * fade_b
+            self._window(window, [unit(k) for k in self.window_units(window)], out, (fade_a, fade_b))  # the previous window's units are gone by now
         return out
+
+    def _window(self, window: int, tiles: Sequence["torch.Tensor"], out: "torch.Tensor", fade: tuple["torch.Tensor", "torch.Tensor"]) -> None:
+        """Window `window`'s tiles into `out`: its own frames, and its first ones cross-faded with the previous window's tail."""
+        import torch
+
+        own, shared = self.head[1] - self.head[0], self.tail[1] - self.tail[0]
+        at = window * own
+        if window == 0:
+            self._stitch(tiles, slice(0, own + shared), out[:, : own + shared])
+            return
+        self._stitch(tiles, slice(shared, own + shared), out[:, at + shared : at + own + shared])
+        faded = torch.empty_like(out[:, at : at + shared])
+        self._stitch(tiles, slice(0, shared), faded)
+        out[:, at : at + shared] = out[:, at : at + shared] * fade[0] + faded * fade[1]
 
     def _stitch(self, tiles: Sequence["torch.Tensor"], frames: slice, into: "torch.Tensor") -> None:
         """Frames `frames` of one window's tiles, blended (diffusers' `_stitch_tiles`), into `into` [3, f, H, W]."""
