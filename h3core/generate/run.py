@@ -78,7 +78,7 @@ def run_ranks(
                 dev.release_memory(run.request.device)
         if not world.is_main:
             return None
-        return Executed(outcomes, decode_run(parts, _decode_device(run)) if parts else None)
+        return Executed(outcomes, decode_run(parts, decode_device(run)) if parts else None)
 
 
 def decode_label(run: ResolvedRun) -> ClipLabel:
@@ -92,7 +92,7 @@ def _mark(wall: WallClock | None, stage: str) -> None:
         wall.mark(stage)
 
 
-def _decode_device(run: ResolvedRun) -> str:
+def decode_device(run: ResolvedRun) -> str:
     """Where rank 0 decoded: its device, as the report names it."""
     return str(dev.rank_device(dev.resolve_device(run.request.device), 0))
 
