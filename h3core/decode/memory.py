@@ -177,7 +177,7 @@ def estimate_decode_memory(
     audio_peak = 2 * AMP_LIVE_TENSORS * audio.largest_stage_values(geometry.audio_latents) * b
     audio_out = 2 * geometry.decoded_samples * b
     weights = (video.parameters() + audio.parameters()) * b
-    per_rank = [rank0_video] + [latent + len(share) * unit + per_tile for share in shares(windows * ny * nx, ranks)[1:]]
+    per_rank = [rank0_video] + [latent + len(share) * unit + (per_tile if share else 0) for share in shares(windows * ny * nx, ranks)[1:]]
     per_rank[-1] = max(audio_peak, per_rank[-1] + audio_out)  # the last rank decodes the audio first, then holds it
     scratch = CPU_KERNEL_SCRATCH if device == "cpu" else 0
     rank_bytes = [weights + scratch + p for p in per_rank]
