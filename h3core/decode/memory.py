@@ -1,22 +1,21 @@
-"""How much memory decoding a (width, height, frames) video takes on one device, before it runs.
+"""How much memory decoding a (width, height, frames) video takes on each rank's device, before it runs.
 
-For `h3 plan` and the memory check: torch-free arithmetic over the decoders' sizes and diffusers
-0.42.1's decode as it runs (`AutoencoderKLMiniMaxH3._decode` / `_decode_clip`), all in float32:
+For `h3 plan --memory` and the memory check: torch-free arithmetic over the decoders' sizes and the
+decode as h3 runs it (`h3core.decode.spread`, `h3core.decode.tiles`), all in float32:
 
-- weights: the video decoder (+ `post_quant_conv`) and the audio decoder (+ `dec_in_proj`), both
-  resident; the encoders are not loaded (`load_vae(decoder_only=True)`);
-- video: one temporal window (7 latent frames, 28 frames) at a time, each 256 px tile of it through
-  the ViT (tokens = 7 x tile latents + 5 suffix tokens; the block's live tensors, plus the attention
-  scores if the backend materializes them), every tile of the window kept until they are stitched,
-  the stitched window, on top of the frames accumulated so far; at the end the accumulated frames
-  are concatenated (two copies of the video, plus the two stitched windows the first and the last
-  kept frames are views of);
-- audio: the BigVGAN stage with the most values (channels x samples), both stereo channels, times
-  the handful of tensors an AMP block holds at once.
+- weights: the video decoder (+ `post_quant_conv`) and the audio decoder (+ `dec_in_proj`), resident
+  on every rank; the encoders are not loaded (`load_vae(decoder_only=True)`);
+- video: the (window, tile) units shared out over the ranks; each unit is one tile of a 7-latent
+  window through the ViT (tokens = 7 x tile latents + 5 suffix tokens; the block's live tensors,
+  plus the attention scores if the backend materializes them), kept as its 22 used frames. A rank
+  holds its own units until rank 0 has them; rank 0 holds the clip, one window of units (two when
+  other ranks send theirs) and one unit through the ViT or a window's cross-fade;
+- audio (the last rank): the BigVGAN stage with the most values (channels x samples), both stereo
+  channels, times the tensors of that size held at once (measured, `AMP_LIVE_TENSORS`);
+- on the CPU, the kernels' first-use buffers (`CPU_KERNEL_SCRATCH`).
 
 The parameter counts are exact (tests compare them with diffusers' classes); the activation terms
-are an upper-leaning model of the allocations: for the synthetic VAEs at 864x480, 141 frames, the
-CPU's measured peak above the loaded VAEs was 1,594 MB against 1,682 MB estimated (docs/decode.md).
+are a model of the allocations checked against the CPU's measured peaks (docs/decode.md).
 """
 
 from __future__ import annotations
