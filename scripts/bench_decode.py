@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The decode shared out over Gloo ranks against one rank, measured side by side in one run (issue 35.3).
 
-Both arms run `h3core.decode.spread.rank_decode`, the task `h3 generate` runs after denoising, on the
+Both arms run `h3core.generate.decode_ranks.rank_decode`, the task `h3 generate` runs after denoising, on the
 synthetic VAEs at a many-tile size (default 864x480, 39 frames: 2 windows x 3 x 5 tiles = 30 units),
 every rank at ONE intra-op thread: (a) 2 spawned Gloo ranks; (b) one rank (in this process). The
 VAEs are loaded by a first, untimed call (held between calls, as a batch holds them). The arms
@@ -23,7 +23,7 @@ import time
 import torch
 
 from h3core.decode.sources import choose_vaes
-from h3core.decode.spread import decode_run, rank_decode
+from h3core.generate.decode_ranks import decode_run, rank_decode
 from h3core.media import SPATIAL_STRIDE, audio_latents, latent_frames
 from h3core.runtime.world import World
 

@@ -210,7 +210,7 @@ class _Batch:
     def _decode(self, world: World, prompts: list[PlannedPrompt], per_replica: list[list[RankReport]] | None) -> list["DecodeRun | None"]:
         """Each prompt's decode on every rank of the World (`rank_decode`: the VAEs loaded by the first
         prompt and held for the batch); every rank takes part, only this process (rank 0) gets the clips."""
-        from h3core.decode.spread import decode_run, rank_decode
+        from h3core.generate.decode_ranks import decode_run, rank_decode
         from h3core.generate.run import decode_device, decode_label
 
         out: list["DecodeRun | None"] = []

@@ -157,7 +157,7 @@ def estimate_decode_memory(
     device: str = "cpu",
 ) -> DecodeMemory:
     """The decode of a `width` x `height`, `frames`-frame clip over `ranks` ranks on `device` (see the module docstring)."""
-    from h3core.decode.spread import shares
+    from h3core.decode.tiles import shares
 
     geometry = geometry_for(width, height, frames)
     b = FLOAT_BYTES

@@ -1,10 +1,10 @@
 """The decode shared out over the ranks that just denoised: tiles everywhere, audio on the last rank,
 the clip blended on rank 0.
 
-`decode_spread(decoders, latents, group)` runs on every rank of `group` (None: one rank, which then
-does every unit: the single-rank decode is this same code):
+`decode_spread(video_vae, audio_vae, latents, group)` runs on every rank of `group` (None: one rank,
+which then does every unit: the single-rank decode is this same code), each with the latents (the
+World task `h3core.generate.decode_ranks.rank_decode` broadcasts rank 0's first). Then:
 
-1. rank 0's latents reach every rank (one broadcast: a torchrun rank has only its own outcome);
 2. the video decode's units (`h3core.decode.tiles.VideoTiles`: every window x tile) are shared out
    in contiguous runs, as evenly as the count allows, the first ranks taking the extra ones (the
    last rank also decodes the audio, first, so it is ready when the video is);
@@ -24,33 +24,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
-from h3core.decode.run import Decoded, Phase, check_latents, decode_audio, denormalized_video, no_phase, to_pixels
+from h3core.decode.clip import Decoded, Phase, check_latents, decode_audio, denormalized_video, no_phase, to_pixels
+from h3core.decode.tiles import owners, shares
 
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-    from h3core.decode.report import VaeInfo
-    from h3core.decode.run import ClipLabel, DecodeRun, Decoders, EncodedClip, RankMemory
-    from h3core.decode.sources import VaeChoice
-    from h3core.decode.vae_files import Role
-    from h3core.runtime.context import RankContext
-
-
-def shares(units: int, ranks: int) -> list[range]:
-    """Units 0..units-1 in contiguous runs, one per rank, as even as possible (the first ranks take the extra)."""
-    base, extra = divmod(units, ranks)
-    out, start = [], 0
-    for rank in range(ranks):
-        size = base + (rank < extra)
-        out.append(range(start, start + size))
-        start += size
-    return out
-
-
-def owners(units: int, ranks: int) -> list[int]:
-    """The rank that decodes each unit (`shares`)."""
-    return [rank for rank, share in enumerate(shares(units, ranks)) for _ in share]
+    from h3core.decode.load import LoadedVae
 
 
 @dataclass
@@ -66,45 +47,43 @@ class SpreadStats:
 
 
 def decode_spread(
-    decoders: "Decoders", latents: Mapping[str, "torch.Tensor"] | None, group: "dist.ProcessGroup | None",
+    video_vae: "LoadedVae", audio_vae: "LoadedVae", latents: Mapping[str, "torch.Tensor"], group: "dist.ProcessGroup | None",
     where: str = "the latents", on_phase: Phase = no_phase,
 ) -> tuple[Decoded | None, SpreadStats]:
-    """Decode rank 0's `latents` on every rank of `group` (module docstring): rank 0 gets the clip,
-    every rank its `SpreadStats`."""
+    """Decode `latents` (the same on every rank of `group`) over those ranks (module docstring): rank 0
+    gets the clip, every rank its `SpreadStats`."""
     import torch
+    import torch.distributed as dist
 
     from h3core.decode.tiles import VideoTiles
-    from h3core.parallel.collectives import broadcast_tensors, group_rank_and_size
     from h3core.runtime import cpu_memory
     from h3core.runtime.device import synchronize
 
-    rank, size = group_rank_and_size(group)
-    device = decoders.device
-    geometry = check_latents(latents, where) if rank == 0 else None  # type: ignore[arg-type]
-    sent = [latents["video"], latents["audio"]] if rank == 0 and latents is not None else None
-    video_latent, audio_latent = broadcast_tensors(sent, src=0, group=group, device=device)
+    rank, size = (0, 1) if group is None else (dist.get_rank(group), dist.get_world_size(group))
+    device = video_vae.device
+    geometry = check_latents(latents, where)
+    video_latent, audio_latent = latents["video"], latents["audio"]
     started = time.perf_counter()
     with torch.inference_mode():
-        z = denormalized_video(decoders.video, video_latent)
-        tiles = VideoTiles.of(decoders.video.model, *z.shape[2:])
+        z = denormalized_video(video_vae, video_latent)
+        tiles = VideoTiles.of(video_vae.model, *z.shape[2:])
         mine = shares(tiles.count, size)[rank]
         stats = SpreadStats(rank=rank, ranks=size, units=len(mine))
         audio = None
         if rank == size - 1:  # first: the audio is ready when the video is
             on_phase("decoding the audio")
-            audio = decode_audio(decoders.audio, audio_latent)
+            audio = decode_audio(audio_vae, audio_latent)
             synchronize(device)
             stats.audio_s = time.perf_counter() - started
             if device.type == "cpu":  # the audio's freed blocks (other sizes than the video's) go back to the system first
                 cpu_memory.release()
         on_phase("decoding the video")
         if rank != 0:
-            _decode_and_send(tiles, decoders.video.model, z, mine, audio, stats, group)
+            _decode_and_send(tiles, video_vae.model, z, mine, audio, stats, group)
             synchronize(device)
             stats.video_s = time.perf_counter() - started - stats.audio_s
             return None, stats
-        assert geometry is not None
-        units = _RankZeroUnits(tiles, decoders.video.model, z, size, group, geometry.decoded_samples)
+        units = _RankZeroUnits(tiles, video_vae.model, z, size, group, geometry.decoded_samples)
         video = to_pixels(tiles.assemble(units, like=z))
         audio, audio_s = units.audio(audio, stats.audio_s)
         synchronize(device)
@@ -178,77 +157,3 @@ def _decode_and_send(tiles, model, z, mine: range, audio, stats: SpreadStats, gr
             pending.append((tensor, dist.isend(tensor, dst=dst, group=group)))
     for _, handle in pending:
         handle.wait()
-
-
-# --- the World task ------------------------------------------------------------------------------------
-
-HELD_VAES = "vaes"
-"""The key of a rank's loaded VAEs in `RankContext.held`: (which VAEs on which device, `Decoders`)."""
-
-
-@dataclass
-class RankDecode:
-    """One rank's part of a decode, as `world.run(rank_decode, ...)` returns it (small: rank 0's clip
-    comes back as the bytes of its files)."""
-
-    rank: int
-    load_s: float
-    """Loading the VAEs for this call (0 when the rank held them)."""
-    memory: "RankMemory"
-    stats: SpreadStats
-    clip: "EncodedClip | None" = None
-    """Rank 0's clip, encoded (None on the others)."""
-    video_vae: "VaeInfo | None" = None
-    audio_vae: "VaeInfo | None" = None
-
-
-def held_decoders(ctx: "RankContext", vaes: "Mapping[Role, VaeChoice]") -> tuple["Decoders", float]:
-    """This rank's loaded VAEs for `vaes` and the seconds loading them cost now (0 when held: a batch's
-    later prompts, a server's later jobs)."""
-    from h3core.decode.run import Decoders
-
-    key = (tuple((role, str(choice.path), choice.found_by) for role, choice in sorted(vaes.items())), str(ctx.device))
-    held = ctx.held.get(HELD_VAES)
-    if held is not None and held[0] == key:
-        return held[1], 0.0
-    drop_decoders(ctx)
-    decoders = Decoders.load(vaes, ctx.device)
-    ctx.held[HELD_VAES] = (key, decoders)
-    return decoders, decoders.load_s
-
-
-def drop_decoders(ctx: "RankContext") -> None:
-    """Release this rank's held VAEs, if any (a World task on every rank)."""
-    held = ctx.held.pop(HELD_VAES, None)
-    if held is not None:
-        held[1].release()
-
-
-def rank_decode(
-    ctx: "RankContext", vaes: "Mapping[Role, VaeChoice]", latents: Mapping[str, "torch.Tensor"] | None, label: "ClipLabel | None" = None,
-) -> RankDecode:
-    """The decode of rank 0's `latents` on every rank of `ctx` (a World task; module docstring), the
-    VAEs held on each rank for the next call; rank 0 encodes the clip (`encode_clip`, `label`)."""
-    from h3core.decode.run import ClipLabel, RankMemory, encode_clip
-    from h3core.runtime.device import current_memory_bytes, peak_memory_bytes, release_memory, reset_peak_memory
-
-    release_memory(ctx.device.type)  # what denoising left cached is the decode's to use
-    decoders, load_s = held_decoders(ctx, vaes)
-    reset_peak_memory(ctx.device)
-    start = current_memory_bytes(ctx.device)
-    decoded, stats = decode_spread(decoders, latents if ctx.rank == 0 else None, ctx.group)
-    memory = RankMemory(peak=peak_memory_bytes(ctx.device), start=start)
-    if decoded is None:
-        return RankDecode(ctx.rank, load_s, memory, stats)
-    clip = encode_clip(decoded, label or ClipLabel(), decoders.video.info.synthetic or decoders.audio.info.synthetic)
-    return RankDecode(ctx.rank, load_s, memory, stats, clip, decoders.video.info, decoders.audio.info)
-
-
-def decode_run(parts: "list[RankDecode]", device: str) -> "DecodeRun":
-    """The ranks' parts of one decode as one `DecodeRun` (rank 0's clip; the slowest rank's load)."""
-    from h3core.decode.run import DecodeRun
-
-    lead = parts[0]
-    assert lead.clip is not None and lead.video_vae is not None and lead.audio_vae is not None
-    seconds = lead.stats.video_s + (lead.stats.audio_s if lead.stats.ranks == 1 else 0.0)  # rank 0 waits for every other rank
-    return DecodeRun(lead.clip, lead.video_vae, lead.audio_vae, device, max(p.load_s for p in parts), [p.memory for p in parts], seconds)

@@ -188,3 +188,19 @@ class VideoTiles:
         a = above.narrow(dim, above.shape[dim] - extent, span)
         b = below.narrow(dim, 0, span)
         dest.narrow(dim, 0, span).copy_(a * weight_a[:span].view(shape) + b * weight_b[:span].view(shape))
+
+
+def shares(units: int, ranks: int) -> list[range]:
+    """Units 0..units-1 in contiguous runs, one per rank, as even as possible (the first ranks take the extra)."""
+    base, extra = divmod(units, ranks)
+    out, start = [], 0
+    for rank in range(ranks):
+        size = base + (rank < extra)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+def owners(units: int, ranks: int) -> list[int]:
+    """The rank that decodes each unit (`shares`)."""
+    return [rank for rank, share in enumerate(shares(units, ranks)) for _ in share]

@@ -18,7 +18,7 @@ import torch
 from h3core import settings
 from h3core.decode.plan import DecodePlan, plan_decode
 from h3core.decode.run import ClipLabel, DecodeRun, Phase, no_phase
-from h3core.decode.spread import decode_run, rank_decode
+from h3core.generate.decode_ranks import decode_run, rank_decode
 from h3core.errors import ConfigError
 from h3core.generate.files import clip_title, output_bytes, write_outputs
 from h3core.generate.fp4gate import with_fp4_selftest
@@ -40,7 +40,7 @@ StepCallback = Callable[[StepDone], None]
 @dataclass
 class Executed:
     """What a run's ranks gave: every rank's outcome (rank 0's first, with the latents) and, when
-    asked for, the decode they shared out (`h3core.decode.spread`)."""
+    asked for, the decode they shared out (`h3core.generate.decode_ranks`, `h3core.decode.spread`)."""
 
     outcomes: list[RankReport]
     decode: DecodeRun | None = None

@@ -12,10 +12,12 @@ from typing import Iterator
 import pytest
 import torch
 
+import h3core.generate.decode_ranks as ranks
 import h3core.decode.spread as spread
 import h3core.decode.tiles as tiles
 from h3core.decode.run import decode_audio, decode_video
 from h3core.decode.sources import choose_vaes
+from h3core.reports.schema import TensorChecksum
 
 LATENT = (24, 12, 18, 22)  # 288 x 352 px: 2 x 2 tiles of 256 px; 12 latent frames: 2 windows
 REFERENCE = "test: the one-rank decode"  # rank 0 keeps it in `held` for the next tests
@@ -46,19 +48,20 @@ def _spread_against_one_rank(ctx, size: int, mutation: str | None = None):  # ty
     if sub is None:
         return None
     latents = _latents()
+    decoders, _ = ranks.held_decoders(sub, choose_vaes(None, None))
     with _mutated(mutation):
-        part = spread.rank_decode(sub, choose_vaes(None, None), latents if sub.rank == 0 else None)
+        decoded, stats = spread.decode_spread(decoders.video, decoders.audio, latents, sub.group)
+        task = ranks.rank_decode(sub, choose_vaes(None, None), latents if sub.rank == 0 else None) if mutation is None else None  # the World task: rank 0's latents broadcast
     if sub.rank != 0:
-        return {"units": part.stats.units}
+        return {"units": stats.units}
     if REFERENCE not in sub.held:
-        decoders, _ = spread.held_decoders(sub, choose_vaes(None, None))
         sub.held[REFERENCE] = decode_video(decoders.video, latents["video"]), decode_audio(decoders.audio, latents["audio"])
     video, audio = sub.held[REFERENCE]
-    decoded = part.decoded
     return {
-        "units": part.stats.units,
+        "units": stats.units,
         "video": torch.equal(decoded.video, video), "audio": torch.equal(decoded.audio, audio),
         "max_abs": float((decoded.video - video).abs().max()), "shape": tuple(decoded.video.shape),
+        "task": task is None or task.clip.checksums["video"].sha256 == TensorChecksum.of(video).sha256,
     }
 
 
@@ -67,7 +70,7 @@ def test_the_spread_decode_is_the_one_rank_decode_bit_for_bit(world8, size):
     results = world8.run(_spread_against_one_rank, size)[:size]
     lead = results[0]
     assert lead["shape"] == (3, 39, 288, 352)
-    assert lead["video"] and lead["audio"], f"max abs {lead['max_abs']}"
+    assert lead["video"] and lead["audio"] and lead["task"], f"max abs {lead['max_abs']}"
     assert [r["units"] for r in results] == [len(s) for s in spread.shares(8, size)]
     assert all(r["units"] > 0 for r in results)  # every rank decoded tiles
 

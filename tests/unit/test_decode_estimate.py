@@ -8,7 +8,7 @@ import torch
 
 from h3core.decode.memory import AudioDecoderSize, VideoDecoderSize, estimate_decode_memory
 from h3core.decode.sources import choose_vaes
-from h3core.decode.spread import rank_decode
+from h3core.generate.decode_ranks import rank_decode
 from h3core.runtime.world import World
 
 TINY = (256, 128, 22)  # the tiny preset's clip: [24, 7, 8, 16] and [2, 32, 37]

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from h3core.decode.memory import estimate_decode_memory
-from h3core.decode.run import Decoders, decode_video, denormalized_video, to_pixels
-from h3core.decode.spread import owners, shares
+from h3core.decode.clip import decode_video, denormalized_video, to_pixels
+from h3core.decode.run import Decoders
+from h3core.decode.tiles import owners, shares
 from h3core.decode.tiles import VideoTiles
 
 
