@@ -38,8 +38,8 @@ class WallTime(BaseModel):
     text: float = Field(description="The text encoder on rank 0: loading, encoding, the broadcast to the ranks.")
     denoise: float = Field(description="The sampling loop and the latents' gather (the slowest rank).")
     parity: float = Field(0.0, description="With --parity: the one-rank reference run.")
-    decode: float = Field(0.0, description="The VAE decodes (video and audio; on the ranks: the tiles' transfer and blend on rank 0 too).")
-    write: float = Field(description="video.mp4's mux, the preview, the latents and the report.")
+    decode: float = Field(0.0, description="The VAE decodes (video and audio); decoded on the ranks, also the tiles' transfer and blend, and rank 0's mp4 and preview encoding.")
+    write: float = Field(description="The files: video.mp4 and the preview (their encoding too when decoded in this process), the latents and the report.")
     total: float = Field(description="The process's start (or the run's, where unknown) to the report written.")
 
     def line(self) -> str:
