@@ -21,7 +21,7 @@ padding frames left out) until rank 0 has them; rank 0 also every other rank's u
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
 from h3core.decode.clip import Decoded, Phase, check_latents, decode_audio, denormalized_video, no_phase, to_pixels
@@ -43,7 +43,6 @@ class SpreadStats:
     units: int
     video_s: float = 0.0
     audio_s: float = 0.0
-    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def decode_spread(
