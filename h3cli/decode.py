@@ -35,7 +35,7 @@ def render(report, console: Console) -> None:
         )
     t = d.timings
     table.add_row("time", f"load {t.load_s:.2f}s · video {t.video_s:.2f}s · audio {t.audio_s:.2f}s · mp4 {t.mux_s:.2f}s · files {t.write_s:.2f}s · total {t.total_s:.2f}s")
-    table.add_row("peak memory", f"{format_bytes(d.peak_memory_bytes)} ({d.peak_memory_kind}); estimated {format_bytes(d.memory_estimate.total_bytes)}")
+    table.add_row("peak memory", f"{d.memory_line()} ({d.peak_memory_kind})")
     table.add_row(
         "video.mp4",
         f"{p.video_codec} {p.pixel_format} {p.width}x{p.height} {p.fps:g} fps, {p.frames} frames, {p.video_duration_s:.3f}s · "

@@ -87,7 +87,7 @@ def render_run(report, console: Console) -> None:
         table.add_row(
             "decode",
             f"{d.device_name} · load {d.timings.load_s:.2f}s · video {d.timings.video_s:.2f}s · audio {d.timings.audio_s:.2f}s · mp4 {d.timings.mux_s:.2f}s · "
-            f"peak {format_bytes(d.peak_memory_bytes)} (estimated {format_bytes(d.memory_estimate.total_bytes)}) · weights: {d.weights}",
+            f"{d.ranks} rank{'s' if d.ranks > 1 else ''} · {d.memory_line()} · weights: {d.weights}",
         )
         table.add_row(
             "video.mp4",

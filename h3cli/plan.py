@@ -140,6 +140,11 @@ def _render_memory(found, console: Console) -> None:  # type: ignore[no-untyped-
     for a in found.adapters:
         console.print(f"LoRA {a.name} ({a.format}, x{a.scale:g}, {a.layers} linears, rank {'/'.join(map(str, a.ranks))}): "
                       f"{' · '.join(format_bytes(b) for b in a.bytes_per_rank)} per rank (counted in the peaks below)")
+    if found.decode is not None:
+        d = found.decode
+        console.print(f"decode after denoising, shared out over {d.ranks} rank(s) ({d.windows} windows x {d.tiles_per_window} tiles, "
+                      f"{format_bytes(d.unit_bytes)} kept per tile): " + " · ".join(f"r{r} {format_bytes(b)}" for r, b in enumerate(d.rank_bytes))
+                      + f" (each with the VAEs' {format_bytes(d.weights_bytes)}; rank 0 also the clip, the last rank the audio)")
     if found.skipped:
         console.print(line(styled("no dry run here: ", "red"), styled(found.skipped, "red")))
         return

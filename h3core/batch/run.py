@@ -60,7 +60,7 @@ from h3core.runtime.world import World
 
 if TYPE_CHECKING:
     from h3core.generate.control import JobControl
-    from h3core.decode.run import Decoders
+    from h3core.decode.run import DecodeRun
 
 
 def run_batch(job: BatchJob, on_progress: ProgressCallback | None = None) -> BatchReport | None:
@@ -155,7 +155,6 @@ class _Batch:
         self.job, self.planned, self.on_progress = job, planned, on_progress
         self.folder: ResultsFolder | None = None
         self.world: World | None = None
-        self.decoders: "Decoders | None" = None
         self.current = ""
         self.other_folders: list[str] = []
 
@@ -204,22 +203,25 @@ class _Batch:
         return self.world
 
     def close_world(self) -> None:
-        if self.world is not None:  # what every rank held (its pipeline) ends with the World
+        if self.world is not None:  # what every rank held (its pipeline, its VAEs) ends with the World
             self.world.close()
             self.world = None
-        if self.decoders is not None:
-            self.decoders.release()
-            self.decoders = None
 
-    def _decoders(self, prompt: PlannedPrompt) -> "Decoders | None":
-        """The VAEs, loaded in this process for the first prompt that decodes and kept for the batch."""
-        if prompt.decode is None:
-            return None
-        if self.decoders is None:
-            from h3core.decode.run import Decoders
+    def _decode(self, world: World, prompts: list[PlannedPrompt], per_replica: list[list[RankReport]] | None) -> list["DecodeRun | None"]:
+        """Each prompt's decode on every rank of the World (`rank_decode`: the VAEs loaded by the first
+        prompt and held for the batch); every rank takes part, only this process (rank 0) gets the clips."""
+        from h3core.generate.decode_ranks import decode_run, rank_decode
+        from h3core.generate.run import decode_device, decode_label
 
-            self.decoders = Decoders.load(prompt.decode.vaes, self.job.template.device)
-        return self.decoders
+        out: list["DecodeRun | None"] = []
+        for replica, prompt in enumerate(prompts):
+            if prompt.decode is None or prompt.run is None:
+                out.append(None)
+                continue
+            latents = per_replica[replica][0].latents if per_replica is not None else None
+            parts = world.run(rank_decode, prompt.decode.vaes, latents, decode_label(prompt.run))
+            out.append(decode_run(parts, decode_device(prompt.run)) if world.is_main else None)
+        return out
 
     def _agreed(self, indices: list[int]) -> list[int]:
         """Under torchrun, every rank runs the prompts rank 0 chose (only rank 0 reads the folder)."""
@@ -254,6 +256,7 @@ class _Batch:
         try:
             try:
                 per_replica = run_round(world, runs, texts, slots)
+                decoded = self._decode(world, prompts, per_replica)
             except H3Error as err:  # on the ranks: the round's prompts failed, the batch goes on
                 for prompt in prompts:
                     self._failed(prompt, err, started)
@@ -264,7 +267,7 @@ class _Batch:
                 return
             for replica, (prompt, outcomes) in enumerate(zip(prompts, per_replica or [])):
                 prompt.result.replica = replica
-                self._publish_or_fail(prompt, outcomes, started)
+                self._publish_or_fail(prompt, outcomes, started, decoded[replica])
         except BaseException:
             self.current = ""
             self._write_if_possible()
@@ -272,11 +275,11 @@ class _Batch:
         self.current = ""
         self._write()
 
-    def _publish_or_fail(self, prompt: PlannedPrompt, outcomes: list[RankReport], started: float) -> None:
+    def _publish_or_fail(self, prompt: PlannedPrompt, outcomes: list[RankReport], started: float, decoded: "DecodeRun | None") -> None:
         """A folder the file system refuses is that prompt's failure, not its round's; a full disk,
         or a batch folder that is gone, stops the batch (what follows could not be written either)."""
         try:
-            self._publish(prompt, outcomes, started)
+            self._publish(prompt, outcomes, started, decoded)
         except NoRoom:
             raise
         except OutputError as err:
@@ -284,13 +287,13 @@ class _Batch:
             self.folder.check_intact()
             self._failed(prompt, err, started)
 
-    def _publish(self, prompt: PlannedPrompt, outcomes: list[RankReport], started: float) -> None:
+    def _publish(self, prompt: PlannedPrompt, outcomes: list[RankReport], started: float, decoded: "DecodeRun | None") -> None:
         """Write the prompt's folder as `h3 generate` does, published whole; record it as done."""
         assert self.folder is not None and prompt.run is not None
         report = build_report(prompt.run, outcomes)
         folder = self.folder.entry(prompt.result.folder, need_bytes=output_bytes(prompt.run, self.job.save_latents, prompt.decode), overwrite=True)
         try:
-            write_outputs(report, outcomes[0], folder, self.job.save_latents, None, decoders=self._decoders(prompt))
+            write_outputs(report, outcomes[0], folder, self.job.save_latents, None, decoded=decoded)
             folder.publish()
             folder.finish()
         except OSError as err:

@@ -1,22 +1,21 @@
-"""How much memory decoding a (width, height, frames) video takes on one device, before it runs.
+"""How much memory decoding a (width, height, frames) video takes on each rank's device, before it runs.
 
-For `h3 plan` and the memory check: torch-free arithmetic over the decoders' sizes and diffusers
-0.42.1's decode as it runs (`AutoencoderKLMiniMaxH3._decode` / `_decode_clip`), all in float32:
+For `h3 plan --memory` and the memory check: torch-free arithmetic over the decoders' sizes and the
+decode as h3 runs it (`h3core.decode.spread`, `h3core.decode.tiles`), all in float32:
 
-- weights: the video decoder (+ `post_quant_conv`) and the audio decoder (+ `dec_in_proj`), both
-  resident; the encoders are not loaded (`load_vae(decoder_only=True)`);
-- video: one temporal window (7 latent frames, 28 frames) at a time, each 256 px tile of it through
-  the ViT (tokens = 7 x tile latents + 5 suffix tokens; the block's live tensors, plus the attention
-  scores if the backend materializes them), every tile of the window kept until they are stitched,
-  the stitched window, on top of the frames accumulated so far; at the end the accumulated frames
-  are concatenated (two copies of the video, plus the two stitched windows the first and the last
-  kept frames are views of);
-- audio: the BigVGAN stage with the most values (channels x samples), both stereo channels, times
-  the handful of tensors an AMP block holds at once.
+- weights: the video decoder (+ `post_quant_conv`) and the audio decoder (+ `dec_in_proj`), resident
+  on every rank; the encoders are not loaded (`load_vae(decoder_only=True)`);
+- video: the (window, tile) units shared out over the ranks; each unit is one tile of a 7-latent
+  window through the ViT (tokens = 7 x tile latents + 5 suffix tokens; the block's live tensors,
+  plus the attention scores if the backend materializes them), kept as its 22 used frames. A rank
+  holds its own units until rank 0 has them; rank 0 holds the clip, one window of units (two when
+  other ranks send theirs) and one unit through the ViT or a window's cross-fade;
+- audio (the last rank): the BigVGAN stage with the most values (channels x samples), both stereo
+  channels, times the tensors of that size held at once (measured, `AMP_LIVE_TENSORS`);
+- on the CPU, the kernels' first-use buffers (`CPU_KERNEL_SCRATCH`).
 
 The parameter counts are exact (tests compare them with diffusers' classes); the activation terms
-are an upper-leaning model of the allocations: for the synthetic VAEs at 864x480, 141 frames, the
-CPU's measured peak above the loaded VAEs was 1,594 MB against 1,682 MB estimated (docs/decode.md).
+are a model of the allocations checked against the CPU's measured peaks (docs/decode.md).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, Field
 
 from h3core.decode.geometry import geometry_for
-from h3core.media import LATENTS_PER_CHUNK, SPATIAL_STRIDE
+from h3core.media import FRAMES_PER_CHUNK, LATENTS_PER_CHUNK, SPATIAL_STRIDE
 
 FLOAT_BYTES = 4
 TILE_PX, TILE_OVERLAP_PX = 256, 64
@@ -35,9 +34,19 @@ TILE_PX, TILE_OVERLAP_PX = 256, 64
 WINDOW_LATENTS = LATENTS_PER_CHUNK + 2
 """Latent frames per decode window: 5 plus the 2 the next window overlaps."""
 WINDOW_FRAMES = 4 * WINDOW_LATENTS
-AMP_LIVE_TENSORS = 8
-"""Tensors of one stage's size an AMP block holds at once (input, residual sum, block output,
-2x-upsampled activation in and out, downsampled), rounded up."""
+KEPT_FRAMES = FRAMES_PER_CHUNK + 5
+"""Frames of a decoded window the decode uses (its 17 and the 5 the next window cross-fades with)."""
+FADE_FRAMES = 5
+CPU_KERNEL_SCRATCH = 24 << 20
+"""What the CPU's kernels allocate for themselves the first time a process decodes (oneDNN / MKL
+scratch and caches): measured 22 MiB for the first unit of the synthetic VAE above a warm one
+(78 against 56 MiB); counted on every rank of a CPU decode."""
+AMP_LIVE_TENSORS = 48
+"""Tensors of one stage's size (channels x samples, per stereo channel) the audio decode holds at its
+peak. Measured on the CPU (synthetic audio VAE, 37 to 370 latents: 0.49 MiB per latent above the
+loaded VAE, ~40 per channel): the anti-aliased activations work at twice the rate (padded, upsampled,
+snake's sin and power, downsampled), and the CPU's dilated convolutions unfold their input (C x k x L
+for kernels up to 11); 48 covers it with room."""
 
 
 @dataclass(frozen=True)
@@ -111,18 +120,26 @@ REAL_AUDIO = AudioDecoderSize(latent_dim=2048, decoder_dim=1024)
 
 
 class DecodeMemory(BaseModel):
-    """Bytes a decode holds at its peak on its device (float32)."""
+    """Bytes a decode holds at its peak on each rank's device (float32)."""
 
     width: int
     height: int
     frames: int
-    weights_bytes: int = Field(description="Both decoders, resident together.")
-    video_activation_bytes: int = Field(description="The video decode's peak above its weights (frames accumulated + one window + one tile through the ViT).")
-    audio_activation_bytes: int
-    total_bytes: int = Field(description="weights + the larger of the two decodes' peaks.")
+    ranks: int = Field(1, description="Ranks the video's units are shared out over (`h3core.decode.spread`).")
+    weights_bytes: int = Field(description="Both decoders, resident together on every rank.")
+    scratch_bytes: int = Field(0, description="The CPU kernels' own first-use buffers (`CPU_KERNEL_SCRATCH`; 0 on CUDA).")
+    video_activation_bytes: int = Field(description="Rank 0's video peak above its weights: the clip, a window of units (two when other ranks send theirs), one unit through the ViT or the window's cross-fade.")
+    audio_activation_bytes: int = Field(description="The audio decode's peak above the weights (on the last rank).")
+    rank_bytes: list[int] = Field(default_factory=list, description="Each rank's peak, weights included, rank 0 first.")
+    total_bytes: int = Field(description="The largest rank's peak, weights included.")
+    unit_bytes: int = Field(0, description="One unit's output as it is kept and sent: [3, 22, tile h, tile w].")
     tiles_per_window: int
     windows: int
     tokens_per_tile: int
+
+    def activation_bytes(self) -> int:
+        """The largest rank's peak above its weights."""
+        return self.total_bytes - self.weights_bytes
 
 
 def split_count(length_px: int, tile_px: int = TILE_PX, overlap_px: int = TILE_OVERLAP_PX) -> tuple[int, int]:
@@ -136,26 +153,35 @@ def split_count(length_px: int, tile_px: int = TILE_PX, overlap_px: int = TILE_O
 
 
 def estimate_decode_memory(
-    width: int, height: int, frames: int, *, video: VideoDecoderSize = REAL_VIDEO, audio: AudioDecoderSize = REAL_AUDIO
+    width: int, height: int, frames: int, *, video: VideoDecoderSize = REAL_VIDEO, audio: AudioDecoderSize = REAL_AUDIO, ranks: int = 1,
+    device: str = "cpu",
 ) -> DecodeMemory:
-    """The decode of a `width` x `height`, `frames`-frame clip on one device (see the module docstring)."""
+    """The decode of a `width` x `height`, `frames`-frame clip over `ranks` ranks on `device` (see the module docstring)."""
+    from h3core.decode.tiles import shares
+
     geometry = geometry_for(width, height, frames)
     b = FLOAT_BYTES
     ny, tile_h = split_count(height)
     nx, tile_w = split_count(width)
+    windows = (geometry.latent_frames - 2) // LATENTS_PER_CHUNK
     tokens = WINDOW_LATENTS * (tile_h // SPATIAL_STRIDE) * (tile_w // SPATIAL_STRIDE) + video.registers + 1
     inner = video.ffn_mult * video.dim
     per_tile = tokens * (6 * video.dim + 3 * inner + 2 * video.patch_values) * b + video.heads * tokens * tokens * b
-    tile_out = 3 * WINDOW_FRAMES * tile_h * tile_w * b
-    window = ny * nx * tile_out + 3 * WINDOW_FRAMES * width * height * b
-    frame_bytes = 3 * width * height * b
-    during = frames * frame_bytes + window + per_tile
-    at_the_end = (2 * frames + 2 * WINDOW_FRAMES) * frame_bytes
-    video_peak = max(during, at_the_end)
+    unit = 3 * KEPT_FRAMES * tile_h * tile_w * b
+    latent = 24 * geometry.latent_frames * (height // SPATIAL_STRIDE) * (width // SPATIAL_STRIDE) * b
+    clip = 3 * frames * width * height * b
+    fade = 4 * 3 * FADE_FRAMES * width * height * b  # the faded frames, and the three temporaries of their blend
+    window = ny * nx * unit
+    rank0_video = latent + clip + window * (2 if ranks > 1 else 1) + max(per_tile, fade)
     audio_peak = 2 * AMP_LIVE_TENSORS * audio.largest_stage_values(geometry.audio_latents) * b
+    audio_out = 2 * geometry.decoded_samples * b
     weights = (video.parameters() + audio.parameters()) * b
+    per_rank = [rank0_video] + [latent + len(share) * unit + (per_tile if share else 0) for share in shares(windows * ny * nx, ranks)[1:]]
+    per_rank[-1] = max(audio_peak, per_rank[-1] + audio_out)  # the last rank decodes the audio first, then holds it
+    scratch = CPU_KERNEL_SCRATCH if device == "cpu" else 0
+    rank_bytes = [weights + scratch + p for p in per_rank]
     return DecodeMemory(
-        width=width, height=height, frames=frames, weights_bytes=weights, video_activation_bytes=video_peak,
-        audio_activation_bytes=audio_peak, total_bytes=weights + max(video_peak, audio_peak),
-        tiles_per_window=ny * nx, windows=(geometry.latent_frames - 2) // LATENTS_PER_CHUNK, tokens_per_tile=tokens,
+        width=width, height=height, frames=frames, ranks=ranks, weights_bytes=weights, scratch_bytes=scratch, video_activation_bytes=rank0_video,
+        audio_activation_bytes=audio_peak, rank_bytes=rank_bytes, total_bytes=max(rank_bytes), unit_bytes=unit,
+        tiles_per_window=ny * nx, windows=windows, tokens_per_tile=tokens,
     )

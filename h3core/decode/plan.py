@@ -38,11 +38,11 @@ class DecodePlan:
 
 def plan_decode(
     video_vae: Path | None, audio_vae: Path | None, model_path: Path | None, *, synthetic_transformer: bool,
-    width: int, height: int, frames: int, device: str, beside_bytes: int = 0,
+    width: int, height: int, frames: int, device: str, beside_bytes: int = 0, ranks: int = 1,
 ) -> DecodePlan:
     """Choose and check both VAEs for a `width` x `height`, `frames`-frame clip decoded on `device`
-    (`beside_bytes`: what else stays on that device meanwhile); `ConfigError` / `CheckpointError` /
-    `ResourceLimit` as one line."""
+    over `ranks` ranks (`beside_bytes`: what else stays on each rank's device meanwhile);
+    `ConfigError` / `CheckpointError` / `ResourceLimit` as one line."""
     from h3core.decode.load import vae_config
     from h3core.decode.synthetic import synthetic_vae_file
 
@@ -53,20 +53,27 @@ def plan_decode(
         files = find_vae_files(path, role, choice.source)
         configs[role] = vae_config(files, str(path))
     geometry = geometry_for(width, height, frames)
-    memory = estimate_decode_memory(width, height, frames, video=VideoDecoderSize.of(configs["video"]), audio=AudioDecoderSize.of(configs["audio"]))
+    memory = estimate_decode_memory(width, height, frames, video=VideoDecoderSize.of(configs["video"]), audio=AudioDecoderSize.of(configs["audio"]), ranks=ranks,
+                                    device=device)
     check_decode_memory(memory, geometry, device, beside_bytes)
     return DecodePlan(vaes=vaes, geometry=geometry, memory=memory)
 
 
 def check_decode_memory(memory: DecodeMemory, geometry: LatentGeometry, device: str, beside_bytes: int = 0) -> None:
-    """Refuse (one line) a decode this machine cannot hold: the VAEs and the larger decode's peak on
-    `device`, plus `beside_bytes` already there; the decoded clip and the mp4 in host memory."""
+    """Refuse (one line) a decode this machine cannot hold: on CUDA each rank's GPU the VAEs and that
+    rank's share (the largest rank, `beside_bytes` already there); on a CPU every rank's together,
+    out of one pool; the decoded clip and the mp4 in host memory."""
     from h3core.runtime.limits import MemoryNeed, capacity, check_memory
 
-    on_device = {"VAE weights": memory.weights_bytes, "decode activations": max(memory.video_activation_bytes, memory.audio_activation_bytes)}
+    ranks, what = memory.ranks, f"--width/--height/--frames, or {NO_DECODE}"
+    per_rank = memory.rank_bytes if device == "cpu" else [memory.total_bytes]  # a CPU's ranks share one pool
+    weights = memory.weights_bytes * len(per_rank)
+    on_device = {"VAE weights": weights, "decode activations": sum(per_rank) - weights}
     if beside_bytes:
-        on_device["the transformer held beside it"] = beside_bytes
+        on_device["the transformer held beside it"] = beside_bytes * len(per_rank)
     clip = 4 * (3 * geometry.frames * geometry.width * geometry.height + 2 * geometry.decoded_samples)
     on_host = {"decoded clip": clip + geometry.frames * geometry.width * geometry.height * 3}  # + the uint8 frames the encoder takes
-    need = MemoryNeed(ranks=1, device=device, on_device=on_device, on_host=on_host, spawned=False)
-    check_memory(need, capacity(device, 1), f"--width/--height/--frames, or {NO_DECODE}")
+    if device == "cuda":
+        check_memory(MemoryNeed(ranks=ranks, device=device, on_device=on_device, spawned=False), capacity(device, ranks), what, host_part=False)
+        on_device = {}
+    check_memory(MemoryNeed(ranks=1, device=device, on_device=on_device, on_host=on_host, spawned=False), capacity(device, ranks), what, device_part=False)

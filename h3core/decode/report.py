@@ -92,6 +92,18 @@ class DecodeFiles(BaseModel):
     decoded: str | None = None
 
 
+class RankDecodeMemory(BaseModel):
+    """One rank's memory over its part of the decode."""
+
+    peak_bytes: int = Field(description="The peak over the decode (`peak_memory_kind`).")
+    start_bytes: int = Field(description="What the rank held when the decode began (CPU: the process's resident set, its interpreter, torch and the VAEs; CUDA: allocated bytes).")
+
+    @property
+    def decode_bytes(self) -> int:
+        """The decode's own: its peak above what was there before it."""
+        return max(0, self.peak_bytes - self.start_bytes)
+
+
 class DecodeReport(BaseModel):
     """One decode: latents -> frames and waveform -> video.mp4 (+ preview, + decoded tensors)."""
 
@@ -105,9 +117,11 @@ class DecodeReport(BaseModel):
     device: str
     device_name: str
     dtype: str = "fp32"
+    ranks: int = Field(1, description="Ranks the video's tiles were shared out over (the audio on the last).")
     timings: DecodeTimings
-    peak_memory_bytes: int
+    peak_memory_bytes: int = Field(description="The largest rank's peak over the decode.")
     peak_memory_kind: str
+    rank_memory: list[RankDecodeMemory] = Field(default_factory=list, description="Each rank's peak and what it held before the decode, rank 0 first.")
     memory_estimate: DecodeMemory
     probe: Mp4Probe
     problems: list[str] = Field(default_factory=list, description="Where the mp4 breaks the contract (a bug if not empty).")
@@ -117,6 +131,22 @@ class DecodeReport(BaseModel):
         if not self.problems:
             return None
         return CheckFailed(f"video.mp4 does not keep the mp4 contract: {'; '.join(self.problems)}")
+
+    def memory_line(self) -> str:
+        """Each rank's peak, split into what it held before the decode and the decode's own, against
+        the estimate of the decode's own (its weights were loaded before the window began):
+        'peak 549 MiB = 468 MiB before (the process, torch, the VAEs) + 81 MiB decoding (estimated 62 MiB)'."""
+        from h3core.reports.units import format_bytes
+
+        estimate = self.memory_estimate
+        own = [max(0, b - estimate.weights_bytes) for b in estimate.rank_bytes] or [estimate.activation_bytes()]
+        before = "the process, torch, the VAEs" if self.device == "cpu" else "the VAEs and what else is allocated"
+        if len(self.rank_memory) <= 1:
+            m = self.rank_memory[0] if self.rank_memory else RankDecodeMemory(peak_bytes=self.peak_memory_bytes, start_bytes=0)
+            return (f"peak {format_bytes(m.peak_bytes)} = {format_bytes(m.start_bytes)} before ({before}) + "
+                    f"{format_bytes(m.decode_bytes)} decoding (estimated {format_bytes(own[0])})")
+        ranks = " · ".join(f"r{r} {format_bytes(m.decode_bytes)} (estimated {format_bytes(e)})" for r, (m, e) in enumerate(zip(self.rank_memory, own)))
+        return f"decoding, above what each rank held before ({before}): {ranks}"
 
 
 class DecodeRunReport(BaseModel):

@@ -24,32 +24,26 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
-from h3core.decode.geometry import LatentGeometry, check_latent_dtype, geometry_of
+from h3core.decode.clip import Decoded, Phase, check_latents, no_phase
+from h3core.decode.clip import decode_audio, decode_video  # noqa: F401 - their home was here; callers import them from run
+from h3core.decode.geometry import LatentGeometry
 from h3core.media import FPS, SAMPLE_RATE
 from h3core.decode.memory import AudioDecoderSize, VideoDecoderSize, estimate_decode_memory
-from h3core.decode.report import DecodeFiles, DecodeReport, DecodeTimings, Mp4Probe
+from h3core.decode.report import DecodeFiles, DecodeReport, DecodeTimings, Mp4Probe, RankDecodeMemory
 from h3core.decode.sources import VaeChoice, choose_vaes
 from h3core.decode.vae_files import Role
-from h3core.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
     from h3core.decode.load import LoadedVae
+    from h3core.decode.report import VaeInfo
+    from h3core.reports.schema import TensorChecksum
     from h3core.reports.outputs import OutputFolder
 
-PIXEL_MEAN = (0.485, 0.456, 0.406)
-PIXEL_STD = (0.229, 0.224, 0.225)
-"""ImageNet's: the video VAE's pixel space (diffusers' `MiniMaxH3ModularPipeline.pixel_mean/std`)."""
 VIDEO_FILE, PREVIEW_FILE, DECODED_FILE = "video.mp4", "preview.png", "decoded.safetensors"
-Phase = Callable[[str], None]
-
-
-def no_phase(phase: str) -> None:
-    """A `Phase` callback that says nothing."""
-    pass
 
 
 @contextmanager
@@ -62,92 +56,6 @@ def _clock(device: "torch.device", out: dict[str, float], name: str) -> Iterator
     yield
     synchronize(device)
     out[name] = time.perf_counter() - started
-
-
-# --- the two decodes ----------------------------------------------------------------------------------
-
-
-def _stats(model: "torch.nn.Module", shape: tuple[int, ...], device: "torch.device") -> tuple["torch.Tensor", "torch.Tensor"]:
-    import torch
-
-    mean = torch.tensor(model.config.latents_mean, device=device).view(shape)
-    std = torch.tensor(model.config.latents_std, device=device).view(shape)
-    return mean, std
-
-
-def decode_video(vae: "LoadedVae", latent: "torch.Tensor") -> "torch.Tensor":
-    """Normalized video latent [24, T, H/16, W/16] -> frames [3, F, H, W] in [0, 1] (float32, on the VAE's device)."""
-    import torch
-
-    device = vae.device
-    mean, std = _stats(vae.model, (1, -1, 1, 1, 1), device)
-    with torch.inference_mode():
-        z = latent.to(device=device, dtype=torch.float32)[None] * std + mean  # [1, 24, T, h, w]
-        video = vae.model.decode(z, return_dict=False)[0].float()  # [1, 3, F, H, W], ImageNet-normalized
-        pixel_mean = torch.tensor(PIXEL_MEAN, device=device).view(1, -1, 1, 1, 1)
-        pixel_std = torch.tensor(PIXEL_STD, device=device).view(1, -1, 1, 1, 1)
-        return video.mul_(pixel_std).add_(pixel_mean).clamp_(0, 1)[0]
-
-
-def decode_audio(vae: "LoadedVae", latent: "torch.Tensor") -> "torch.Tensor":
-    """Normalized audio latent [2, 32, T_a] -> stereo waveform [2, 800 * T_a] in [-1, 1] (float32, on the VAE's device)."""
-    import torch
-
-    device = vae.device
-    mean, std = _stats(vae.model, (1, -1, 1), device)
-    with torch.inference_mode():
-        z = latent.to(device=device, dtype=torch.float32) * std + mean  # [2, 32, T_a]: the channels as a batch
-        return vae.model.decode(z, return_dict=False)[0].float()[:, 0]  # [2, 1, samples] -> [2, samples]
-
-
-@dataclass
-class Decoded:
-    """A decoded clip, on the CPU."""
-
-    geometry: LatentGeometry
-    video: "torch.Tensor"
-    """[3, F, H, W] float32 in [0, 1]."""
-    audio: "torch.Tensor"
-    """[2, 800 * T_a] float32 in [-1, 1] (the VAE's whole output)."""
-    seconds: dict[str, float]
-
-    def frames_uint8(self) -> "torch.Tensor":
-        """[F, H, W, 3] uint8 = round(x * 255): what the encoder gets."""
-        import torch
-
-        return (self.video * 255).round_().to(torch.uint8).permute(1, 2, 3, 0).contiguous()
-
-    def muxed_audio(self) -> "torch.Tensor":
-        """[2, round(F / 24 * 32000)]: the waveform cut (or zero-padded) to the video's duration."""
-        import torch.nn.functional as F
-
-        wanted = self.geometry.muxed_samples
-        audio = self.audio[:, :wanted]
-        return F.pad(audio, (0, wanted - audio.shape[1])) if audio.shape[1] < wanted else audio
-
-
-def _stored_names() -> dict:
-    """safetensors' name of each torch dtype a latent may be (`LATENT_DTYPES`)."""
-    import torch
-
-    return {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
-
-
-def check_latents(latents: Mapping[str, "torch.Tensor"], where: str) -> LatentGeometry:
-    """The latents are H3's pair (shapes, channel counts, lengths that agree) and finite."""
-    import torch
-
-    missing = [k for k in ("video", "audio") if latents.get(k) is None]
-    if missing:
-        raise ConfigError(f"{where} has no {' and no '.join(repr(k) for k in missing)} latent; it needs 'video' [24, T, H/16, W/16] and 'audio' [2, 32, T_a]")
-    stored = _stored_names()
-    for name in ("video", "audio"):
-        check_latent_dtype(name, stored.get(latents[name].dtype, str(latents[name].dtype).removeprefix("torch.")), where)
-    geometry = geometry_of(latents["video"].shape, latents["audio"].shape, where)
-    for name in ("video", "audio"):
-        if not bool(torch.isfinite(latents[name]).all()):
-            raise ConfigError(f"{where}: the {name} latent holds NaN or infinite values; it cannot be decoded")
-    return geometry
 
 
 # --- the loaded decoders -------------------------------------------------------------------------------
@@ -182,63 +90,35 @@ class Decoders:
         return cls(loaded["video"], loaded["audio"], target, seconds["load"])
 
     def decode(self, latents: Mapping[str, "torch.Tensor"], where: str = "the latents", on_phase: Phase = no_phase) -> Decoded:
-        """Both latents -> frames and waveform on the CPU."""
-        geometry = check_latents(latents, where)
-        seconds: dict[str, float] = {}
-        on_phase("decoding the video")
-        with _clock(self.device, seconds, "video"):
-            video = decode_video(self.video, latents["video"]).cpu()
-        on_phase("decoding the audio")
-        with _clock(self.device, seconds, "audio"):
-            audio = decode_audio(self.audio, latents["audio"]).cpu()
-        return Decoded(geometry=geometry, video=video, audio=audio, seconds=seconds)
+        """Both latents -> frames and waveform on the CPU (every tile on this device: the one-rank
+        case of `h3core.decode.spread`)."""
+        from h3core.decode.spread import decode_spread
+
+        decoded, _ = decode_spread(self.video, self.audio, latents, None, where, on_phase)
+        assert decoded is not None
+        return decoded
+
+    def run(self, latents: Mapping[str, "torch.Tensor"], label: "ClipLabel", where: str = "the latents", on_phase: Phase = no_phase) -> "DecodeRun":
+        """`decode` with its memory measured, and the clip encoded: what `write_decode` stages and reports."""
+        from h3core.runtime.device import current_memory_bytes, peak_memory_bytes, reset_peak_memory
+
+        started = time.perf_counter()
+        reset_peak_memory(self.device)
+        start = current_memory_bytes(self.device)
+        decoded = self.decode(latents, where, on_phase)
+        memory = RankMemory(peak=peak_memory_bytes(self.device), start=start)
+        seconds = time.perf_counter() - started
+        clip = encode_clip(decoded, label, self.video.info.synthetic or self.audio.info.synthetic, on_phase)
+        return DecodeRun(clip, self.video.info, self.audio.info, str(self.device), self.load_s, [memory], seconds)
 
     def to_folder(
         self, latents: Mapping[str, "torch.Tensor"], folder: "OutputFolder", *, synthetic_label: bool = False, save_decoded: bool = False,
         under: str = "", title: str = "h3", where: str = "the latents", on_phase: Phase = no_phase,
     ) -> DecodeReport:
-        """Decode `latents` and stage video.mp4, preview.png (and decoded.safetensors) in `folder`
+        """Decode `latents` here and stage video.mp4, preview.png (and decoded.safetensors) in `folder`
         (its subfolder `under`); the report's `failure()` is set if the mp4 breaks the contract."""
-        from h3core.decode.mp4 import encode_mp4, probe_mp4
-        from h3core.runtime.device import peak_memory_bytes, reset_peak_memory
-
-        started = time.perf_counter()
-        reset_peak_memory(self.device)
-        decoded = self.decode(latents, where, on_phase)
-        peak = peak_memory_bytes(self.device)
-        on_phase("writing video.mp4")
-        seconds = dict(decoded.seconds)
-        with _clock(self.device, seconds, "mux"):
-            mp4 = encode_mp4(decoded.frames_uint8().numpy(), decoded.muxed_audio().numpy())
-        synthetic = synthetic_label or self.video.info.synthetic or self.audio.info.synthetic
-        with _clock(self.device, seconds, "write"):
-            probe = probe_mp4(mp4)
-            files = _stage(folder, under, mp4, decoded, f"{title} · {decoded.geometry.describe()}", synthetic, save_decoded)
-        seconds["total"] = time.perf_counter() - started + self.load_s
-        return self._report(latents, decoded, seconds, peak, probe, files, synthetic)
-
-    def _report(
-        self, latents: Mapping[str, "torch.Tensor"], decoded: Decoded, seconds: dict[str, float], peak: int, probe: Mp4Probe, files: DecodeFiles, synthetic: bool
-    ) -> DecodeReport:
-        from h3core.reports.schema import TensorChecksum
-        from h3core.runtime.device import device_name, peak_memory_kind
-
-        g = decoded.geometry
-        estimate = estimate_decode_memory(
-            g.width, g.height, g.frames, video=VideoDecoderSize.of(self.video.info.config), audio=AudioDecoderSize.of(self.audio.info.config)
-        )
-        return DecodeReport(
-            geometry=g,
-            latents={k: TensorChecksum.of(latents[k]) for k in ("video", "audio")},
-            decoded={"video": TensorChecksum.of(decoded.video), "audio": TensorChecksum.of(decoded.audio)},
-            video_vae=self.video.info, audio_vae=self.audio.info, weights="synthetic" if synthetic else "checkpoint",
-            device=str(self.device), device_name=device_name(self.device.type),
-            timings=DecodeTimings(
-                load_s=self.load_s, video_s=seconds["video"], audio_s=seconds["audio"], mux_s=seconds["mux"], write_s=seconds["write"], total_s=seconds["total"]
-            ),
-            peak_memory_bytes=peak, peak_memory_kind=peak_memory_kind(self.device.type), memory_estimate=estimate,
-            probe=probe, problems=probe.problems(g), files=files,
-        )
+        run = self.run(latents, ClipLabel(title, synthetic_label, save_decoded), where, on_phase)
+        return write_decode(run, latents, folder, under=under)
 
     def release(self) -> None:
         """Drop both models and hand their memory back (CUDA: the cached blocks too)."""
@@ -246,6 +126,112 @@ class Decoders:
 
         self.video.model = self.audio.model = None  # type: ignore[assignment]
         release_memory(self.device.type)
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's memory over its decode: the peak (`peak_memory_bytes`) and what it held at the start."""
+
+    peak: int
+    start: int
+
+
+@dataclass(frozen=True)
+class ClipLabel:
+    """What a decoded clip is called and what is kept of it: the preview's title, whether the latents
+    came from synthetic weights, and whether decoded.safetensors is written."""
+
+    title: str = "h3"
+    synthetic: bool = False
+    save_decoded: bool = False
+
+
+@dataclass
+class EncodedClip:
+    """A decoded clip as the bytes of its files, made where the clip is (rank 0), with what the report
+    says of it: small to send (the mp4 and the preview; decoded.safetensors only when asked for)."""
+
+    geometry: LatentGeometry
+    checksums: dict[str, "TensorChecksum"]
+    mp4: bytes
+    probe: Mp4Probe
+    preview: bytes
+    decoded: bytes | None
+    synthetic: bool
+    seconds: dict[str, float]
+    """video, audio (the decode), mux (the mp4), write (probe, preview, decoded.safetensors; + staging)."""
+
+
+def encode_clip(decoded: Decoded, label: ClipLabel, synthetic_vaes: bool, on_phase: Phase = no_phase) -> EncodedClip:
+    """The mp4 (H.264 + AAC, probed back), the preview and (asked for) decoded.safetensors of `decoded`."""
+    from h3core.decode.mp4 import encode_mp4, probe_mp4
+    from h3core.reports.preview import decoded_preview_png
+    from h3core.reports.schema import TensorChecksum
+
+    on_phase("writing video.mp4")
+    seconds = dict(decoded.seconds)
+    started = time.perf_counter()
+    mp4 = encode_mp4(decoded.frames_uint8().numpy(), decoded.muxed_audio().numpy())
+    seconds["mux"] = time.perf_counter() - started
+    synthetic = label.synthetic or synthetic_vaes
+    probe = probe_mp4(mp4)
+    title = f"{label.title} · {decoded.geometry.describe()}"
+    preview = decoded_preview_png(decoded.video, decoded.audio, title, SAMPLE_RATE, FPS, synthetic)
+    saved = _decoded_bytes(decoded) if label.save_decoded else None
+    checksums = {"video": TensorChecksum.of(decoded.video), "audio": TensorChecksum.of(decoded.audio)}
+    seconds["write"] = time.perf_counter() - started - seconds["mux"]
+    return EncodedClip(decoded.geometry, checksums, mp4, probe, preview, saved, synthetic, seconds)
+
+
+@dataclass
+class DecodeRun:
+    """A finished decode, on one rank or shared out: the encoded clip, the VAEs that made it, where,
+    the seconds loading them cost, and each rank's memory (rank 0 first)."""
+
+    clip: EncodedClip
+    video_vae: "VaeInfo"
+    audio_vae: "VaeInfo"
+    device: str
+    load_s: float
+    memory: list[RankMemory]
+    decode_s: float
+    """The decode's wall time on rank 0, the other ranks' included (it waits for them)."""
+
+
+def write_decode(run: DecodeRun, latents: Mapping[str, "torch.Tensor"], folder: "OutputFolder", *, under: str = "") -> DecodeReport:
+    """Stage `run`'s video.mp4, preview.png (and decoded.safetensors) in `folder` (its subfolder
+    `under`) and report the decode; the report's `failure()` is set if the mp4 breaks the contract."""
+    from h3core.reports.schema import TensorChecksum
+    from h3core.runtime.device import device_name, peak_memory_kind
+
+    started = time.perf_counter()
+    clip, g, kind = run.clip, run.clip.geometry, _device(run.device).type
+
+    def place(name: str) -> str:
+        return str(Path(under) / name) if under else name
+
+    video = folder.write(place(VIDEO_FILE), clip.mp4)
+    preview = folder.write(place(PREVIEW_FILE), clip.preview)
+    saved = folder.write(place(DECODED_FILE), clip.decoded) if clip.decoded is not None else None
+    seconds = clip.seconds
+    write_s = seconds["write"] + time.perf_counter() - started
+    estimate = estimate_decode_memory(
+        g.width, g.height, g.frames, video=VideoDecoderSize.of(run.video_vae.config), audio=AudioDecoderSize.of(run.audio_vae.config), ranks=len(run.memory),
+        device=kind,
+    )
+    return DecodeReport(
+        geometry=g, latents={k: TensorChecksum.of(latents[k]) for k in ("video", "audio")}, decoded=clip.checksums,
+        video_vae=run.video_vae, audio_vae=run.audio_vae, weights="synthetic" if clip.synthetic else "checkpoint",
+        device=run.device, device_name=device_name(kind), ranks=len(run.memory),
+        timings=DecodeTimings(
+            load_s=run.load_s, video_s=seconds["video"], audio_s=seconds["audio"], mux_s=seconds["mux"], write_s=write_s,
+            total_s=run.load_s + run.decode_s + seconds["mux"] + write_s,
+        ),
+        peak_memory_bytes=max(m.peak for m in run.memory), peak_memory_kind=peak_memory_kind(kind),
+        rank_memory=[RankDecodeMemory(peak_bytes=m.peak, start_bytes=m.start) for m in run.memory], memory_estimate=estimate,
+        probe=clip.probe, problems=clip.probe.problems(g),
+        files=DecodeFiles(video=str(video), preview=str(preview), decoded=str(saved) if saved else None),
+    )
 
 
 def _device(device: "torch.device | str") -> "torch.device":
@@ -257,19 +243,6 @@ def _device(device: "torch.device | str") -> "torch.device":
         return device
     kind = resolve_device(device)
     return torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
-
-
-def _stage(folder: "OutputFolder", under: str, mp4: bytes, decoded: Decoded, title: str, synthetic: bool, save_decoded: bool) -> DecodeFiles:
-    """video.mp4, preview.png and (asked for) decoded.safetensors into `folder` (subfolder `under`)."""
-    from h3core.reports.preview import decoded_preview_png
-
-    def place(name: str) -> str:
-        return str(Path(under) / name) if under else name
-
-    video = folder.write(place(VIDEO_FILE), mp4)
-    preview = folder.write(place(PREVIEW_FILE), decoded_preview_png(decoded.video, decoded.audio, title, SAMPLE_RATE, FPS, synthetic))
-    saved = folder.write(place(DECODED_FILE), _decoded_bytes(decoded)) if save_decoded else None
-    return DecodeFiles(video=str(video), preview=str(preview), decoded=str(saved) if saved else None)
 
 
 def _decoded_bytes(decoded: Decoded) -> bytes:

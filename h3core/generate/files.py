@@ -16,25 +16,29 @@ from h3core.reports.preview import preview_png
 
 if TYPE_CHECKING:
     from h3core.decode.plan import DecodePlan
-    from h3core.decode.run import Decoders, Phase
+    from h3core.decode.run import DecodeRun, Decoders, Phase
 
 
 def write_outputs(
     report: RunReport, outcome: RankReport, folder: OutputFolder, save_latents: bool, benchmark: OutputFile | FileInFolder | None, under: str = "",
-    decoders: "Decoders | None" = None, on_phase: "Phase | None" = None, wall: WallClock | None = None,
+    decoders: "Decoders | None" = None, on_phase: "Phase | None" = None, wall: WallClock | None = None, decoded: "DecodeRun | None" = None,
 ) -> RunFiles:
-    """Stage video.mp4 and preview.png (decoded by `decoders`, when given), the latents (unless not
+    """Stage video.mp4 and preview.png (the ranks' `decoded` clip, or decoded here by `decoders`, when
+    given), the latents (unless not
     saved), and the report in `folder` (in its subfolder `under`), and the report copy in
     `benchmark`; they appear when the caller publishes them. The report names the paths the files
     will have. `wall`: the run's clock, whose split the report records as it is written."""
     place = (lambda name: str(Path(under) / name)) if under else (lambda name: name)
     latents = _latents(report, outcome, folder, place("latents.safetensors")) if save_latents else None
     video = None
-    if decoders is not None:
-        report.decode = decoders.to_folder(
-            outcome.latents, folder, synthetic_label=report.weights == SYNTHETIC, under=under,
-            title=f"h3 {report.mode.value} x{report.world_size} · seed {report.seed}", on_phase=on_phase or (lambda phase: None),
-        )
+    title, phase = clip_title(report.mode.value, report.world_size, report.seed), on_phase or (lambda phase: None)
+    if decoded is not None:
+        from h3core.decode.run import write_decode
+
+        report.decode = write_decode(decoded, outcome.latents, folder, under=under)
+    elif decoders is not None:
+        report.decode = decoders.to_folder(outcome.latents, folder, synthetic_label=report.weights == SYNTHETIC, under=under, title=title, on_phase=phase)
+    if report.decode is not None:
         report.timings["decode"] = report.decode.timings.total_s
         video, preview = report.decode.files.video, report.decode.files.preview
     else:
@@ -54,6 +58,11 @@ def write_outputs(
         benchmark.write(data)
     folder.write(place("report.json"), data)
     return report.files
+
+
+def clip_title(mode: str, world_size: int, seed: int) -> str:
+    """The title of a run's decoded preview."""
+    return f"h3 {mode} x{world_size} · seed {seed}"
 
 
 def _latents(report: RunReport, outcome: RankReport, folder: OutputFolder, name: str) -> Path:

@@ -17,14 +17,16 @@ import torch
 
 from h3core import settings
 from h3core.decode.plan import DecodePlan, plan_decode
-from h3core.decode.run import Decoders, Phase, no_phase
+from h3core.decode.run import ClipLabel, DecodeRun, Phase, no_phase
+from h3core.generate.decode_ranks import decode_run, rank_decode
 from h3core.errors import ConfigError
-from h3core.generate.files import output_bytes, write_outputs
+from h3core.generate.files import clip_title, output_bytes, write_outputs
 from h3core.generate.fp4gate import with_fp4_selftest
 from h3core.generate.parity import LatentParity, latent_parity, run_tolerance
 from h3core.generate.pipeline import rank_generate
 from h3core.generate.dryrun import DryRun, check_device_memory
-from h3core.generate.report import RankReport, RunReport, StepDone, build_report, request_fingerprint
+from h3core.generate.report import RankReport, RunReport, StepDone, build_report, request_fingerprint, weights_label
+from h3core.model.checkpoint import SYNTHETIC
 from h3core.generate.request import GenerateJob, GenerateRequest, ResolvedRun, build_plan, check_torchrun_parity, resolve
 from h3core.generate.wall import WallClock
 from h3core.parallel.modes import Mode
@@ -35,20 +37,64 @@ from h3core.runtime.world import World
 StepCallback = Callable[[StepDone], None]
 
 
+@dataclass
+class Executed:
+    """What a run's ranks gave: every rank's outcome (rank 0's first, with the latents) and, when
+    asked for, the decode they shared out (`h3core.generate.decode_ranks`, `h3core.decode.spread`)."""
+
+    outcomes: list[RankReport]
+    decode: DecodeRun | None = None
+
+
 def execute(run: ResolvedRun, on_step: StepCallback | None = None) -> list[RankReport] | None:
     """Run every rank of `run` in a fresh World; rank 0's outcome (first) carries the latents.
 
     Under torchrun every process calls this; only rank 0 gets the outcomes, the others None.
     """
+    done = run_ranks(run, on_step)
+    return done.outcomes if done is not None else None
+
+
+def run_ranks(
+    run: ResolvedRun, on_step: StepCallback | None = None, decode: DecodePlan | None = None, on_phase: Phase = no_phase, wall: WallClock | None = None,
+) -> Executed | None:
+    """`execute`, then (with `decode`) the decode of rank 0's latents on every rank of the same World
+    while the ranks are up (`rank_decode`: tiles on every rank, audio on the last, the clip on rank 0).
+    `wall` is marked `ranks` when the latents are in and `decode` when the clip is."""
     run = with_fp4_selftest(run)  # CUDA fp4: each GPU's GEMM checked before any rank (a no-op when `run` carries it)
     with World(run.request.world_size, run.request.device, on_progress=on_step) as world:
         world.agree(request_fingerprint(run, portable=True), "request")  # torchrun: the run rank 0 resolved, or none
         try:
             outcomes = world.run(rank_generate, run)
+            _mark(wall, "ranks")
+            parts = None
+            if decode is not None:
+                on_phase(f"decoding on {run.request.world_size} rank{'s' if run.request.world_size > 1 else ''}")
+                parts = world.run(rank_decode, decode.vaes, outcomes[0].latents if world.is_main else None, decode_label(run))
+                _mark(wall, "decode")
         finally:
             if run.request.world_size == 1:  # it ran in this process: nothing of it may stay on a device
+                world.close()
                 dev.release_memory(run.request.device)
-        return outcomes if world.is_main else None
+        if not world.is_main:
+            return None
+        return Executed(outcomes, decode_run(parts, decode_device(run)) if parts else None)
+
+
+def decode_label(run: ResolvedRun) -> ClipLabel:
+    """The label of `run`'s decoded clip (its preview's title; synthetic when its transformer is)."""
+    req = run.request
+    return ClipLabel(clip_title(req.mode.value, req.world_size, req.seed), synthetic=weights_label(run) == SYNTHETIC)
+
+
+def _mark(wall: WallClock | None, stage: str) -> None:
+    if wall is not None:
+        wall.mark(stage)
+
+
+def decode_device(run: ResolvedRun) -> str:
+    """Where rank 0 decoded: its device, as the report names it."""
+    return str(dev.rank_device(dev.resolve_device(run.request.device), 0))
 
 
 def one_rank_latents(
@@ -95,7 +141,8 @@ def plan_run_decode(job: GenerateJob, run: ResolvedRun, beside_bytes: int = 0) -
         return None
     s = run.shape
     return plan_decode(job.video_vae, job.audio_vae, run.request.model_path, synthetic_transformer=run.synthetic,
-                       width=s.width, height=s.height, frames=s.frames, device=run.request.device, beside_bytes=beside_bytes)
+                       width=s.width, height=s.height, frames=s.frames, device=run.request.device, beside_bytes=beside_bytes,
+                       ranks=run.request.world_size)
 
 
 @dataclass(frozen=True)
@@ -129,9 +176,9 @@ def resolve_job(job: GenerateJob) -> ResolvedJob:
 
 
 def generate(job: GenerateJob, on_step: StepCallback | None = None, on_phase: Phase | None = None) -> RunReport | None:
-    """Resolve (`resolve_job`), reserve the output folder, launch every rank, decode the latents into
-    video.mp4 here once the ranks are done (their memory released), and publish the report with its
-    files (only after all of it succeeded; on any failure or Ctrl-C nothing is written).
+    """Resolve (`resolve_job`), reserve the output folder, launch every rank, decode the latents on
+    every rank once they are denoised (`run_ranks`), write video.mp4 here, and publish the report
+    with its files (only after all of it succeeded; on any failure or Ctrl-C nothing is written).
 
     Returns None on the ranks of a torchrun launch other than rank 0 (which writes everything).
     """
@@ -144,19 +191,13 @@ def generate(job: GenerateJob, on_step: StepCallback | None = None, on_phase: Ph
             kind = f"generate-{run.request.mode.value}{'-cfg' if run.request.cfg_parallel else ''}-{run.request.world_size}"
             folder = outputs.folder(job.output, kind=kind, need_bytes=output_bytes(run, job.save_latents, decode), overwrite=job.overwrite)
             bench = outputs.file(job.benchmark, flag="--benchmark") if job.benchmark is not None else None
-        outcomes = execute(run, on_step)
-        if outcomes is None or folder is None:
+        done = run_ranks(run, on_step, decode, on_phase or no_phase, wall)
+        if done is None or folder is None:
             return None
-        wall.mark("ranks")
-        report = build_report(run, outcomes)
+        report = build_report(run, done.outcomes)
         if job.parity:
-            report.parity = reference_parity(run, outcomes[0])
+            report.parity = reference_parity(run, done.outcomes[0])
             wall.mark("parity")
-        decoders = Decoders.load(decode.vaes, run.request.device, on_phase or no_phase) if decode is not None else None
-        try:
-            write_outputs(report, outcomes[0], folder, job.save_latents, bench, decoders=decoders, on_phase=on_phase, wall=wall)
-        finally:
-            if decoders is not None:
-                decoders.release()
+        write_outputs(report, done.outcomes[0], folder, job.save_latents, bench, decoded=done.decode, on_phase=on_phase, wall=wall)
         outputs.publish()
     return report

@@ -38,8 +38,8 @@ class WallTime(BaseModel):
     text: float = Field(description="The text encoder on rank 0: loading, encoding, the broadcast to the ranks.")
     denoise: float = Field(description="The sampling loop and the latents' gather (the slowest rank).")
     parity: float = Field(0.0, description="With --parity: the one-rank reference run.")
-    decode: float = Field(0.0, description="The VAE decodes (video and audio).")
-    write: float = Field(description="video.mp4's mux, the preview, the latents and the report.")
+    decode: float = Field(0.0, description="The VAE decodes (video and audio); decoded on the ranks, also the tiles' transfer and blend, and rank 0's mp4 and preview encoding.")
+    write: float = Field(description="The files: video.mp4 and the preview (their encoding too when decoded in this process), the latents and the report.")
     total: float = Field(description="The process's start (or the run's, where unknown) to the report written.")
 
     def line(self) -> str:
@@ -61,7 +61,7 @@ class WallClock:
         self.marks[stage] = time.perf_counter()
 
     def split(self, timings: dict[str, float], decode: dict[str, float] | None = None) -> WallTime:
-        """The run's `WallTime` now, from its marks (`resolve`, `ranks`, `parity` where run), the
+        """The run's `WallTime` now, from its marks (`resolve`, `ranks`, `decode` and `parity` where run), the
         ranks' `timings` and the decode's seconds (load_s, video_s, audio_s)."""
         now = time.perf_counter()
         resolved = self.marks.get("resolve", self.began)
@@ -72,9 +72,12 @@ class WallClock:
         decode = decode or {}
         if decode:
             phases["vaes"] = decode.get("load_s", 0.0)
-        decoded = decode.get("video_s", 0.0) + decode.get("audio_s", 0.0)
-        parity = self.marks["parity"] - ranks_done if "parity" in self.marks else 0.0
-        write = max(0.0, now - ranks_done - parity - decode.get("load_s", 0.0) - decoded)
+        decode_end = self.marks.get("decode")  # decoded on the ranks (`run_ranks`): before the parity run and the files
+        decode_wall = decode_end - ranks_done if decode_end is not None else decode.get("load_s", 0.0) + decode.get("video_s", 0.0) + decode.get("audio_s", 0.0)
+        decoded = max(0.0, decode_wall - decode.get("load_s", 0.0))
+        after = decode_end if decode_end is not None else ranks_done
+        parity = self.marks["parity"] - after if "parity" in self.marks else 0.0
+        write = max(0.0, now - after - parity - (decode_wall if decode_end is None else 0.0))
         return WallTime(
             start=self.age_at_start, resolve=resolved - self.began, ranks_start=ranks_start, load=phases, text=text,
             denoise=denoise, parity=parity, decode=decoded, write=write, total=(now - self.began) + (self.age_at_start or 0.0),

@@ -286,6 +286,23 @@ def peak_memory_bytes(device: "torch.device | str") -> int:
     return _peak_rss_bytes()
 
 
+def current_memory_bytes(device: "torch.device | str") -> int:
+    """What `peak_memory_bytes` measures, now: CUDA allocated bytes, or the process's resident set."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        pass
+    return 0
+
+
 def peak_memory_kind(device_type: str) -> str:
     """What `peak_memory_bytes` measured, for reports."""
     if device_type == "cuda":

@@ -51,7 +51,7 @@ def test_a_batch_writes_a_folder_per_prompt_records_failures_and_resumes(h3, tmp
     assert alone.decode.decoded == batched.decode.decoded
     assert (tmp_path / "one" / "video.mp4").read_bytes() == (out / "000-fox" / "video.mp4").read_bytes()
     rain = RunReport.model_validate_json((out / "002-rain-on-a-tin-roof" / "report.json").read_text())
-    assert rain.decode.timings.load_s == batched.decode.timings.load_s  # one load, reported by both
+    assert batched.decode.timings.load_s > 0 and rain.decode.timings.load_s == 0  # the ranks loaded the VAEs for the first prompt and held them
 
     # A result whose video.mp4 went missing is not complete: it is redone.
     (out / "002-rain-on-a-tin-roof" / "video.mp4").unlink()

@@ -19,6 +19,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from h3core import settings
+from h3core.decode.memory import DecodeMemory
 from h3core.errors import ConfigError, DryRunFailed, ResourceLimit
 from h3core.generate.dryrun.predict import ARCHS, DryRun, arch_of, dry_run, dry_run_problem
 from h3core.generate.memory import MemoryCheck, check_limits
@@ -88,6 +89,7 @@ class PlanMemory(BaseModel):
     skipped: str | None = Field(None, description="Why no dry run ran here (then `dry_runs` is empty).")
     adapters: list = Field(default_factory=list, description="The LoRA adapters counted (`AdapterRecord`: bytes per rank on the plan).")
     keyframe_encode: dict[str, dict[str, int]] = Field(default_factory=dict, description="With keyframes: rank 0's device bytes before the denoiser loads, per phase (the video VAE's encoder, the vision tower), a lower bound by formula (h3core.generate.keyframes).")
+    decode: DecodeMemory | None = Field(None, description="The decode after denoising, shared out over the run's ranks: each rank's peak (`h3core.decode.memory`; the real VAEs for `h3` presets, else the synthetic ones).")
 
 
 def plan_memory(preset_name: str, count: int | None, mode: Mode, *, archs: Sequence[str] = tuple(ARCHS), width: int | None = None,
@@ -116,7 +118,22 @@ def plan_memory(preset_name: str, count: int | None, mode: Mode, *, archs: Seque
 
     encode = keyframe_encode_estimate(preset_name) if keyframes else {}
     return PlanMemory(plan=first or plan, dry_runs=runs, skipped=problems[0] if problems else None, keyframe_encode=encode,
-                      adapters=adapters)
+                      adapters=adapters, decode=plan_decode_memory(preset_name, plan, "cpu" if list(archs) == ["cpu"] else "cuda", width, height, frames))
+
+
+def plan_decode_memory(preset_name: str, plan: ParallelPlan, device: str, width: int | None, height: int | None, frames: int | None) -> DecodeMemory:
+    """The decode of `plan`'s clip over all its ranks on `device`: the real VAEs' widths for an `h3`
+    preset (the checkpoint's), the synthetic VAEs' for the others (what they decode with)."""
+    from h3core.decode.memory import REAL_AUDIO, REAL_VIDEO, AudioDecoderSize, VideoDecoderSize, estimate_decode_memory
+    from h3core.decode.synthetic import SYNTHETIC_AUDIO_CONFIG, SYNTHETIC_VIDEO_CONFIG
+    from h3core.model.config import preset
+
+    config = preset(preset_name)
+    size = settings.SizeFlags(width=width, height=height, frames=frames).or_defaults(config.width, config.height, config.frames)
+    real = preset_name.startswith("h3")
+    video = REAL_VIDEO if real else VideoDecoderSize.of(SYNTHETIC_VIDEO_CONFIG)
+    audio = REAL_AUDIO if real else AudioDecoderSize.of(SYNTHETIC_AUDIO_CONFIG)
+    return estimate_decode_memory(*size, video=video, audio=audio, ranks=plan.layout.world_size, device=device)
 
 
 def planned_preset(preset_name: str, count: int | None, mode: Mode, *, width: int | None = None, height: int | None = None,

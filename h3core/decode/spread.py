@@ -1,0 +1,158 @@
+"""The decode shared out over the ranks that just denoised: tiles everywhere, audio on the last rank,
+the clip blended on rank 0.
+
+`decode_spread(video_vae, audio_vae, latents, group)` runs on every rank of `group` (None: one rank,
+which then does every unit: the single-rank decode is this same code), each with the latents (the
+World task `h3core.generate.decode_ranks.rank_decode` broadcasts rank 0's first). Then:
+
+2. the video decode's units (`h3core.decode.tiles.VideoTiles`: every window x tile) are shared out
+   in contiguous runs, as evenly as the count allows, the first ranks taking the extra ones (the
+   last rank also decodes the audio, first, so it is ready when the video is);
+3. each rank sends each unit it decoded to rank 0 as it finishes it (point-to-point, in unit order,
+   the audio last), while rank 0, its receives posted before it starts, decodes its own;
+4. rank 0 blends every unit into the clip (`VideoTiles.assemble`: bitwise diffusers' tiled decode,
+   whichever rank ran which unit) and returns the `Decoded`; the other ranks return None.
+
+Memory per rank: its own units' outputs (each [3, 22, 256, 256] float32 at most, the window's
+padding frames left out) until rank 0 has them; rank 0 also every other rank's units and the clip
+(`h3core.decode.memory.estimate_decode_memory(..., ranks=n)` counts both).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
+
+from h3core.decode.clip import Decoded, Phase, check_latents, decode_audio, denormalized_video, no_phase, to_pixels
+from h3core.decode.tiles import owners, shares
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+    from h3core.decode.load import LoadedVae
+
+
+@dataclass
+class SpreadStats:
+    """What one rank did in a spread decode."""
+
+    rank: int
+    ranks: int
+    units: int
+    video_s: float = 0.0
+    audio_s: float = 0.0
+
+
+def decode_spread(
+    video_vae: "LoadedVae", audio_vae: "LoadedVae", latents: Mapping[str, "torch.Tensor"], group: "dist.ProcessGroup | None",
+    where: str = "the latents", on_phase: Phase = no_phase,
+) -> tuple[Decoded | None, SpreadStats]:
+    """Decode `latents` (the same on every rank of `group`) over those ranks (module docstring): rank 0
+    gets the clip, every rank its `SpreadStats`."""
+    import torch
+    import torch.distributed as dist
+
+    from h3core.decode.tiles import VideoTiles
+    from h3core.runtime import cpu_memory
+    from h3core.runtime.device import synchronize
+
+    rank, size = (0, 1) if group is None else (dist.get_rank(group), dist.get_world_size(group))
+    device = video_vae.device
+    geometry = check_latents(latents, where)
+    video_latent, audio_latent = latents["video"], latents["audio"]
+    started = time.perf_counter()
+    with torch.inference_mode():
+        z = denormalized_video(video_vae, video_latent)
+        tiles = VideoTiles.of(video_vae.model, *z.shape[2:])
+        mine = shares(tiles.count, size)[rank]
+        stats = SpreadStats(rank=rank, ranks=size, units=len(mine))
+        audio = None
+        if rank == size - 1:  # first: the audio is ready when the video is
+            on_phase("decoding the audio")
+            audio = decode_audio(audio_vae, audio_latent)
+            synchronize(device)
+            stats.audio_s = time.perf_counter() - started
+            if device.type == "cpu":  # the audio's freed blocks (other sizes than the video's) go back to the system first
+                cpu_memory.release()
+        on_phase("decoding the video")
+        if rank != 0:
+            _decode_and_send(tiles, video_vae.model, z, mine, audio, stats, group)
+            synchronize(device)
+            stats.video_s = time.perf_counter() - started - stats.audio_s
+            return None, stats
+        units = _RankZeroUnits(tiles, video_vae.model, z, size, group, geometry.decoded_samples)
+        video = to_pixels(tiles.assemble(units, like=z))
+        audio, audio_s = units.audio(audio, stats.audio_s)
+        synchronize(device)
+    stats.video_s = time.perf_counter() - started - (stats.audio_s if size == 1 else 0.0)
+    return Decoded(geometry=geometry, video=video.cpu(), audio=audio.cpu(), seconds={"video": stats.video_s, "audio": audio_s}), stats
+
+
+class _RankZeroUnits:
+    """Rank 0's source of units for `VideoTiles.assemble`: its own, decoded when asked for; the
+    others', received into buffers posted one window ahead (so they arrive while rank 0 works).
+    Each sender's messages are received in its own order: its units, then (the last rank) the audio."""
+
+    def __init__(self, tiles, model, z, size: int, group, audio_samples: int):  # type: ignore[no-untyped-def]
+        self.tiles, self.model, self.z, self.group = tiles, model, z, group
+        self.owner = owners(tiles.count, size)
+        self.size, self.audio_samples = size, audio_samples
+        self.posted: dict[int, tuple["torch.Tensor", object]] = {}
+        self.next_window = 0
+        self._post_window()
+
+    def _post_window(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if self.next_window >= self.tiles.windows:
+            return
+        for k in self.tiles.window_units(self.next_window):
+            if self.owner[k] != 0:
+                buffer = torch.empty(self.tiles.unit_shape(), dtype=self.z.dtype, device=self.z.device)
+                self.posted[k] = (buffer, dist.irecv(buffer, src=dist.get_global_rank(self.group, self.owner[k]), group=self.group))
+        self.next_window += 1
+
+    def __call__(self, k: int) -> "torch.Tensor":
+        window = self.tiles.where(k)[0]
+        if k == self.tiles.window_units(window).start:
+            self._post_window()  # the next window's, while this one is stitched
+        if self.owner[k] == 0:
+            return self.tiles.unit(self.model, self.z, k)
+        buffer, handle = self.posted.pop(k)
+        handle.wait()  # type: ignore[attr-defined]
+        return buffer
+
+    def audio(self, own: "torch.Tensor | None", own_seconds: float) -> tuple["torch.Tensor", float]:
+        """The audio and its seconds: rank 0's own (one rank), else received from the last rank."""
+        import torch
+        import torch.distributed as dist
+
+        if own is not None:
+            return own, own_seconds
+        src = dist.get_global_rank(self.group, self.size - 1)
+        audio = torch.empty((2, self.audio_samples), dtype=torch.float32, device=self.z.device)
+        seconds = torch.zeros(1, dtype=torch.float64, device=self.z.device)
+        dist.recv(audio, src=src, group=self.group)
+        dist.recv(seconds, src=src, group=self.group)
+        return audio, float(seconds.item())
+
+
+def _decode_and_send(tiles, model, z, mine: range, audio, stats: SpreadStats, group) -> None:  # type: ignore[no-untyped-def]
+    """A rank other than 0: decode each of its units and send it to rank 0 as it is done (held until
+    rank 0 has it); the last rank then sends the audio and how long it took."""
+    import torch
+    import torch.distributed as dist
+
+    dst = dist.get_global_rank(group, 0)
+    pending = []
+    for k in mine:
+        out = tiles.unit(model, z, k)
+        pending.append((out, dist.isend(out, dst=dst, group=group)))
+    if audio is not None:
+        for tensor in (audio.contiguous(), torch.tensor([stats.audio_s], dtype=torch.float64, device=audio.device)):
+            pending.append((tensor, dist.isend(tensor, dst=dst, group=group)))
+    for _, handle in pending:
+        handle.wait()
