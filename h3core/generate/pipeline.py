@@ -151,6 +151,7 @@ class RankPipeline:
                             cache=CachePolicy.parse(run.request.cache))
         latent = denoiser.own_rows(noise, self.device)  # float32
         meter.reset_peak()  # the sampling phase's peak-memory window starts here
+        record.memory_before_sampling_bytes = meter.current()
         self.runtime.record.clear()
         told = (lambda step, steps, seconds: report(StepDone(step=step, steps=steps, seconds=seconds))) if report else (lambda *a: None)
         on_step, compile_seconds = self._compile_meter(told)

@@ -69,6 +69,7 @@ class RankReport(BaseModel):
     step_seconds: list[float] = Field(default_factory=list, description="Seconds per denoising step on this rank.")
     peak_memory_text_bytes: int = Field(0, description="Peak device memory while the text encoder ran (rank 0).")
     peak_memory_sampling_bytes: int = Field(0, description="Peak device memory of the denoising loop (CPU: the process's peak RSS).")
+    memory_before_sampling_bytes: int = Field(0, description="The same measure when the loop's window opened (weights, latents, and on the CPU the process itself): the peak less this is what sampling added.")
     weights: HeldWeights | None = None
     comm: CommStats = Field(default_factory=CommStats)
     nvfp4_paths: dict[str, int] = Field(default_factory=dict, description="NVFP4 matmul path -> GEMM calls this rank ran in the denoising loop.")

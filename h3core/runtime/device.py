@@ -250,6 +250,9 @@ class DeviceMeter:
     def peak(self) -> int:
         return peak_memory_bytes(self.device)
 
+    def current(self) -> int:
+        return current_memory_bytes(self.device)
+
 
 def resident_bytes(module: "torch.nn.Module") -> int:
     """Bytes of every parameter and buffer a module holds, each tensor once, meta tensors excluded."""

@@ -50,5 +50,9 @@ def test_the_memory_estimate_is_a_lower_bound_of_the_measured_peak(tmp_path, cac
     # a real process: its peak resident set is the run's, not this test process's
     proc = h3_process("generate", *flags, "--device", "cpu", "--json", "--no-save-latents", "-o", str(tmp_path / "run"), env={"H3_CACHE_DIR": cache})
     assert proc.returncode == 0, proc.stderr
-    peak = json.loads(proc.stdout)["ranks"][0]["peak_memory_sampling_bytes"]  # the process's peak RSS while sampling
-    assert estimate <= peak <= 1.3 * estimate + (512 << 20), (estimate, peak, need.describe())
+    rank = json.loads(proc.stdout)["ranks"][0]
+    peak, before = rank["peak_memory_sampling_bytes"], rank["memory_before_sampling_bytes"]  # the process's RSS: peak while sampling, at its start
+    # What sampling added to the process (the interpreter and torch, hundreds of MiB that differ from machine to
+    # machine, are in `before`) is the estimate's activations plus the allocator's and threads' pages (measured
+    # here: 43.6 MB added against an estimate of 24.3 MB): within 1.3x the estimate and 32 MiB.
+    assert estimate <= peak and 0 < peak - before <= 1.3 * estimate + (32 << 20), (estimate, peak, before, need.describe())

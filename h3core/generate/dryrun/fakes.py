@@ -68,6 +68,9 @@ class TrackedMeter:
     def peak(self) -> int:
         return self.tracker.peak(self.device.type)
 
+    def current(self) -> int:
+        return self.tracker.live(self.device.type)
+
 
 class FakeHost:
     """`HostValues` under a `FakeTensorMode`: `fn(*args)` runs outside the fake mode on real host
