@@ -351,9 +351,8 @@ def _create(state: ServerState, fields: dict[str, Any], uploads: dict[str, bytes
     job_id = f"video_{secrets.token_hex(16)}"
     try:
         inputs = _save_inputs(state, job_id, create, uploads)
-        run, _ = plan_job(job, create, inputs)
+        run, _ = plan_job(job, create, inputs, within=lambda r: _check_cost(create, r.shape.steps, r.shape.frames, job.limits))
         s = run.shape
-        _check_cost(create, s.steps, s.frames, job.limits)
         row = {"id": job_id, "created_at": time.time(), "request": create.model_dump_json(), "inputs": inputs.model_dump_json(),
                "model": job.served_model, "size": f"{s.width}x{s.height}", "seconds": frames_seconds(s.frames), "steps": s.steps,
                "frames": s.frames, "seed": run.request.seed}

@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -138,14 +138,19 @@ class _Claimed:
     decode: "DecodePlan"
 
 
-def plan_job(job: ServeJob, create: VideoCreate, inputs: JobInputs, beside: bool = True) -> tuple[ResolvedRun, "DecodePlan"]:
-    """A job's run and decode, checked as `h3 generate` checks them (a 400 for what cannot run)."""
+def plan_job(job: ServeJob, create: VideoCreate, inputs: JobInputs, beside: bool = True,
+             within: "Callable[[ResolvedRun], None] | None" = None) -> tuple[ResolvedRun, "DecodePlan"]:
+    """A job's run and decode, checked as `h3 generate` checks them (a 400 for what cannot run);
+    `within`: the server's own caps on the resolved run, asked before the memory check (a request
+    past a cap is told so, not that this machine lacks the memory for it)."""
     from h3core.generate.memory import run_device_bytes
     from h3core.generate.run import plan_run_decode
 
     request = to_generate_request(create, job.template, inputs, job.served_model)
     try:
         run = resolve(request)
+        if within is not None:
+            within(run)
         beside_bytes = run_device_bytes(run) if beside and run.request.device == "cuda" else 0  # the pipeline stays loaded
         decode = plan_run_decode(job.generate_job(request), run, beside_bytes=beside_bytes)
     except ConfigError as err:

