@@ -157,6 +157,12 @@ def test_serve_across_two_torchrun_agents_runs_a_job_on_each_replica_group(tmp_p
             except OSError:
                 pass
             time.sleep(0.5)
+        # Rounds claim what is queued when they start: a job alone in the queue runs alone. So a first job
+        # holds the ranks while the two under test are queued, and the next round claims both at once.
+        opener = http("POST", f"{url}/v1/videos", {"prompt": "a fox opens", "steps": 12})[1]["id"]
+        while http("GET", f"{url}/v1/videos/{opener}")[1]["status"] == "queued":
+            assert time.monotonic() < deadline, logs()
+            time.sleep(0.05)
         ids = [http("POST", f"{url}/v1/videos", {"prompt": f"a fox {n}", "steps": 12})[1]["id"] for n in range(2)]
         while True:
             jobs = [http("GET", f"{url}/v1/videos/{i}")[1] for i in ids]
