@@ -177,7 +177,10 @@ def estimate_decode_memory(
     audio_out = 2 * geometry.decoded_samples * b
     weights = (video.parameters() + audio.parameters()) * b
     per_rank = [rank0_video] + [latent + len(share) * unit + (per_tile if share else 0) for share in shares(windows * ny * nx, ranks)[1:]]
-    per_rank[-1] = max(audio_peak, per_rank[-1] + audio_out)  # the last rank decodes the audio first, then holds it
+    if ranks == 1:  # the audio first, then held beside the video
+        per_rank[-1] = max(audio_peak, per_rank[-1] + audio_out)
+    else:  # the last rank: its units, sent and freed, then the audio
+        per_rank[-1] = max(per_rank[-1], audio_peak + audio_out)
     scratch = CPU_KERNEL_SCRATCH if device == "cpu" else 0
     rank_bytes = [weights + scratch + p for p in per_rank]
     return DecodeMemory(

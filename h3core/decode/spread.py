@@ -7,7 +7,8 @@ World task `h3core.generate.decode_ranks.rank_decode` broadcasts rank 0's first)
 
 2. the video decode's units (`h3core.decode.tiles.VideoTiles`: every window x tile) are shared out
    in contiguous runs, as evenly as the count allows, the first ranks taking the extra ones (the
-   last rank also decodes the audio, first, so it is ready when the video is);
+   last rank also decodes the audio, after its units: rank 0 blends the last window while the audio
+   decodes, where audio first made rank 0 wait for the last window's units behind it);
 3. each rank sends each unit it decoded to rank 0 as it finishes it (point-to-point, in unit order,
    the audio last), while rank 0, its receives posted before it starts, decodes its own;
 4. rank 0 blends every unit into the clip (`VideoTiles.assemble`: bitwise diffusers' tiled decode,
@@ -69,7 +70,7 @@ def decode_spread(
         mine = shares(tiles.count, size)[rank]
         stats = SpreadStats(rank=rank, ranks=size, units=len(mine))
         audio = None
-        if rank == size - 1:  # first: the audio is ready when the video is
+        if size == 1:  # one rank: the audio first, so that its peak is not on top of the clip
             on_phase("decoding the audio")
             audio = decode_audio(audio_vae, audio_latent)
             synchronize(device)
@@ -78,9 +79,10 @@ def decode_spread(
                 cpu_memory.release()
         on_phase("decoding the video")
         if rank != 0:
-            _decode_and_send(tiles, video_vae.model, z, mine, audio, stats, group)
-            synchronize(device)
-            stats.video_s = time.perf_counter() - started - stats.audio_s
+            _decode_and_send(tiles, video_vae.model, z, mine, stats, group)
+            stats.video_s = time.perf_counter() - started
+            if rank == size - 1:
+                _decode_and_send_audio(audio_vae, audio_latent, stats, group)
             return None, stats
         units = _RankZeroUnits(tiles, video_vae.model, z, size, group, geometry.decoded_samples)
         video = to_pixels(tiles.assemble(units, like=z))
@@ -140,19 +142,37 @@ class _RankZeroUnits:
         return audio, float(seconds.item())
 
 
-def _decode_and_send(tiles, model, z, mine: range, audio, stats: SpreadStats, group) -> None:  # type: ignore[no-untyped-def]
+def _decode_and_send(tiles, model, z, mine: range, stats: SpreadStats, group) -> None:  # type: ignore[no-untyped-def]
     """A rank other than 0: decode each of its units and send it to rank 0 as it is done (held until
-    rank 0 has it); the last rank then sends the audio and how long it took."""
-    import torch
+    rank 0 has it; every send complete on return)."""
     import torch.distributed as dist
+
+    from h3core.runtime.device import synchronize
 
     dst = dist.get_global_rank(group, 0)
     pending = []
     for k in mine:
         out = tiles.unit(model, z, k)
         pending.append((out, dist.isend(out, dst=dst, group=group)))
-    if audio is not None:
-        for tensor in (audio.contiguous(), torch.tensor([stats.audio_s], dtype=torch.float64, device=audio.device)):
-            pending.append((tensor, dist.isend(tensor, dst=dst, group=group)))
     for _, handle in pending:
         handle.wait()
+    synchronize(z.device)
+
+
+def _decode_and_send_audio(audio_vae, latent, stats: SpreadStats, group) -> None:  # type: ignore[no-untyped-def]
+    """The last rank, its units sent (their memory free): decode the audio and send it to rank 0 with its seconds."""
+    import torch
+    import torch.distributed as dist
+
+    from h3core.runtime import cpu_memory
+    from h3core.runtime.device import synchronize
+
+    if latent.device.type == "cpu":  # the units' freed blocks (other sizes than the audio's) go back to the system first
+        cpu_memory.release()
+    started = time.perf_counter()
+    audio = decode_audio(audio_vae, latent)
+    synchronize(audio.device)
+    stats.audio_s = time.perf_counter() - started
+    dst = dist.get_global_rank(group, 0)
+    dist.send(audio.contiguous(), dst=dst, group=group)
+    dist.send(torch.tensor([stats.audio_s], dtype=torch.float64, device=audio.device), dst=dst, group=group)
