@@ -8,8 +8,9 @@ the model's blocks calls with itself as `self` (its weights are the graph's inpu
 them back. The model's code is not edited: the block forward stays the eager specification.
 
 Collectives stay outside the compiled region. The parallel modes mark the code that talks to other
-ranks with `torch.compiler.disable` (Ulysses: `UlyssesProcessor.attend_projected`, the all-to-all,
-the attention between and the all-to-all back; tensor mode: the row gather before and the
+ranks with `outside_compiled`, which becomes `torch.compiler.disable` when compiling starts
+(`h3core.model.compile_regions`; Ulysses: `UlyssesProcessor.attend_projected`, the all-to-all, the
+attention between and the all-to-all back; tensor mode: the row gather before and the
 reduce-scatter after attention and MLP, its hooks), and Dynamo compiles the pieces between them:
 
 - no collective in the block (one rank): `fullgraph=True`, one graph per block forward, and any
@@ -43,9 +44,9 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch._dynamo.utils import compilation_time_metrics
 
 from h3core.errors import BackendUnavailable
+from h3core.model.compile_regions import disable_marked
 from h3core.model.attention.dispatch import AttentionKernel
 from h3core.model.dit import Block, H3Model
 from h3core.nvfp4.linear import NVFP4Linear
@@ -76,7 +77,14 @@ def check_compile(device: str) -> None:
 
 
 def compile_seconds_so_far() -> float:
-    """Seconds this process has spent compiling frames (Dynamo's account, every compile counted)."""
+    """Seconds this process has spent compiling frames (Dynamo's account, every compile counted; 0
+    before anything imported Dynamo: nothing has compiled)."""
+    import sys
+
+    if "torch._dynamo.utils" not in sys.modules:
+        return 0.0
+    from torch._dynamo.utils import compilation_time_metrics
+
     return float(sum(compilation_time_metrics.get(_COMPILE_METRIC, ())))
 
 
@@ -115,6 +123,7 @@ class CompiledBlocks:
     torch.compile's (inductor: generated kernels; the tests' `aot_eager` checks the cut without them)."""
 
     def __init__(self, model: H3Model, backend: str = "inductor"):
+        disable_marked()  # the modes' collectives out of every graph (h3core.model.compile_regions)
         self.blocks = [m for m in model.modules() if type(m) in REPEATED_BLOCKS]
         self.fullgraph = all(collective_free(b) for b in self.blocks)
         self.function = torch.compile(Block.forward, fullgraph=self.fullgraph, dynamic=False, backend=backend)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 import torch.nn as nn
 
+from h3core.model.compile_regions import outside_compiled
 from h3core.model.dit import H3Model
 from h3core.nvfp4.codec import NVFP4Weight
 from h3core.nvfp4.io import WeightSource
@@ -97,7 +98,7 @@ class _GatherRows:
         self.whole_rope = whole_rope  # attention: its input carries the sequence's RoPE table; the MLP's does not
         self.linear = linear
 
-    @torch.compiler.disable  # a collective: outside any compiled region (h3core.model.compiled)
+    @outside_compiled  # a collective: outside any compiled region (h3core.model.compiled)
     def __call__(self, module: nn.Module, args: tuple) -> tuple:
         rt = self.runtime
         tokens = rt.token_spans(args[1].num_tokens) if self.whole_rope else rt.forward_tokens
@@ -131,7 +132,7 @@ class _ReduceScatterBias:
         self.runtime = runtime
         self.bias_name = bias_name
 
-    @torch.compiler.disable  # a collective: outside any compiled region (h3core.model.compiled)
+    @outside_compiled  # a collective: outside any compiled region (h3core.model.compiled)
     def __call__(self, module: nn.Module, args: tuple, partial: torch.Tensor) -> torch.Tensor:
         rt = self.runtime
         tokens = rt.token_spans(partial.shape[0])  # the partial covers every row of the sequence

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from h3core.model.attention.dispatch import AttentionKernel
+from h3core.model.compile_regions import outside_compiled
 from h3core.model.dit import Attention, AttentionProcessor, H3Model
 from h3core.model.inputs import Rope
 from h3core.model.rope import apply_rope
@@ -214,7 +215,7 @@ class UlyssesProcessor(AttentionProcessor):
         rt = self.runtime
         return Exchange(rt.group, rt.heads, rt.stats, rt.scratch)
 
-    @torch.compiler.disable  # the exchange: outside any compiled region (h3core.model.compiled)
+    @outside_compiled  # the exchange: outside any compiled region (h3core.model.compiled)
     def attend_projected(self, qkv: ProjectedQKV, tokens: list[Span]) -> torch.Tensor:
         """The model's path: `attend_in_groups` with the runtime's head groups when there are several,
         else `attend_whole`. -> [S_loc, H, Dh]"""
@@ -223,7 +224,7 @@ class UlyssesProcessor(AttentionProcessor):
             return attend_in_groups(qkv, tokens, self.kernel, self.exchange, groups)
         return attend_whole(qkv, tokens, self.kernel, self.exchange)
 
-    @torch.compiler.disable  # the exchange: outside any compiled region (h3core.model.compiled)
+    @outside_compiled  # the exchange: outside any compiled region (h3core.model.compiled)
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: list[Span]) -> torch.Tensor:
         """Finished q, k, v [S_loc, H, Dh] -> [S_loc, H, Dh], attending over all S tokens: one stacked
         all-to-all each way (`tokens`: every rank's rows of the sequence)."""
