@@ -148,23 +148,27 @@ class TransformerFile:
 
     # --- reading ---------------------------------------------------------------------------------------
 
-    def tensor(self, name: str, device: torch.device | str = "cpu") -> torch.Tensor:
-        """The whole logical tensor, in its stored dtype."""
-        pieces = self._pieces(name)
+    def tensor(self, name: str, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The whole logical tensor, in its stored dtype, or in `dtype` where it goes to the CPU
+        (converted as it is read: `SafetensorsReader.get`; a GPU converts faster than a CPU, after
+        the smaller copy)."""
+        pieces, dtype = self._pieces(name), _read_dtype(device, dtype)
         if len(pieces) == 1 and pieces[0].offset == 0:
-            return self.reader.get(pieces[0].source).to(device)
-        return self._rows(name, [Span(0, self.shape(name)[0])]).to(device)
+            return self.reader.get(pieces[0].source, dtype).to(device)
+        return self._rows(name, [Span(0, self.shape(name)[0])], dtype).to(device)
 
     def linear(self, prefix: str, *, shape: tuple[int, int], rows: Sequence[Span] | None = None,
-               columns: ColumnSlice | None = None, device: torch.device | str = "cpu", kernels: DeviceKernels | None = None) -> DenseLinear | NVFP4Linear:
+               columns: ColumnSlice | None = None, device: torch.device | str = "cpu", kernels: DeviceKernels | None = None,
+               dtype: torch.dtype | None = None) -> DenseLinear | NVFP4Linear:
         """Linear `prefix` of logical `shape` (out, in): whole, its output `rows` (bias rows with them),
         or its input `columns` (no bias: the caller adds it once after a reduction). An NVFP4 linear is
-        prepared for the path `kernels` (its device's facts; None: the device's own) give it."""
+        prepared for the path `kernels` (its device's facts; None: the device's own) give it. A dense
+        linear going to the CPU is read in `dtype` (as `tensor`); NVFP4's tensors keep their formats."""
         if rows is not None and columns is not None:
             raise ValueError("a linear shard takes rows or columns, not both")
         storage = self.storage(prefix)
         if storage == "dense":
-            return self._dense(prefix, shape, rows, columns, device)
+            return self._dense(prefix, shape, rows, columns, device, _read_dtype(device, dtype))
         if storage == "nvfp4-modelopt":
             return read_linear(self.reader, self._stored_prefix(prefix), rows=rows, columns=columns, device=device, kernels=kernels)
         return self._comfy(prefix, shape, rows, columns, device, kernels)
@@ -174,27 +178,27 @@ class TransformerFile:
             raise CheckpointError(f"{self.path} has no tensor {name!r}; the checkpoint does not match this model (see docs/checkpoint.md)")
         return self.pieces[name]
 
-    def _rows(self, name: str, spans: Sequence[Span]) -> torch.Tensor:
+    def _rows(self, name: str, spans: Sequence[Span], dtype: torch.dtype | None = None) -> torch.Tensor:
         reads = names.stored_rows(self._pieces(name), list(spans))
-        parts = [self.reader.get_rows(source, [rows]) for source, rows in reads]
+        parts = [self.reader.get_rows(source, [rows], dtype) for source, rows in reads]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _stored_prefix(self, prefix: str) -> str:
         return self._pieces(f"{prefix}.weight")[0].source.removesuffix(".weight")
 
     def _dense(self, prefix: str, shape: tuple[int, int], rows: Sequence[Span] | None, columns: ColumnSlice | None,
-               device: torch.device | str) -> DenseLinear:
+               device: torch.device | str, dtype: torch.dtype | None = None) -> DenseLinear:
         weight_name, bias_name = f"{prefix}.weight", f"{prefix}.bias"
         if self.shape(weight_name) != tuple(shape):
             raise CheckpointError(f"{self.path}: {weight_name} is {list(self.shape(weight_name))}, the model needs {list(shape)}")
         has_bias = bias_name in self
         if rows is not None:
-            weight, bias = self._rows(weight_name, rows), self._rows(bias_name, rows) if has_bias else None
+            weight, bias = self._rows(weight_name, rows, dtype), self._rows(bias_name, rows, dtype) if has_bias else None
         elif columns is not None:
             (piece,) = self._pieces(weight_name)  # out_proj and fc2: stored whole in every layout
             weight, bias = self.reader.get_columns(piece.source, columns.elements), None
         else:
-            weight, bias = self.tensor(weight_name), self.tensor(bias_name) if has_bias else None
+            weight, bias = self.tensor(weight_name, dtype=dtype), self.tensor(bias_name, dtype=dtype) if has_bias else None
         return DenseLinear(weight.to(device), None if bias is None else bias.to(device))
 
     def _comfy(self, prefix: str, shape: tuple[int, int], rows: Sequence[Span] | None, columns: ColumnSlice | None,
@@ -373,3 +377,8 @@ def _head_dim(reader: SafetensorsReader, stripped: dict[str, str], q_norm: str) 
     if len(shape) != 1 or not shape[0]:
         raise CheckpointError(f"{reader.file_of(stripped[q_norm])}: tensor {q_norm!r} has shape {list(shape)}, not the head width (a non-empty 1-D tensor); the file is damaged")
     return shape[0]
+
+
+def _read_dtype(device: torch.device | str, dtype: torch.dtype | None) -> torch.dtype | None:
+    """The dtype to convert to as the bytes are read: `dtype` for the CPU, None (the stored dtype) for a GPU."""
+    return dtype if torch.device(device).type == "cpu" else None

@@ -284,12 +284,14 @@ class CheckpointWeights:
         return name in self.file
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return self.file.tensor(name, self.device).to(dtype or self.dtype_of(name))
+        dtype = dtype or self.dtype_of(name)
+        return self.file.tensor(name, self.device, dtype).to(dtype)
 
     def linear(self, prefix: str, *, rows: Sequence[Span] | None = None, columns: ColumnSlice | None = None) -> DenseLinear | NVFP4Linear:
-        linear = self.file.linear(prefix, shape=self.shapes[prefix], rows=rows, columns=columns, device=self.device, kernels=self.kernels)
+        dtype = self.dtype_of(prefix)
+        linear = self.file.linear(prefix, shape=self.shapes[prefix], rows=rows, columns=columns, device=self.device, kernels=self.kernels, dtype=dtype)
         self.kinds.add("dense" if isinstance(linear, DenseLinear) else "nvfp4")
-        return linear.to(self.dtype_of(prefix))
+        return linear.to(dtype)
 
 
 def load_transformer(path: str | Path, *, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",

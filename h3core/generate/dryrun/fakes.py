@@ -141,21 +141,25 @@ class HeaderReader(SafetensorsReader):
     def of_specs(cls, specs: Sequence[TensorSpec], metadata: dict[str, str], path: Path, values: dict[str, torch.Tensor]) -> "HeaderReader":
         return cls({s.name: (s.dtype, s.shape) for s in specs}, metadata, [path], values)
 
-    def _empty(self, name: str, shape: Sequence[int]) -> torch.Tensor:
-        out = torch.empty(tuple(shape), dtype=self.dtype(name))
-        self.bytes_read += out.numel() * out.element_size()
-        return out
+    def _empty(self, name: str, shape: Sequence[int], dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A fake of what the real reader returns: in `dtype` when converting (`SafetensorsReader.get`), counted in stored bytes."""
+        stored = self.dtype(name)
+        converting = dtype is not None and dtype.is_floating_point and stored.is_floating_point
+        out = torch.empty(tuple(shape), dtype=dtype if converting else stored)
+        self.bytes_read += out.numel() * stored.itemsize
+        return out if dtype is None or converting else out.to(dtype)
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         if name in self._values:
-            return self._values[name]  # real bytes (read with .tolist(), which no fake mode sees)
-        return self._empty(name, self._entry(name).shape)
+            value = self._values[name]  # real bytes (read with .tolist(), which no fake mode sees)
+            return value if dtype is None else value.to(dtype)
+        return self._empty(name, self._entry(name).shape, dtype)
 
-    def get_rows(self, name: str, rows):  # type: ignore[no-untyped-def]
+    def get_rows(self, name: str, rows, dtype: torch.dtype | None = None):  # type: ignore[no-untyped-def]
         shape = self._entry(name).shape
         for span in rows:
             self._check_span(name, span, shape[0], "rows")
-        return self._empty(name, (sum(s.stop - s.start for s in rows), *shape[1:]))
+        return self._empty(name, (sum(s.stop - s.start for s in rows), *shape[1:]), dtype)
 
     def get_columns(self, name: str, cols):  # type: ignore[no-untyped-def]
         shape = self._entry(name).shape
