@@ -184,7 +184,7 @@ class SafetensorsReader:
 
     def _read(self, name: str, shape: Sequence[int], reads: list[tuple[int, int, int]], dtype: torch.dtype | None) -> torch.Tensor:
         stored = self.dtype(name)
-        if dtype is None or dtype == stored or not (dtype.is_floating_point and stored.is_floating_point):
+        if not converts_on_read(stored, dtype):
             out = torch.empty(tuple(shape), dtype=stored)
             self._fill(name, _bytes_of(out), reads)
             return out if dtype is None else out.to(dtype)
@@ -271,6 +271,12 @@ class SafetensorsReader:
                 f"{what} [{span.start}, {span.stop}) of {name} are out of range (it has {size}) in "
                 f"{self.file_of(name)}; the checkpoint's shapes do not match the model config"
             )
+
+
+def converts_on_read(stored: torch.dtype, dtype: torch.dtype | None) -> bool:
+    """Whether a read of a `stored` tensor asked for in `dtype` converts as it reads (another floating
+    dtype); otherwise it reads as stored and converts after, if asked."""
+    return dtype is not None and dtype != stored and dtype.is_floating_point and stored.is_floating_point
 
 
 STAGING_BYTES = 16 << 20

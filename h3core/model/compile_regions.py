@@ -37,7 +37,6 @@ def outside_compiled(fn: F) -> F:
     def call(*args: Any, **kwargs: Any) -> Any:
         return marked.fn(*args, **kwargs)
 
-    call.__h3_outside_compiled__ = marked  # type: ignore[attr-defined]
     return call  # type: ignore[return-value]
 
 

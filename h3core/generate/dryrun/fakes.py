@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 import torch
 
 from h3core.checkpoints.file import TransformerFile, _classify, open_transformer
-from h3core.files.safetensors import SafetensorsReader, _Entry
+from h3core.files.safetensors import SafetensorsReader, _Entry, converts_on_read
 from h3core.generate.instruments import RankInstruments
 from h3core.generate.request import ResolvedRun
 from h3core.model.checkpoint import SYNTHETIC, WEIGHTS_KEY, Checkpoint, TensorSpec
@@ -144,7 +144,7 @@ class HeaderReader(SafetensorsReader):
     def _empty(self, name: str, shape: Sequence[int], dtype: torch.dtype | None = None) -> torch.Tensor:
         """A fake of what the real reader returns: in `dtype` when converting (`SafetensorsReader.get`), counted in stored bytes."""
         stored = self.dtype(name)
-        converting = dtype is not None and dtype.is_floating_point and stored.is_floating_point
+        converting = converts_on_read(stored, dtype)
         out = torch.empty(tuple(shape), dtype=dtype if converting else stored)
         self.bytes_read += out.numel() * stored.itemsize
         return out if dtype is None or converting else out.to(dtype)
