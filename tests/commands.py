@@ -39,6 +39,14 @@ def h3_popen(*args: str, env: dict[str, str] | None = None, **popen) -> subproce
     return subprocess.Popen([sys.executable, "-m", "h3cli.main", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**full, **(env or {})}, **popen)
 
 
+def fresh_python(code: str, timeout: float = 300) -> str:
+    """The stdout of `python -c CODE` in a fresh interpreter (what imports it makes, or what it measures,
+    is its own), checked to exit 0."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
 def one_line(err: str) -> str:
     """The single line an error prints (no traceback), checked."""
     lines = err.strip().splitlines()

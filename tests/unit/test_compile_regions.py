@@ -4,10 +4,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import torch
+from commands import fresh_python
 
 
 def test_a_run_that_does_not_compile_imports_no_dynamo():
@@ -16,8 +14,7 @@ def test_a_run_that_does_not_compile_imports_no_dynamo():
         "from h3core.model.compiled import compile_seconds_so_far; assert compile_seconds_so_far() == 0.0;"
         "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert fresh_python(code).strip() == "[]"
 
 
 def test_a_marked_call_breaks_the_graph_once_compiling_starts_and_is_the_function_otherwise():

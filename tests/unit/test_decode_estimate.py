@@ -9,8 +9,8 @@ process the heap the earlier tests freed is reused without the resident set grow
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+
+from commands import fresh_python
 
 MEASURE = """
 import json, torch
@@ -32,9 +32,7 @@ print(json.dumps({"measured": part.memory.peak - part.memory.start, "estimated":
 
 
 def test_the_decode_estimate_covers_the_measured_peak_within_one_and_a_half():
-    done = subprocess.run([sys.executable, "-c", MEASURE], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures = json.loads(fresh_python(MEASURE).strip().splitlines()[-1])
     measured, estimated = figures["measured"], figures["estimated"]
     # The CPU kernels' first-use buffers (`scratch_bytes`, 24 MiB) are not always paid inside the window;
     # the lower bound leaves them out, the upper keeps them.

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import io
 import math
-import subprocess
-import sys
 
 import torch
+from commands import fresh_python
 from PIL import Image
 
 from h3core.reports.preview import MARGIN, PANEL, PLOT_HEIGHT, TEXT, decoded_preview_png, frame_picks, latent_frames_rgb, preview_png
@@ -96,5 +95,4 @@ def test_writing_a_preview_imports_no_plotting_library():
         "d(torch.rand(3, 3, 8, 8), torch.zeros(2, 4000), 't', 32000, 24, True);"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert fresh_python(code).strip() == "[]"
