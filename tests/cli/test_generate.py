@@ -59,7 +59,7 @@ def test_no_decode_writes_the_latents_and_their_preview(tmp_path, cache):
 
 def _checksums(args, tmp_path, cache):
     out = tmp_path / uuid.uuid4().hex
-    result = runner.invoke(app, ["generate", "--json", "--steps", "2", "--output", str(out), *args], env={"H3_CACHE_DIR": cache})
+    result = runner.invoke(app, ["generate", "--json", "--steps", "2", "--no-decode", "--output", str(out), *args], env={"H3_CACHE_DIR": cache})
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     return data["video"]["sha256"], data["audio"]["sha256"]
@@ -153,7 +153,7 @@ def test_a_real_qwen3_text_encoder_is_used_and_named_in_the_report(h3, tmp_path,
 
 def test_profile_splits_every_step_of_every_rank(tmp_path, cache):
     result = runner.invoke(app, ["generate", "ulysses", "2", "--preset", "narrow", "--steps", "3", "--profile", "--no-save-latents",
-                                 "--device", "cpu", "--output", str(tmp_path / "run")], env={"H3_CACHE_DIR": cache, "COLUMNS": "160"})
+                                 "--no-decode", "--device", "cpu", "--output", str(tmp_path / "run")], env={"H3_CACHE_DIR": cache, "COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     assert "where a step goes" in result.output and "seq to head" in result.output
     report = RunReport.model_validate_json((tmp_path / "run" / "report.json").read_text())
