@@ -273,3 +273,15 @@ def packed_inputs(model, *, text_tokens: int = 7, latent_frames: int = 2, latent
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b|."""
     return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+def reorder_bound(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor | None = None, accumulate: torch.dtype = torch.float32) -> torch.Tensor:
+    """How far two GEMMs of the same `x @ weight.T`, accumulated in `accumulate`, may differ by the
+    order of their sums alone (which the BLAS picks by shape and CPU): each is within gamma_K *
+    (|x| @ |w|.T) of the exact product (K = the summed length, u = the dtype's unit roundoff), so the
+    two within twice that; a bf16 output `y` adds one rounding (2^-8 relative) each."""
+    k, u = x.shape[-1], torch.finfo(accumulate).eps / 2
+    bound = 2 * (k * u / (1 - k * u)) * (x.to(accumulate).abs() @ weight.to(accumulate).abs().t())
+    if y is not None and y.dtype == torch.bfloat16:
+        bound = bound + 2.0**-8 * y.float().abs() * 2
+    return bound

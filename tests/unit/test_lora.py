@@ -222,7 +222,7 @@ def test_a_cut_branch_is_its_share_of_the_whole():
     `low @ up.T` is a narrower GEMM than the whole's, and MKL picks its kernel (FMA or not, how it
     splits the rank-long sums) by the output's width and the CPU (bitwise on the Xeons this was first
     run on, not on an AMD EPYC). Bound: 2 gamma_R |low| |up|^T with R the block's rank; rows taken one
-    off are far outside it."""
+    off are far outside it (`h3_reference.reorder_bound`)."""
     g = torch.Generator().manual_seed(0)
     down, x = torch.randn(6, 32, generator=g, dtype=torch.float64), torch.randn(5, 32, generator=g, dtype=torch.float64)
     blocks = [UpBlock(Span(0, 8), Span(0, 2), torch.randn(8, 2, generator=g, dtype=torch.float64)),
@@ -230,9 +230,7 @@ def test_a_cut_branch_is_its_share_of_the_whole():
     branch = LowRankBranch(down, torch.tensor([0.5, 0.5, 2.0, 2.0, 2.0, 2.0], dtype=torch.float32), blocks)
     low = branch.project(x)
     whole = branch.add_to(torch.zeros(5, 24, dtype=torch.float64), low)
-    magnitude = torch.cat([low[:, b.ranks.start:b.ranks.stop].abs() @ b.up.abs().T for b in blocks], 1)
-    eps = torch.finfo(torch.float64).eps
-    bound = 2 * (4 * eps / (1 - 4 * eps)) * magnitude  # gamma_4: the longest sum is a block's rank, 4
+    bound = torch.cat([ref.reorder_bound(low[:, b.ranks.start:b.ranks.stop], b.up, accumulate=torch.float64) for b in blocks], 1)
     spans = [Span(2, 5), Span(10, 12), Span(20, 24)]
 
     def taken(t):

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import h3_reference as ref
 from h3core.errors import ConfigError, NVFP4FormatError
 from h3core.nvfp4 import layout
 from h3core.nvfp4.codec import dequantize
@@ -46,29 +47,6 @@ def test_forward_is_f_linear_on_the_decoded_weight():
         (777, 1184, 3, torch.bfloat16),
     ],
 )
-def _reorder_bound(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """How far two fp32-accumulated GEMMs of the same `x @ weight.T` may differ by the order of their
-    sums alone: each is within gamma_K * (|x| @ |w|.T) of the exact product (K = in_features,
-    u = 2^-24), so the two within twice that; a bf16 output adds one rounding (2^-8 relative) each."""
-    k = x.shape[-1]
-    u = 2.0**-24
-    gamma = k * u / (1 - k * u)
-    bound = 2 * gamma * (x.float().abs() @ weight.float().abs().t())
-    if y.dtype == torch.bfloat16:
-        bound = bound + 2.0**-8 * y.float().abs() * 2
-    return bound
-
-
-@pytest.mark.parametrize(
-    "out, inp, tokens, dtype",
-    [
-        (1031, 448, 37, torch.float32),  # tails of 7 (128-row chunks) and 7 (256) rows join their neighbours
-        (777, 1184, 5, torch.float32),  # tail of 9 rows: alone it took MKL's narrow-GEMM kernel
-        (300, 64, 1, torch.float32),
-        (2048, 16, 3, torch.float32),
-        (777, 1184, 3, torch.bfloat16),
-    ],
-)
 def test_every_chunking_gives_the_whole_product_to_its_summation_order(out, inp, tokens, dtype):
     """Chunks start on multiples of 128 rows and a tail under 128 rows joins the chunk before it, so
     no chunk GEMM is narrow. Whether a chunk's GEMM sums in the same order as one whole GEMM is the
@@ -81,7 +59,7 @@ def test_every_chunking_gives_the_whole_product_to_its_summation_order(out, inp,
     x = torch.randn(tokens, inp, generator=torch.Generator().manual_seed(tokens)).to(dtype)
     whole = dequant_linear(x, w, None, chunk_elements=out * inp)
     decoded = dequantize(w, dtype)
-    bound = _reorder_bound(x, decoded, whole)
+    bound = ref.reorder_bound(x, decoded, whole)
     for rows in (1, 128, 256, 384, 512):
         chunked = dequant_linear(x, w, None, chunk_elements=rows * inp)
         gap = (chunked.float() - whole.float()).abs()
