@@ -122,6 +122,10 @@ class DecodeReport(BaseModel):
     peak_memory_bytes: int = Field(description="The largest rank's peak over the decode.")
     peak_memory_kind: str
     rank_memory: list[RankDecodeMemory] = Field(default_factory=list, description="Each rank's peak and what it held before the decode, rank 0 first.")
+    units_per_rank: list[int] = Field(
+        default_factory=list,
+        description="The video tiles x windows each rank decoded, rank 0 first (the last also decoded the audio; rank 0 takes over some of its units once a decode of the same size has shown how long the audio takes). Empty for one rank.",
+    )
     memory_estimate: DecodeMemory
     probe: Mp4Probe
     problems: list[str] = Field(default_factory=list, description="Where the mp4 breaks the contract (a bug if not empty).")
@@ -145,7 +149,8 @@ class DecodeReport(BaseModel):
             m = self.rank_memory[0] if self.rank_memory else RankDecodeMemory(peak_bytes=self.peak_memory_bytes, start_bytes=0)
             return (f"peak {format_bytes(m.peak_bytes)} = {format_bytes(m.start_bytes)} before ({before}) + "
                     f"{format_bytes(m.decode_bytes)} decoding (estimated {format_bytes(own[0])})")
-        ranks = " · ".join(f"r{r} {format_bytes(m.decode_bytes)} (estimated {format_bytes(e)})" for r, (m, e) in enumerate(zip(self.rank_memory, own)))
+        units = [f", {u} units" for u in self.units_per_rank] if len(self.units_per_rank) == len(self.rank_memory) else [""] * len(self.rank_memory)
+        ranks = " · ".join(f"r{r}{n} {format_bytes(m.decode_bytes)} (estimated {format_bytes(e)})" for r, (m, e, n) in enumerate(zip(self.rank_memory, own, units)))
         return f"decoding, above what each rank held before ({before}): {ranks}"
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
 
@@ -196,6 +196,8 @@ class DecodeRun:
     memory: list[RankMemory]
     decode_s: float
     """The decode's wall time on rank 0, the other ranks' included (it waits for them)."""
+    units: list[int] = field(default_factory=list)
+    """The video units each rank decoded, rank 0 first (empty: one rank, every unit)."""
 
 
 def write_decode(run: DecodeRun, latents: Mapping[str, "torch.Tensor"], folder: "OutputFolder", *, under: str = "") -> DecodeReport:
@@ -229,6 +231,7 @@ def write_decode(run: DecodeRun, latents: Mapping[str, "torch.Tensor"], folder: 
         ),
         peak_memory_bytes=max(m.peak for m in run.memory), peak_memory_kind=peak_memory_kind(kind),
         rank_memory=[RankDecodeMemory(peak_bytes=m.peak, start_bytes=m.start) for m in run.memory], memory_estimate=estimate,
+        units_per_rank=run.units,
         probe=clip.probe, problems=clip.probe.problems(g),
         files=DecodeFiles(video=str(video), preview=str(preview), decoded=str(saved) if saved else None),
     )

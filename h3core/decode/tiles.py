@@ -190,17 +190,22 @@ class VideoTiles:
         dest.narrow(dim, 0, span).copy_(a * weight_a[:span].view(shape) + b * weight_b[:span].view(shape))
 
 
-def shares(units: int, ranks: int) -> list[range]:
-    """Units 0..units-1 in contiguous runs, one per rank, as even as possible (the first ranks take the extra)."""
+def shares(units: int, ranks: int, shift: int = 0) -> list[range]:
+    """Units 0..units-1 in contiguous runs, one per rank, as even as possible (the first ranks take the
+    extra), then `shift` of the last rank's units moved to rank 0 (the last rank also decodes the audio:
+    `h3core.decode.spread.Balance`); the shift is clamped to what the last rank has."""
     base, extra = divmod(units, ranks)
+    sizes = [base + (rank < extra) for rank in range(ranks)]
+    if ranks > 1:
+        moved = max(0, min(shift, sizes[-1]))
+        sizes[0], sizes[-1] = sizes[0] + moved, sizes[-1] - moved
     out, start = [], 0
-    for rank in range(ranks):
-        size = base + (rank < extra)
+    for size in sizes:
         out.append(range(start, start + size))
         start += size
     return out
 
 
-def owners(units: int, ranks: int) -> list[int]:
+def owners(units: int, ranks: int, shift: int = 0) -> list[int]:
     """The rank that decodes each unit (`shares`)."""
-    return [rank for rank, share in enumerate(shares(units, ranks)) for _ in share]
+    return [rank for rank, share in enumerate(shares(units, ranks, shift)) for _ in share]

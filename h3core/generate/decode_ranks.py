@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
 from h3core.decode.run import ClipLabel, DecodeRun, Decoders, EncodedClip, RankMemory, encode_clip
-from h3core.decode.spread import SpreadStats, decode_spread
+from h3core.decode.spread import Balance, SpreadStats, decode_spread
 from h3core.parallel.collectives import broadcast_tensors
 
 if TYPE_CHECKING:
@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 HELD_VAES = "vaes"
 """The key of a rank's loaded VAEs in `RankContext.held`: (which VAEs on which device, `Decoders`)."""
+
+HELD_BALANCE = "decode balance"
+"""The key of rank 0's `Balance` in `RankContext.held` (learnt with, and dropped with, the held VAEs)."""
 
 
 @dataclass
@@ -55,6 +58,7 @@ def held_decoders(ctx: "RankContext", vaes: "Mapping[Role, VaeChoice]") -> tuple
 def drop_decoders(ctx: "RankContext") -> None:
     """Release this rank's held VAEs, if any (a World task on every rank)."""
     held = ctx.held.pop(HELD_VAES, None)
+    ctx.held.pop(HELD_BALANCE, None)
     if held is not None:
         held[1].release()
 
@@ -64,15 +68,21 @@ def rank_decode(
 ) -> RankDecode:
     """The decode of rank 0's `latents` on every rank of `ctx` (a World task; module docstring), the
     VAEs held on each rank for the next call; rank 0 encodes the clip (`encode_clip`, `label`)."""
+    import torch
+
     from h3core.runtime.device import current_memory_bytes, peak_memory_bytes, release_memory, reset_peak_memory
 
     release_memory(ctx.device.type)  # what denoising left cached is the decode's to use
     decoders, load_s = held_decoders(ctx, vaes)
     reset_peak_memory(ctx.device)
     start = current_memory_bytes(ctx.device)
-    sent = [latents["video"], latents["audio"]] if ctx.rank == 0 and latents is not None else None
-    video, audio = broadcast_tensors(sent, src=0, group=ctx.group, device=ctx.device)  # a torchrun rank has only its own outcome
-    decoded, stats = decode_spread(decoders.video, decoders.audio, {"video": video, "audio": audio}, ctx.group)
+    balance = ctx.held.setdefault(HELD_BALANCE, Balance())  # rank 0's decides the shares
+    key = (ctx.world_size, *latents["video"].shape, *latents["audio"].shape) if ctx.rank == 0 and latents is not None else None
+    sent = [latents["video"], latents["audio"], torch.tensor([balance.shift(key)])] if key is not None else None
+    video, audio, shift = broadcast_tensors(sent, src=0, group=ctx.group, device=ctx.device)  # a torchrun rank has only its own outcome
+    decoded, stats = decode_spread(decoders.video, decoders.audio, {"video": video, "audio": audio}, ctx.group, shift=int(shift.item()))
+    if key is not None:
+        balance.learn(key, stats)
     memory = RankMemory(peak=peak_memory_bytes(ctx.device), start=start)
     if decoded is None:
         return RankDecode(ctx.rank, load_s, memory, stats)
@@ -85,4 +95,5 @@ def decode_run(parts: "list[RankDecode]", device: str) -> DecodeRun:
     lead = parts[0]
     assert lead.clip is not None and lead.video_vae is not None and lead.audio_vae is not None
     seconds = lead.stats.video_s + (lead.stats.audio_s if lead.stats.ranks == 1 else 0.0)  # rank 0 waits for every other rank
-    return DecodeRun(lead.clip, lead.video_vae, lead.audio_vae, device, max(p.load_s for p in parts), [p.memory for p in parts], seconds)
+    return DecodeRun(lead.clip, lead.video_vae, lead.audio_vae, device, max(p.load_s for p in parts), [p.memory for p in parts], seconds,
+                     [p.stats.units for p in parts] if len(parts) > 1 else [])
