@@ -4,17 +4,20 @@ It is the engine of `h3 generate --prompts` (`h3core.batch.run.run_round`,
 `h3core.generate.resident`), fed by the job queue instead of a prompt file:
 
 1. Start: the World's ranks start, load the denoiser (`preload`: every rank, for the server's
-   layout) and rank 0's text encoder, which stay loaded; this process loads the two VAEs. Until
-   then the API answers 503 to new jobs.
+   layout), rank 0's text encoder and every rank's two VAEs, which stay loaded. Until then the API
+   answers 503 to new jobs.
 2. Each round: up to R queued jobs (R = `--replicas`) are claimed, oldest first, each resolved on
    its own (`to_generate_request`, `resolve`: a job that cannot run fails alone), encoded by rank 0's
    kept encoder, and run one per replica group in one `run_round`, each with its `JobControl`: a job
    deleted while it runs stops at its next step boundary, agreed by its whole group
    (`h3core.generate.control`), while the other groups go on. A round ends when its last job ends.
-3. Each finished job: its report, `video.mp4` (decoded here by the kept VAEs), `preview.png`,
+3. Each finished job is decoded on every rank of the World, as `h3 generate` decodes
+   (`h3core.generate.decode_ranks.rank_decode`: the video's tiles shared out, the audio on the last
+   rank, the clip blended on rank 0), one job after another.
+   Its report, `video.mp4`, `preview.png`,
    `thumbnail.png` (its first frame) and latents are staged in `<state-dir>/jobs/<id>/` and published
    whole; only then is the job `completed`. A job deleted meanwhile is published nowhere.
-4. A fault on the ranks fails the round's jobs with its one line; the next round starts fresh ranks
+4. A fault on the ranks (denoising or decoding) fails the round's jobs with its one line; the next round starts fresh ranks
    (and loads again). Ctrl-C / SIGTERM reach the caller (`h3core.serve.server`), which re-queues the
    running jobs: nothing of them is published.
 
@@ -51,7 +54,9 @@ from h3core.runtime.world import World
 
 if TYPE_CHECKING:
     from h3core.decode.plan import DecodePlan
-    from h3core.decode.run import Decoders
+    from h3core.decode.run import DecodeRun
+    from h3core.decode.sources import VaeChoice
+    from h3core.decode.vae_files import Role
     from h3core.generate.report import RankReport
     from h3core.reports.outputs import ResultsFolder
 
@@ -166,7 +171,7 @@ class Engine:
         self.state, self.job, self.results = state, state.job, results
         self.template = resolve(self.job.template)
         self.world: World | None = None
-        self.decoders: "Decoders | None" = None
+        self.vaes: "dict[Role, VaeChoice] | None" = None
         self.leader = settings.is_rank_zero()
         self.torchrun = settings.under_torchrun()
         self._claimed: list[_Claimed] = []
@@ -174,7 +179,7 @@ class Engine:
     # -- the World ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """The ranks, the denoiser on each, the text encoder on rank 0, the VAEs here."""
+        """The ranks, the denoiser and the VAEs on each, the text encoder on rank 0."""
         started = time.perf_counter()
         req = self.template.request
         if self.leader:
@@ -186,24 +191,21 @@ class Engine:
             self.world.agree(request_fingerprint(self.template, portable=True), "server (the model and run flags)")
         self.state.board = Board(self.world.store) if self.leader else None
         self.world.run(preload, with_fp4_selftest(self.template))
-        if self.leader and self.decoders is None:
-            from h3core.decode.run import Decoders
+        if self.vaes is None:  # every rank (under torchrun each finds the files on its machine)
             from h3core.generate.run import plan_run_decode
 
             decode = plan_run_decode(self.job.generate_job(req), self.template)
             assert decode is not None
-            self.decoders = Decoders.load(decode.vaes, req.device)
+            self.vaes = dict(decode.vaes)
+        self.world.run(_hold_vaes, self.vaes)
         self.state.metrics.load_seconds = time.perf_counter() - started
         if self.leader:
             self.state.phase = "ok"
 
     def close(self) -> None:
-        if self.world is not None:
+        if self.world is not None:  # every rank's pipeline and VAEs end with it
             self.world.close()
             self.world = None
-        if self.decoders is not None:
-            self.decoders.release()
-            self.decoders = None
 
     # -- the loop ----------------------------------------------------------------------------------------------
 
@@ -264,6 +266,7 @@ class Engine:
         try:
             texts = self.world.run(encode_prompts_once, runs, True)[0]
             per_replica = run_round(self.world, order.runs, texts, slots, order.controls)
+            decoded = self._decode(order, per_replica)
         except H3Error as err:
             if self.leader:
                 self._failed_round(err)
@@ -274,12 +277,31 @@ class Engine:
             return
         if self.leader:
             for replica, (claimed, outcomes) in enumerate(zip(self._claimed, per_replica or [])):
-                self._finish(claimed, outcomes, replica)
+                self._finish(claimed, outcomes, replica, decoded[replica])
             self._claimed = []
+
+    def _decode(self, order: Order, per_replica: "list[list[RankReport | Stopped]] | None") -> "list[DecodeRun | None]":
+        """Every finished job's decode on every rank of the World, one job after another (a job
+        stopped while it ran is not decoded); rank 0 gets the clips. Under torchrun rank 0 says which."""
+        from h3core.generate.decode_ranks import decode_run, rank_decode
+        from h3core.generate.run import decode_device, decode_label
+
+        assert self.world is not None and self.vaes is not None
+        done = [r for r, outcomes in enumerate(per_replica or []) if order.runs[r] is not None and not isinstance(outcomes[0], Stopped)] if self.leader else None
+        if self.torchrun:
+            done = next(r for r in self.world.run(_from_rank_zero, done) if r is not None)
+        decoded: "list[DecodeRun | None]" = [None] * len(order.runs)
+        for r in done or []:
+            run = order.runs[r]
+            assert run is not None
+            latents = per_replica[r][0].latents if per_replica is not None else None  # type: ignore[union-attr]
+            parts = self.world.run(rank_decode, self.vaes, latents, decode_label(run))
+            decoded[r] = decode_run(parts, decode_device(run)) if self.world.is_main else None
+        return decoded
 
     # -- rank 0: a job's end -------------------------------------------------------------------------------------
 
-    def _finish(self, claimed: _Claimed, outcomes: "list[RankReport | Stopped]", replica: int) -> None:
+    def _finish(self, claimed: _Claimed, outcomes: "list[RankReport | Stopped]", replica: int, decoded: "DecodeRun | None") -> None:
         job_id = claimed.row["id"]
         control = JobControl(key=job_id)
         progress = self.state.board.progress(control) if self.state.board is not None else None
@@ -290,14 +312,14 @@ class Engine:
                 self.state.queue.finish(job_id, "failed", error_code="cancelled", error_message="deleted while it ran")
                 self.state.remove_files(job_id)
                 return
-            self._publish(claimed, outcomes, replica)  # type: ignore[arg-type]
+            self._publish(claimed, outcomes, replica, decoded)  # type: ignore[arg-type]
         finally:
             with self.state.lock:
                 self.state.running.pop(job_id, None)
             if self.state.board is not None:
                 self.state.board.forget(control)
 
-    def _publish(self, claimed: _Claimed, outcomes: "list[RankReport]", replica: int) -> None:
+    def _publish(self, claimed: _Claimed, outcomes: "list[RankReport]", replica: int, decoded: "DecodeRun | None") -> None:
         """Stage and publish the job's folder, then mark it completed (or fail it with its one line)."""
         from h3core.decode.mp4 import first_frame_png
         from h3core.generate.files import output_bytes, write_outputs
@@ -309,7 +331,7 @@ class Engine:
         try:
             entry = self.results.entry(job_id, need_bytes=output_bytes(claimed.run, self.job.save_latents, claimed.decode), overwrite=True)
             try:
-                write_outputs(report, outcomes[0], entry, self.job.save_latents, None, decoders=self.decoders)
+                write_outputs(report, outcomes[0], entry, self.job.save_latents, None, decoded=decoded)
                 assert entry.staging is not None
                 entry.write("thumbnail.png", first_frame_png((entry.staging / "video.mp4").read_bytes()))
                 failure = report.failure()
@@ -348,6 +370,13 @@ class Engine:
             with self.state.lock:
                 self.state.running.pop(job_id, None)
         self._claimed = []
+
+
+def _hold_vaes(ctx: RankContext, vaes: "dict[Role, VaeChoice]") -> None:
+    """World task: load the VAEs on this rank and keep them for the World's life (`held_decoders`)."""
+    from h3core.generate.decode_ranks import held_decoders
+
+    held_decoders(ctx, vaes)
 
 
 def _from_rank_zero(ctx: RankContext, value: Any) -> Any:

@@ -174,6 +174,9 @@ def test_serve_across_two_torchrun_agents_runs_a_job_on_each_replica_group(tmp_p
         assert [j["status"] for j in jobs] == ["completed", "completed"], jobs
         assert sorted(j["replica"] for j in jobs) == [0, 1]  # one job per group, in one round
         assert all(http("GET", f"{url}/v1/videos/{i}/content")[0] == 200 for i in ids)
+        for i in ids:  # each job decoded on both ranks (the World's), not on the server's rank alone
+            decode = json.loads((tmp_path / "state" / "jobs" / i / "report.json").read_text())["decode"]
+            assert decode["ranks"] == 2 and len(decode["units_per_rank"]) == 2, decode
     finally:
         for agent in agents:
             if agent.poll() is None:
