@@ -16,28 +16,24 @@ from h3core.reports.preview import preview_png
 
 if TYPE_CHECKING:
     from h3core.decode.plan import DecodePlan
-    from h3core.decode.run import DecodeRun, Decoders, Phase
+    from h3core.decode.run import DecodeRun
 
 
 def write_outputs(
     report: RunReport, outcome: RankReport, folder: OutputFolder, save_latents: bool, benchmark: OutputFile | FileInFolder | None, under: str = "",
-    decoders: "Decoders | None" = None, on_phase: "Phase | None" = None, wall: WallClock | None = None, decoded: "DecodeRun | None" = None,
+    wall: WallClock | None = None, decoded: "DecodeRun | None" = None,
 ) -> RunFiles:
-    """Stage video.mp4 and preview.png (the ranks' `decoded` clip, or decoded here by `decoders`, when
-    given), the latents (unless not
+    """Stage video.mp4 and preview.png (the ranks' `decoded` clip, when given), the latents (unless not
     saved), and the report in `folder` (in its subfolder `under`), and the report copy in
     `benchmark`; they appear when the caller publishes them. The report names the paths the files
     will have. `wall`: the run's clock, whose split the report records as it is written."""
     place = (lambda name: str(Path(under) / name)) if under else (lambda name: name)
     latents = _latents(report, outcome, folder, place("latents.safetensors")) if save_latents else None
     video = None
-    title, phase = clip_title(report.mode.value, report.world_size, report.seed), on_phase or (lambda phase: None)
     if decoded is not None:
         from h3core.decode.run import write_decode
 
         report.decode = write_decode(decoded, outcome.latents, folder, under=under)
-    elif decoders is not None:
-        report.decode = decoders.to_folder(outcome.latents, folder, synthetic_label=report.weights == SYNTHETIC, under=under, title=title, on_phase=phase)
     if report.decode is not None:
         report.timings["decode"] = report.decode.timings.total_s
         video, preview = report.decode.files.video, report.decode.files.preview

@@ -198,6 +198,6 @@ def generate(job: GenerateJob, on_step: StepCallback | None = None, on_phase: Ph
         if job.parity:
             report.parity = reference_parity(run, done.outcomes[0])
             wall.mark("parity")
-        write_outputs(report, done.outcomes[0], folder, job.save_latents, bench, decoded=done.decode, on_phase=on_phase, wall=wall)
+        write_outputs(report, done.outcomes[0], folder, job.save_latents, bench, decoded=done.decode, wall=wall)
         outputs.publish()
     return report
