@@ -76,7 +76,7 @@ def rank_decode(
     decoders, load_s = held_decoders(ctx, vaes)
     reset_peak_memory(ctx.device)
     start = current_memory_bytes(ctx.device)
-    balance = ctx.held.setdefault(HELD_BALANCE, Balance())  # rank 0's decides the shares
+    balance = ctx.held.setdefault(HELD_BALANCE, Balance())  # rank 0's decides the shares; the other ranks' stay unused
     key = (ctx.world_size, *latents["video"].shape, *latents["audio"].shape) if ctx.rank == 0 and latents is not None else None
     sent = [latents["video"], latents["audio"], torch.tensor([balance.shift(key)])] if key is not None else None
     video, audio, shift = broadcast_tensors(sent, src=0, group=ctx.group, device=ctx.device)  # a torchrun rank has only its own outcome
