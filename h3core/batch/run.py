@@ -210,8 +210,7 @@ class _Batch:
     def _decode(self, world: World, prompts: list[PlannedPrompt], per_replica: list[list[RankReport]] | None) -> list["DecodeRun | None"]:
         """Each prompt's decode on every rank of the World (`rank_decode`: the VAEs loaded by the first
         prompt and held for the batch); every rank takes part, only this process (rank 0) gets the clips."""
-        from h3core.generate.decode_ranks import decode_run, rank_decode
-        from h3core.generate.run import decode_device, decode_label
+        from h3core.generate.run import decode_on_ranks
 
         out: list["DecodeRun | None"] = []
         for replica, prompt in enumerate(prompts):
@@ -219,8 +218,7 @@ class _Batch:
                 out.append(None)
                 continue
             latents = per_replica[replica][0].latents if per_replica is not None else None
-            parts = world.run(rank_decode, prompt.decode.vaes, latents, decode_label(prompt.run))
-            out.append(decode_run(parts, decode_device(prompt.run)) if world.is_main else None)
+            out.append(decode_on_ranks(world, prompt.decode.vaes, latents, prompt.run))
         return out
 
     def _agreed(self, indices: list[int]) -> list[int]:

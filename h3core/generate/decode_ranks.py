@@ -55,6 +55,12 @@ def held_decoders(ctx: "RankContext", vaes: "Mapping[Role, VaeChoice]") -> tuple
     return decoders, decoders.load_s
 
 
+def hold_decoders(ctx: "RankContext", vaes: "Mapping[Role, VaeChoice]") -> None:
+    """Load `vaes` on this rank and keep them (`held_decoders`; a World task on every rank: a server
+    loads them when it starts, so that its first job pays no load)."""
+    held_decoders(ctx, vaes)
+
+
 def drop_decoders(ctx: "RankContext") -> None:
     """Release this rank's held VAEs, if any (a World task on every rank)."""
     held = ctx.held.pop(HELD_VAES, None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import torch
 
@@ -33,6 +33,10 @@ from h3core.parallel.modes import Mode
 from h3core.reports.outputs import Outputs
 from h3core.runtime import device as dev
 from h3core.runtime.world import World
+
+if TYPE_CHECKING:
+    from h3core.decode.sources import VaeChoice
+    from h3core.decode.vae_files import Role
 
 StepCallback = Callable[[StepDone], None]
 
@@ -67,10 +71,10 @@ def run_ranks(
         try:
             outcomes = world.run(rank_generate, run)
             _mark(wall, "ranks")
-            parts = None
+            decoded = None
             if decode is not None:
                 on_phase(f"decoding on {run.request.world_size} rank{'s' if run.request.world_size > 1 else ''}")
-                parts = world.run(rank_decode, decode.vaes, outcomes[0].latents if world.is_main else None, decode_label(run))
+                decoded = decode_on_ranks(world, decode.vaes, outcomes[0].latents if world.is_main else None, run)
                 _mark(wall, "decode")
         finally:
             if run.request.world_size == 1:  # it ran in this process: nothing of it may stay on a device
@@ -78,7 +82,7 @@ def run_ranks(
                 dev.release_memory(run.request.device)
         if not world.is_main:
             return None
-        return Executed(outcomes, decode_run(parts, decode_device(run)) if parts else None)
+        return Executed(outcomes, decoded)
 
 
 def decode_label(run: ResolvedRun) -> ClipLabel:
@@ -95,6 +99,15 @@ def _mark(wall: WallClock | None, stage: str) -> None:
 def decode_device(run: ResolvedRun) -> str:
     """Where rank 0 decoded: its device, as the report names it."""
     return str(dev.rank_device(dev.resolve_device(run.request.device), 0))
+
+
+def decode_on_ranks(world: World, vaes: "Mapping[Role, VaeChoice]", latents: "Mapping[str, torch.Tensor] | None", run: ResolvedRun) -> DecodeRun | None:
+    """`run`'s latents (rank 0's; None elsewhere) decoded on every rank of `world` (`rank_decode`: tiles
+    on every rank, the audio on the last, the clip and its mp4 on rank 0, the VAEs held for the next
+    call); the clip in the main process, None in the others (`h3 generate`, a batch's prompts, a
+    server's jobs)."""
+    parts = world.run(rank_decode, vaes, latents, decode_label(run))
+    return decode_run(parts, decode_device(run)) if world.is_main else None
 
 
 def one_rank_latents(

@@ -17,8 +17,8 @@ It is the engine of `h3 generate --prompts` (`h3core.batch.run.run_round`,
    Its report, `video.mp4`, `preview.png`,
    `thumbnail.png` (its first frame) and latents are staged in `<state-dir>/jobs/<id>/` and published
    whole; only then is the job `completed`. A job deleted meanwhile is published nowhere.
-4. A fault on the ranks (denoising or decoding) fails the round's jobs with its one line; the next round starts fresh ranks
-   (and loads again). Ctrl-C / SIGTERM reach the caller (`h3core.serve.server`), which re-queues the
+4. A fault on the ranks (denoising or decoding) fails the round's jobs with its one line; the next
+   round starts fresh ranks (and loads again). Ctrl-C / SIGTERM reach the caller (`h3core.serve.server`), which re-queues the
    running jobs: nothing of them is published.
 
 Under torchrun every rank runs this loop: global rank 0 (the server) decides each round and
@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from h3core import settings
 from h3core.generate.control import Board, JobControl, Stopped
+from h3core.generate.decode_ranks import hold_decoders
 from h3core.batch.run import run_round
 from h3core.errors import ConfigError, H3Error
 from h3core.generate.fp4gate import with_fp4_selftest
@@ -197,7 +198,7 @@ class Engine:
             decode = plan_run_decode(self.job.generate_job(req), self.template)
             assert decode is not None
             self.vaes = dict(decode.vaes)
-        self.world.run(_hold_vaes, self.vaes)
+        self.world.run(hold_decoders, self.vaes)
         self.state.metrics.load_seconds = time.perf_counter() - started
         if self.leader:
             self.state.phase = "ok"
@@ -283,8 +284,7 @@ class Engine:
     def _decode(self, order: Order, per_replica: "list[list[RankReport | Stopped]] | None") -> "list[DecodeRun | None]":
         """Every finished job's decode on every rank of the World, one job after another (a job
         stopped while it ran is not decoded); rank 0 gets the clips. Under torchrun rank 0 says which."""
-        from h3core.generate.decode_ranks import decode_run, rank_decode
-        from h3core.generate.run import decode_device, decode_label
+        from h3core.generate.run import decode_on_ranks
 
         assert self.world is not None and self.vaes is not None
         done = [r for r, outcomes in enumerate(per_replica or []) if order.runs[r] is not None and not isinstance(outcomes[0], Stopped)] if self.leader else None
@@ -295,8 +295,7 @@ class Engine:
             run = order.runs[r]
             assert run is not None
             latents = per_replica[r][0].latents if per_replica is not None else None  # type: ignore[union-attr]
-            parts = self.world.run(rank_decode, self.vaes, latents, decode_label(run))
-            decoded[r] = decode_run(parts, decode_device(run)) if self.world.is_main else None
+            decoded[r] = decode_on_ranks(self.world, self.vaes, latents, run)
         return decoded
 
     # -- rank 0: a job's end -------------------------------------------------------------------------------------
@@ -370,13 +369,6 @@ class Engine:
             with self.state.lock:
                 self.state.running.pop(job_id, None)
         self._claimed = []
-
-
-def _hold_vaes(ctx: RankContext, vaes: "dict[Role, VaeChoice]") -> None:
-    """World task: load the VAEs on this rank and keep them for the World's life (`held_decoders`)."""
-    from h3core.generate.decode_ranks import held_decoders
-
-    held_decoders(ctx, vaes)
 
 
 def _from_rank_zero(ctx: RankContext, value: Any) -> Any:
